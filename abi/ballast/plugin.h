@@ -1,0 +1,145 @@
+/* Ballast C ABI: what a plugin exports, and the host services it receives.
+ *
+ * A plugin is a shared object that exports exactly one symbol:
+ *
+ *   BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_minor);
+ *
+ * The host calls it first and nothing else before it: it passes the ABI minor
+ * version it implements; the plugin returns its descriptor (static storage,
+ * never freed), or NULL when it needs a newer host. The major version is in
+ * the symbol's name: a host refuses a plugin without a symbol of its major.
+ * The host reads a descriptor field only when `size` covers it, and refuses a
+ * descriptor that is shorter than v1.0's, has abi_major != 1, or lacks a name,
+ * create or destroy, with a message naming the file and the reason.
+ *
+ * Life cycle, all calls from the host's main thread:
+ *   create(host, &state) -> start(state) -> ... events, timers ... -> stop(state) -> destroy(state)
+ * stop and destroy run in the reverse order of loading. A plugin is never
+ * unloaded from the process (dlclose is never called): code that CUDA, NCCL
+ * or UCX keep callbacks into must stay mapped. */
+#ifndef BALLAST_PLUGIN_H
+#define BALLAST_PLUGIN_H
+
+#include "event.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum ballast_log_level {
+  BALLAST_LOG_ERROR = 0,
+  BALLAST_LOG_WARN = 1,
+  BALLAST_LOG_INFO = 2,
+  BALLAST_LOG_DEBUG = 3
+};
+
+typedef void (*ballast_timer_fn)(void* user);
+
+/* The host's services, handed to create(). The table and every function in
+ * it stay valid until destroy() returns. The table identifies the calling
+ * plugin: always pass the pointer you were given. Every function is
+ * thread-safe unless its comment says otherwise. */
+typedef struct ballast_host_api ballast_host_api;
+struct ballast_host_api {
+  uint32_t size;      /* sizeof(ballast_host_api) as the host compiled it */
+  uint32_t abi_minor; /* the host's BALLAST_ABI_MINOR */
+
+  /* Publish an event. The bus does not keep `event` or its payload past the
+   * call (inline handlers run inside it; queued ones get a copy). ts_ns = 0
+   * means now; source.plugin is filled by the host. May block when a
+   * lossless queued subscriber is full (backpressure). Returns BALLAST_OK even
+   * when there is no subscriber. */
+  int (*publish)(const ballast_host_api* api, const ballast_event* event);
+
+  /* Subscribe `handler(user, event)` to a topic ("a.b"), a prefix ("a.*") or
+   * everything ("*"). options may be NULL (inline). The id, written to *id,
+   * is used to unsubscribe. Delivery is FIFO per publisher thread. */
+  int (*subscribe)(const ballast_host_api* api, const char* pattern,
+                   const ballast_subscribe_options* options, ballast_handler handler,
+                   void* user, uint64_t* id);
+
+  /* Remove a subscription. When it returns, the handler is not running and
+   * will not be called again (queued events still waiting are discarded and
+   * counted as dropped). Must not be called from the handler being removed. */
+  int (*unsubscribe)(const ballast_host_api* api, uint64_t id);
+
+  /* Log one line, prefixed by the host with the time and the plugin's name. */
+  void (*log)(const ballast_host_api* api, int level, const char* message);
+
+  /* The plugin's configuration value at `key` ("period", "window.seconds"
+   * for nested tables), as text (numbers in shortest round-trip form,
+   * booleans "true"/"false", tables as JSON). *value lives until destroy().
+   * BALLAST_ENOTFOUND when the key is absent. */
+  int (*config_get)(const ballast_host_api* api, const char* key, const char** value);
+
+  /* Call fn(user) every period_ns (first call after one period) from the
+   * host's timer thread, until cancelled or the host stops. fn must be quick. */
+  int (*timer_start)(const ballast_host_api* api, uint64_t period_ns, ballast_timer_fn fn,
+                     void* user, uint64_t* id);
+  /* Cancel a timer; when it returns, fn is not running and will not run again.
+   * Must not be called from the timer's own fn. */
+  int (*timer_cancel)(const ballast_host_api* api, uint64_t id);
+
+  /* Add delta to the counter "<plugin>.<name>" (created at 0). Counters are
+   * shown by `ballast run` and read by embedders. Lock-free after creation. */
+  int (*counter_add)(const ballast_host_api* api, const char* name, int64_t delta);
+
+  /* Wall-clock time in ns since the Unix epoch. */
+  int64_t (*now_ns)(const ballast_host_api* api);
+
+  /* Record the message for a failure the plugin is about to return (kept per
+   * thread, copied). The host prefixes it with the plugin's name. */
+  void (*set_error)(const ballast_host_api* api, const char* message);
+
+  /* The message of the last failed host call on this thread ("" if none).
+   * Valid until the next host call on this thread. */
+  const char* (*last_error)(const ballast_host_api* api);
+};
+
+/* An interface a plugin offers, for listing without creating the plugin. */
+typedef struct ballast_interface_info {
+  const char* name;  /* "ballast.comm", "ballast.command", ... */
+  uint32_t version;
+} ballast_interface_info;
+
+typedef struct ballast_plugin_descriptor {
+  uint32_t size;       /* sizeof(ballast_plugin_descriptor) as the plugin compiled it */
+  uint32_t abi_major;  /* BALLAST_ABI_MAJOR */
+  uint32_t abi_minor;  /* BALLAST_ABI_MINOR the plugin was built against */
+  uint32_t reserved;
+  const char* name;        /* unique, [a-z0-9_-]+ */
+  const char* version;     /* the plugin's own version, free text */
+  const char* kind;        /* "detector", "comm", "scheduler", "startup", "example", ... */
+  const char* description; /* one line */
+
+  /* Create the plugin's state; must be cheap (no threads, no network):
+   * `ballast --help` creates plugins to list their commands. host lives
+   * until destroy(). On failure return
+   * a negative status after host->set_error(); the host then skips the plugin
+   * (calls nothing else on it) and keeps running. */
+  int (*create)(const ballast_host_api* host, void** state);
+  /* Optional (may be NULL). Start work: subscribe, start timers or threads. */
+  int (*start)(void* state);
+  /* Optional. Stop work; after it returns no more events are published by the plugin. */
+  void (*stop)(void* state);
+  /* Free the state. Called once, also when start failed. */
+  void (*destroy)(void* state);
+
+  /* Optional. A table of function pointers for interface `name` at `version`
+   * (which starts with its own uint32_t size), or NULL if not offered. The
+   * table lives until destroy(). Any thread after create. */
+  const void* (*get_interface)(void* state, const char* name, uint32_t version);
+
+  /* Optional. The interfaces get_interface offers, terminated by {NULL, 0}. */
+  const ballast_interface_info* interfaces;
+} ballast_plugin_descriptor;
+
+/* The entry symbol's type and name. */
+typedef const ballast_plugin_descriptor* (*ballast_plugin_entry_fn)(uint32_t host_minor);
+#define BALLAST_PLUGIN_ENTRY "ballast_plugin_v1"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BALLAST_PLUGIN_H */

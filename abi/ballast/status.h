@@ -1,0 +1,73 @@
+/* Ballast C ABI: status codes, versions and export macros.
+ *
+ * Every ABI function returns an int: 0 (BALLAST_OK) or a negative BALLAST_E*
+ * code. The message of the last failure of a host call is kept per thread and
+ * read with ballast_host_api.last_error (plugins) or ballast_last_error
+ * (embedders). C99; no C++ type ever crosses this boundary. */
+#ifndef BALLAST_STATUS_H
+#define BALLAST_STATUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The major version is part of the entry symbol's name (ballast_plugin_v1);
+ * the minor version grows when structs grow at their end. */
+#define BALLAST_ABI_MAJOR 1
+#define BALLAST_ABI_MINOR 0
+
+#if defined(_WIN32)
+#define BALLAST_EXPORT __declspec(dllexport)
+#else
+#define BALLAST_EXPORT __attribute__((visibility("default")))
+#endif
+
+enum ballast_status {
+  BALLAST_OK = 0,
+  BALLAST_EINVAL = -1,     /* an argument or a field is invalid */
+  BALLAST_ENOMEM = -2,     /* an allocation failed or a memory cap was hit */
+  BALLAST_ENOTFOUND = -3,  /* no such topic, key, plugin, interface or file */
+  BALLAST_EVERSION = -4,   /* an ABI or format version this side cannot serve */
+  BALLAST_EFULL = -5,      /* a bounded queue is full (lossy subscriber: dropped) */
+  BALLAST_ETIMEDOUT = -6,  /* a deadline passed */
+  BALLAST_EIO = -7,        /* an operating-system or device I/O failure */
+  BALLAST_ESTATE = -8,     /* called in the wrong state (before start, after stop) */
+  BALLAST_EABORTED = -9,   /* the operation was aborted */
+  BALLAST_EPEER = -10,     /* a peer process failed or disconnected */
+  BALLAST_EFORMAT = -11,   /* malformed input: a frame, a file, a descriptor */
+  BALLAST_ENOSYS = -12,    /* optional function not provided */
+  BALLAST_EINTERNAL = -13, /* a bug: an invariant did not hold */
+  BALLAST_EPLUGIN = -14    /* a plugin callback failed */
+};
+
+/* The short, stable name of a status code ("BALLAST_EINVAL"); never NULL.
+ * Header-only so that plugins need not link anything; any thread. */
+static inline const char* ballast_status_name(int status) {
+  switch (status) {
+    case BALLAST_OK: return "BALLAST_OK";
+    case BALLAST_EINVAL: return "BALLAST_EINVAL";
+    case BALLAST_ENOMEM: return "BALLAST_ENOMEM";
+    case BALLAST_ENOTFOUND: return "BALLAST_ENOTFOUND";
+    case BALLAST_EVERSION: return "BALLAST_EVERSION";
+    case BALLAST_EFULL: return "BALLAST_EFULL";
+    case BALLAST_ETIMEDOUT: return "BALLAST_ETIMEDOUT";
+    case BALLAST_EIO: return "BALLAST_EIO";
+    case BALLAST_ESTATE: return "BALLAST_ESTATE";
+    case BALLAST_EABORTED: return "BALLAST_EABORTED";
+    case BALLAST_EPEER: return "BALLAST_EPEER";
+    case BALLAST_EFORMAT: return "BALLAST_EFORMAT";
+    case BALLAST_ENOSYS: return "BALLAST_ENOSYS";
+    case BALLAST_EINTERNAL: return "BALLAST_EINTERNAL";
+    case BALLAST_EPLUGIN: return "BALLAST_EPLUGIN";
+    default: return "BALLAST_E(unknown)";
+  }
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BALLAST_STATUS_H */

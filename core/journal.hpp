@@ -1,0 +1,49 @@
+// The journal: an append-only on-disk log of events, one frame each
+// (event_codec.hpp). Replayable; a truncated or corrupted frame is reported
+// with its byte offset and skipped (resynchronising on the next magic) or
+// refused, never trusted.
+#pragma once
+
+#include "event_codec.hpp"
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace ballast {
+
+class JournalWriter {
+ public:
+  JournalWriter() = default;
+  ~JournalWriter();
+  JournalWriter(const JournalWriter&) = delete;
+  JournalWriter& operator=(const JournalWriter&) = delete;
+  // Open `path` for appending (created if missing). Status; message names the file.
+  int open(const std::string& path);
+  // Append one event (one write of the whole frame). Thread-safe.
+  int append(const ballast_event& event);
+  // Flush to the OS (fdatasync when durable is true).
+  int flush(bool durable = false);
+  void close();
+
+ private:
+  struct Impl;
+  Impl* impl_ = nullptr;
+};
+
+struct JournalProblem {
+  uint64_t offset;     // byte offset of the bad frame in the file
+  std::string reason;  // "truncated frame: header says 120 bytes, 37 left", ...
+};
+
+enum class JournalMode { skip_bad, refuse_bad };
+
+// Read every frame of `path` in order, calling on_event for each good one and
+// on_problem for each bad one. skip_bad resynchronises at the next frame
+// magic; refuse_bad stops at the first problem and returns BALLAST_EFORMAT.
+// Returns a status (BALLAST_ENOTFOUND / BALLAST_EIO for the file itself).
+int read_journal(const std::string& path, JournalMode mode,
+                 const std::function<void(const OwnedEvent&, uint64_t offset)>& on_event,
+                 const std::function<void(const JournalProblem&)>& on_problem);
+
+}  // namespace ballast
