@@ -8,9 +8,11 @@
  * version it implements; the plugin returns its descriptor (static storage,
  * never freed), or NULL when it needs a newer host. The major version is in
  * the symbol's name: a host refuses a plugin without a symbol of its major.
- * The host reads a descriptor field only when `size` covers it, and refuses a
- * descriptor that is shorter than v1.0's, has abi_major != 1, or lacks a name,
- * create or destroy, with a message naming the file and the reason.
+ * The host reads a descriptor field only when `size` covers it: the fields up
+ * to `destroy` are required (BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE), those after
+ * it are optional. It refuses a descriptor that is shorter than that, has
+ * abi_major != 1, or lacks a valid name, create or destroy, with a message
+ * naming the file and the reason.
  *
  * Life cycle, all calls from the host's main thread:
  *   create(host, &state) -> start(state) -> ... events, timers ... -> stop(state) -> destroy(state)
@@ -81,7 +83,7 @@ struct ballast_host_api {
   int (*timer_cancel)(const ballast_host_api* api, uint64_t id);
 
   /* Add delta to the counter "<plugin>.<name>" (created at 0). Counters are
-   * shown by `ballast run` and read by embedders. Lock-free after creation. */
+   * shown by `ballast run` and read by embedders. */
   int (*counter_add)(const ballast_host_api* api, const char* name, int64_t delta);
 
   /* Wall-clock time in ns since the Unix epoch. */
@@ -133,6 +135,10 @@ typedef struct ballast_plugin_descriptor {
   /* Optional. The interfaces get_interface offers, terminated by {NULL, 0}. */
   const ballast_interface_info* interfaces;
 } ballast_plugin_descriptor;
+
+/* The required prefix of a descriptor: everything up to and including destroy. */
+#define BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE \
+  (offsetof(ballast_plugin_descriptor, destroy) + sizeof(void (*)(void*)))
 
 /* The entry symbol's type and name. */
 typedef const ballast_plugin_descriptor* (*ballast_plugin_entry_fn)(uint32_t host_minor);
