@@ -38,12 +38,13 @@ function(ballast_add_plugin name)
 endfunction()
 
 # ballast_add_test(NAME SOURCES src... [LIBRARIES lib...] [LABELS l...] [TIMEOUT s])
-# A doctest executable registered with ctest. Exit code 77 means skipped
+# A doctest executable (main() comes from ballast_doctest_main: never define
+# DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN in a test) registered with ctest. Exit code 77 means skipped
 # (a test that needs a GPU or a kernel feature this machine lacks).
 function(ballast_add_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBRARIES;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE doctest::doctest ${T_LIBRARIES})
+  target_link_libraries(${name} PRIVATE ballast_doctest_main ${T_LIBRARIES})
   target_compile_definitions(${name} PRIVATE
     BALLAST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     BALLAST_BINARY_DIR="${PROJECT_BINARY_DIR}"
