@@ -1,0 +1,130 @@
+// The faulty-machine detector, after Minder (arXiv 2411.01791): machines of
+// one job behave alike, so each machine is judged against its peers.
+//
+// Per metric, at every evaluation:
+//   1. denoise: each machine's value is the median of its samples in the
+//      last `window` seconds (a one-sample spike never moves it);
+//   2. score: robust z-score of each machine against the peers' consensus,
+//      z = (x - median) / max(1.4826 * MAD, rel_floor * |median|, abs_floor),
+//      O(N) per metric (two nth_element passes, no all-pairs distance);
+//   3. continuity: a machine whose |z| exceeds `threshold` for `continuity`
+//      consecutive evaluations raises one "outlier" alert.
+// A job-wide change moves the median with every machine, so it scores zero.
+// Metrics are checked in the configured priority order; a machine flagged on
+// several metrics at once is reported on the first. A machine that sends
+// nothing for `silent_after` seconds raises "silent".
+//
+// Not thread-safe: one owner (the plugin serialises with a mutex).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ballast::machine {
+
+struct DetectorConfig {
+  double period_s = 1.0;      // evaluation period of the live plugin
+  double window_s = 3.0;      // denoising window (median of the samples in it)
+  double threshold = 4.0;     // |robust z| above which a machine is an outlier
+  int continuity = 2;         // consecutive outlier evaluations before an alert
+  double silent_after_s = 5.0;
+  double rel_floor = 0.05;    // scale floor relative to |median|
+  double abs_floor = 1e-6;    // scale floor in the metric's unit
+  int min_nodes = 3;          // fewer reporting machines: no verdict
+  double max_outlier_fraction = 0.25;  // more outliers than this: a split, not a fault
+  size_t max_metrics = 4096;  // distinct metric names kept; more are counted and dropped
+  std::vector<std::string> metrics;    // priority order, '*' globs; default_metrics()
+};
+
+// The default priority order and why, see README.md.
+std::vector<std::string> default_metrics();
+
+// '*' matches any run of characters, anything else itself.
+bool glob_match(std::string_view pattern, std::string_view text);
+
+struct Alert {
+  std::string kind;     // "outlier" or "silent"
+  std::string node;
+  std::string metric;   // empty for "silent"
+  double score = 0;     // |z| for outliers, seconds without data for silent
+  int64_t ts_ns = 0;    // when the alert was raised
+  int64_t since_ns = 0; // first evaluation the evidence held (last sample, for silent)
+  std::string evidence; // JSON object
+};
+
+struct DetectorCounters {
+  uint64_t accepted = 0;
+  uint64_t flagged = 0;    // BALLAST_SAMPLE_INVALID / COUNTER_RESET: not data
+  uint64_t nonfinite = 0;  // NaN/inf without a flag: not data either
+  uint64_t over_cap = 0;   // new metric names past max_metrics
+  uint64_t ignored = 0;    // metrics matching no priority pattern
+};
+
+class Detector {
+ public:
+  explicit Detector(DetectorConfig config);
+
+  // Feed one sample. Returns false when it is not data (flagged, NaN/inf,
+  // unknown metric past the cap, or ignored by the priority list).
+  bool add(std::string_view node, std::string_view metric, int64_t ts_ns, double value,
+           uint32_t flags);
+
+  // Score every metric at time now_ns and append new alerts to *out.
+  void evaluate(int64_t now_ns, std::vector<Alert>* out);
+
+  // Per-machine-per-metric steps done by evaluate() so far: the cost model,
+  // checked by the tests to grow linearly with the machines.
+  uint64_t work() const { return work_; }
+  const DetectorCounters& counters() const { return counters_; }
+  const DetectorConfig& config() const { return config_; }
+  size_t node_count() const { return nodes_.size(); }
+
+ private:
+  struct Point {
+    int64_t ts_ns;
+    double value;
+  };
+  struct Series {
+    std::vector<Point> points;  // within the window, oldest first
+    int streak = 0;             // consecutive outlier evaluations
+    int64_t since_ns = 0;
+  };
+  struct Metric {
+    std::string name;
+    int rank;                   // index of the first matching pattern, -1 = ignored
+    std::vector<Series> series; // by node index (grown lazily)
+  };
+  struct Node {
+    std::string name;
+    int64_t last_seen_ns = 0;
+    bool silent = false;
+    bool alerted = false;
+    int clean_evals = 0;
+  };
+
+  uint32_t node_id(std::string_view name);
+  int metric_id(std::string_view name);  // -1 when over the cap
+  void sort_order();
+
+  DetectorConfig config_;
+  std::vector<Node> nodes_;
+  std::unordered_map<std::string, uint32_t> node_index_;
+  std::vector<Metric> metrics_;
+  std::unordered_map<std::string, uint32_t> metric_index_;
+  std::vector<uint32_t> order_;  // metrics checked, by priority then name
+  bool order_dirty_ = false;
+  uint64_t work_ = 0;
+  DetectorCounters counters_;
+  // Scratch reused by evaluate(): no allocation per evaluation once warm.
+  std::vector<double> values_, scratch_, window_;
+  std::vector<uint32_t> value_node_;
+  std::vector<int> candidate_;   // per node: metric id of the first alerting metric, -1
+  std::vector<double> cand_score_, cand_z_, cand_value_, cand_median_, cand_mad_;
+  std::vector<int64_t> cand_since_;
+  std::vector<uint8_t> outlier_now_;
+};
+
+}  // namespace ballast::machine

@@ -1,0 +1,170 @@
+#include "metrics_csv.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+namespace ballast::machine {
+
+namespace {
+
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+
+std::string trim(const std::string& s, size_t b, size_t e) {
+  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r')) --e;
+  return s.substr(b, e - b);
+}
+
+void split(const std::string& line, std::vector<std::string>* fields) {
+  fields->clear();
+  size_t b = 0;
+  for (;;) {
+    size_t e = line.find(',', b);
+    if (e == std::string::npos) {
+      fields->push_back(trim(line, b, line.size()));
+      return;
+    }
+    fields->push_back(trim(line, b, e));
+    b = e + 1;
+  }
+}
+
+// Reads whole lines of any length; false at the end or on a stream error.
+bool next_line(gzFile f, std::string* line, bool* failed) {
+  line->clear();
+  char buf[4096];
+  for (;;) {
+    if (!gzgets(f, buf, sizeof buf)) {
+      int err = 0;
+      gzerror(f, &err);
+      if (err != Z_OK && err != Z_STREAM_END) *failed = true;
+      return !line->empty() && !*failed;
+    }
+    *line += buf;
+    if (!line->empty() && line->back() == '\n') {
+      line->pop_back();
+      return true;
+    }
+  }
+}
+
+}  // namespace
+
+bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* error) {
+  std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
+  if (!f) {
+    *error = path + ": cannot open: " + std::strerror(errno);
+    return false;
+  }
+  gzbuffer(f.get(), 1 << 16);
+  std::string line;
+  bool failed = false;
+  size_t lineno = 0;
+  auto stream_error = [&] {
+    int err = 0;
+    const char* msg = gzerror(f.get(), &err);
+    *error = path + ":" + std::to_string(lineno + 1) + ": cannot read: " +
+             (err == Z_BUF_ERROR ? "truncated gzip stream (unexpected end of file)" : msg);
+    return false;
+  };
+  // Header.
+  do {
+    if (!next_line(f.get(), &line, &failed)) {
+      if (failed) return stream_error();
+      *error = path + ": empty file: expected a header ts,node,metric,value";
+      return false;
+    }
+    ++lineno;
+  } while (trim(line, 0, line.size()).empty());
+  std::vector<std::string> fields;
+  split(line, &fields);
+  const char* names[4] = {"ts", "node", "metric", "value"};
+  size_t col[4];
+  for (int k = 0; k < 4; ++k) {
+    col[k] = fields.size();
+    for (size_t i = 0; i < fields.size(); ++i)
+      if (fields[i] == names[k]) col[k] = i;
+    if (col[k] == fields.size()) {
+      *error = path + ":" + std::to_string(lineno) + ": missing column '" + names[k] +
+               "' in the header '" + line + "' (expected ts,node,metric,value)";
+      return false;
+    }
+  }
+  const size_t header_columns = fields.size();
+  std::unordered_map<std::string, uint32_t> node_ids, metric_ids;
+  std::vector<int64_t> last_ts;  // per node
+  auto intern = [](std::unordered_map<std::string, uint32_t>& ids, std::vector<std::string>& names_,
+                   const std::string& s) {
+    auto it = ids.find(s);
+    if (it != ids.end()) return it->second;
+    uint32_t id = static_cast<uint32_t>(names_.size());
+    names_.push_back(s);
+    ids.emplace(s, id);
+    return id;
+  };
+  while (next_line(f.get(), &line, &failed)) {
+    ++lineno;
+    if (trim(line, 0, line.size()).empty()) continue;
+    split(line, &fields);
+    std::string where = path + ":" + std::to_string(lineno) + ": ";
+    if (fields.size() < header_columns) {
+      *error = where + "expected " + std::to_string(header_columns) + " columns, found " +
+               std::to_string(fields.size());
+      return false;
+    }
+    auto column = [&](int k) {
+      return where + "column " + std::to_string(col[k] + 1) + " (" + names[k] + "): ";
+    };
+    double v[2];
+    for (int k : {0, 3}) {
+      const std::string& t = fields[col[k]];
+      char* e = nullptr;
+      double d = std::strtod(t.c_str(), &e);
+      if (t.empty() || *e != '\0') {
+        *error = column(k) + "not a number: '" + t + "'";
+        return false;
+      }
+      if (!std::isfinite(d)) {
+        *error = column(k) + "not a finite number: '" + t + "'";
+        return false;
+      }
+      v[k == 0 ? 0 : 1] = d;
+    }
+    for (int k : {1, 2}) {
+      if (fields[col[k]].empty()) {
+        *error = column(k) + "empty";
+        return false;
+      }
+    }
+    if (std::fabs(v[0]) > 9e9) {
+      *error = column(0) + "out of range (seconds): '" + fields[col[0]] + "'";
+      return false;
+    }
+    MetricRow r;
+    r.ts_ns = std::llround(v[0] * 1e9);
+    r.node = intern(node_ids, out->nodes, fields[col[1]]);
+    r.metric = intern(metric_ids, out->metrics, fields[col[2]]);
+    r.value = v[1];
+    if (last_ts.size() <= r.node) last_ts.resize(r.node + 1, INT64_MIN);
+    if (r.ts_ns < last_ts[r.node]) {
+      *error = column(0) + "time goes backwards for node '" + fields[col[1]] + "': " + fields[col[0]] +
+               " after " + std::to_string(static_cast<double>(last_ts[r.node]) / 1e9);
+      return false;
+    }
+    last_ts[r.node] = r.ts_ns;
+    out->rows.push_back(r);
+  }
+  if (failed) return stream_error();
+  return true;
+}
+
+}  // namespace ballast::machine
