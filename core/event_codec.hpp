@@ -21,7 +21,10 @@ class OwnedEvent {
  public:
   OwnedEvent();
   // Deep copy of `event` (a well-known schema is copied field by field with
-  // its strings and arrays; any other schema as payload_size opaque bytes).
+  // its strings and arrays; any other schema as payload_size opaque bytes,
+  // followed by a NUL not counted in payload_size). A malformed event (NULL
+  // topic, payload too small for its schema, NULL array) is copied without
+  // its payload, as schema none: check before copying when that matters.
   explicit OwnedEvent(const ballast_event& event);
   OwnedEvent(const OwnedEvent& other);
   OwnedEvent& operator=(const OwnedEvent& other);
@@ -67,6 +70,8 @@ inline constexpr uint16_t kFrameVersion = 1;
 inline constexpr size_t kFrameHeaderSize = 16;
 inline constexpr uint32_t kMaxFrameBody = 64u << 20;
 
+// Appends one frame to *out. A malformed event (see OwnedEvent) is framed
+// without its payload, with schema none.
 void encode_frame(const ballast_event& event, std::vector<unsigned char>* out);
 // Decode one frame at the start of [data, data+size). On success *consumed is
 // the frame's total size. Errors: BALLAST_EFORMAT with *error saying why.

@@ -1,0 +1,153 @@
+#include "codec_flat.hpp"
+
+#include "codec_schema.hpp"
+
+#include <cstring>
+
+namespace ballast::codec {
+
+namespace {
+
+// A bump allocator over the copy's buffer. Sizing and copying run the same
+// walk (Write = false, then true), so that the two can never disagree.
+template <bool Write>
+struct Arena {
+  unsigned char* base = nullptr;
+  size_t used = 0;
+
+  unsigned char* take(size_t bytes, size_t align) {
+    used = (used + align - 1) & ~(align - 1);
+    unsigned char* p = Write ? base + used : nullptr;
+    used += bytes;
+    return p;
+  }
+  const char* str(const char* s) {
+    if (s == nullptr) return nullptr;
+    size_t n = std::strlen(s) + 1;
+    unsigned char* p = take(n, 1);
+    if constexpr (Write) std::memcpy(p, s, n);
+    return reinterpret_cast<const char*>(p);
+  }
+};
+
+// Copy the strings and arrays that `src` (a struct of `desc`) points to and
+// repoint `dst` (already a bitwise copy of src, or nullptr when sizing).
+template <bool Write>
+void copy_pointees(Arena<Write>& arena, const StructDesc& desc, const void* src, void* dst) {
+  for (uint32_t i = 0; i < desc.field_count; ++i) {
+    const FieldDesc& f = desc.fields[i];
+    if (f.type == FieldType::str || f.type == FieldType::json_str) {
+      const char* copy = arena.str(field_ref<const char*>(src, f));
+      if constexpr (Write) field_ref<const char*>(dst, f) = copy;
+    } else if (f.type == FieldType::size) {
+      if constexpr (Write) field_ref<uint32_t>(dst, f) = desc.size;
+    } else if (f.type == FieldType::array) {
+      const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(src) +
+                                                            f.count_offset);
+      const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(src, f));
+      const StructDesc& e = *f.elem;
+      unsigned char* out = arena.take(size_t{n} * e.size, e.align);
+      if constexpr (Write) {
+        if (n > 0) std::memcpy(out, elems, size_t{n} * e.size);
+        field_ref<const void*>(dst, f) = n > 0 ? out : nullptr;
+      }
+      for (uint32_t k = 0; k < n; ++k)
+        copy_pointees(arena, e, elems + size_t{k} * e.size, Write ? out + size_t{k} * e.size : nullptr);
+    }
+  }
+}
+
+template <bool Write>
+void walk(Arena<Write>& arena, const ballast_event& ev, ballast_event* out) {
+  // The payload goes first: the buffer's start is aligned for any struct.
+  const StructDesc* desc = struct_for_schema(ev.schema);
+  const void* payload = nullptr;
+  uint64_t payload_size = 0;
+  if (desc != nullptr) {
+    unsigned char* p = arena.take(desc->size, desc->align);
+    if constexpr (Write) std::memcpy(p, ev.payload, desc->size);
+    copy_pointees(arena, *desc, ev.payload, p);
+    payload = p;
+    payload_size = desc->size;
+  } else if (ev.payload_size > 0) {
+    unsigned char* p = arena.take(ev.payload_size + 1, 1);
+    if constexpr (Write) {
+      std::memcpy(p, ev.payload, ev.payload_size);
+      p[ev.payload_size] = 0;
+    }
+    payload = p;
+    payload_size = ev.payload_size;
+  }
+  const char* topic = arena.str(ev.topic);
+  const char* node = arena.str(ev.source.node);
+  const char* plugin = arena.str(ev.source.plugin);
+  if constexpr (Write) {
+    *out = ballast_event{};
+    out->size = sizeof(ballast_event);
+    out->schema = ev.schema;
+    out->topic = topic;
+    out->ts_ns = ev.ts_ns;
+    out->source = ballast_source{node, ev.source.rank, plugin};
+    out->payload = payload;
+    out->payload_size = payload_size;
+  }
+}
+
+bool check_struct(const StructDesc& desc, const void* base, const char** why) {
+  for (uint32_t i = 0; i < desc.field_count; ++i) {
+    const FieldDesc& f = desc.fields[i];
+    if (f.type != FieldType::array) continue;
+    const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) +
+                                                          f.count_offset);
+    const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(base, f));
+    if (n > 0 && elems == nullptr) {
+      *why = "payload array is NULL but its count is not 0";
+      return false;
+    }
+    for (uint32_t k = 0; k < n; ++k)
+      if (!check_struct(*f.elem, elems + size_t{k} * f.elem->size, why)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool check_event(const ballast_event& ev, const char** why) {
+  if (ev.size < sizeof(ballast_event)) {
+    *why = "event size is smaller than ballast_event v1";
+    return false;
+  }
+  if (ev.topic == nullptr) {
+    *why = "event topic is NULL";
+    return false;
+  }
+  if (ev.payload_size > 0 && ev.payload == nullptr) {
+    *why = "payload is NULL but payload_size is not 0";
+    return false;
+  }
+  const StructDesc* desc = struct_for_schema(ev.schema);
+  if (desc == nullptr) return true;
+  if (ev.payload == nullptr || ev.payload_size < desc->size) {
+    *why = "payload is smaller than the struct of its well-known schema";
+    return false;
+  }
+  if (*static_cast<const uint32_t*>(ev.payload) < desc->size) {
+    *why = "payload size field is smaller than the struct of its well-known schema";
+    return false;
+  }
+  return check_struct(*desc, ev.payload, why);
+}
+
+size_t flat_size(const ballast_event& event) {
+  Arena<false> arena;
+  walk(arena, event, nullptr);
+  return arena.used;
+}
+
+void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out) {
+  Arena<true> arena;
+  arena.base = buf;
+  walk(arena, event, out);
+}
+
+}  // namespace ballast::codec

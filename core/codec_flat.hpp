@@ -1,0 +1,36 @@
+// Flattened deep copies of events.
+//
+// A deep copy of an event is laid out in one contiguous, 8-byte aligned
+// buffer: the payload struct, its arrays, then every string (topic, source,
+// payload strings), with the copy's pointers pointing into the buffer. One
+// buffer instead of one allocation per string is what lets a queue slot
+// hold a copy in a preallocated inline buffer (no allocation per event), and
+// lets OwnedEvent cost one allocation.
+#pragma once
+
+#include <ballast/event.h>
+
+#include <cstddef>
+
+namespace ballast::codec {
+
+inline constexpr size_t kFlatAlign = 8;
+
+// Whether `event` is well formed enough to be read or copied: a topic, a
+// payload pointer when payload_size > 0, and for a well-known schema a
+// payload at least as large as its v1 struct whose size field says so and
+// whose arrays are non-NULL when their count is not 0. On failure *why
+// (static text) says what is wrong.
+bool check_event(const ballast_event& event, const char** why);
+
+// Bytes a flattened copy of a checked event needs.
+size_t flat_size(const ballast_event& event);
+
+// Copy a checked `event` into `buf` (kFlatAlign-aligned, flat_size bytes)
+// and point *out at the copy. A well-known payload is copied as its v1
+// struct (size fields set to sizeof); any other payload as payload_size
+// bytes followed by a NUL (not counted in payload_size), so that JSON text
+// can be read as a C string.
+void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out);
+
+}  // namespace ballast::codec

@@ -1,0 +1,203 @@
+#include "journal.hpp"
+
+#include "codec_flat.hpp"
+#include "error.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace ballast {
+
+// ---- writer -------------------------------------------------------------------
+
+struct JournalWriter::Impl {
+  int fd = -1;
+  std::string path;
+  std::mutex mu;  // one frame at a time: a partial write is finished before the next frame
+};
+
+JournalWriter::~JournalWriter() { close(); }
+
+int JournalWriter::open(const std::string& path) {
+  close();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(BALLAST_EIO, path + ": cannot open for appending: " + std::strerror(errno));
+  impl_ = new Impl;
+  impl_->fd = fd;
+  impl_->path = path;
+  return BALLAST_OK;
+}
+
+int JournalWriter::append(const ballast_event& event) {
+  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
+  const char* why = nullptr;
+  if (!codec::check_event(event, &why)) return fail(BALLAST_EINVAL, impl_->path + ": event not written: " + why);
+  thread_local std::vector<unsigned char> frame;
+  frame.clear();
+  encode_frame(event, &frame);
+  if (frame.size() - kFrameHeaderSize > kMaxFrameBody)
+    return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frame.size()) +
+                                    " bytes is above the frame limit");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  // O_APPEND: each write lands at the end of the file. A regular file takes
+  // the frame in one write; the loop only finishes a short write (disk full).
+  size_t done = 0;
+  while (done < frame.size()) {
+    const ssize_t n = ::write(impl_->fd, frame.data() + done, frame.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return BALLAST_OK;
+}
+
+int JournalWriter::flush(bool durable) {
+  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: flush before open");
+  // Frames go straight to the OS (no user-space buffer): only durability is left.
+  if (durable && ::fdatasync(impl_->fd) != 0)
+    return fail(BALLAST_EIO, impl_->path + ": fdatasync failed: " + std::strerror(errno));
+  return BALLAST_OK;
+}
+
+void JournalWriter::close() {
+  if (impl_ == nullptr) return;
+  ::close(impl_->fd);
+  delete impl_;
+  impl_ = nullptr;
+}
+
+// ---- reader -------------------------------------------------------------------
+
+namespace {
+
+// A window over the file, refilled as frames are consumed, so that a large
+// journal is read without holding it in memory (at most one frame plus a
+// read chunk).
+class Window {
+ public:
+  explicit Window(int fd) : fd_(fd) {}
+
+  // Make at least `n` bytes available from pos() (fewer at the end of the file).
+  int want(size_t n) {
+    if (avail() >= n || eof_) return BALLAST_OK;
+    if (pos_ > 0) {
+      buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos_));
+      base_ += pos_;
+      pos_ = 0;
+    }
+    while (buf_.size() < n && !eof_) {
+      const size_t have = buf_.size();
+      const size_t chunk = std::max<size_t>(n - have, 1 << 20);
+      buf_.resize(have + chunk);
+      const ssize_t r = ::read(fd_, buf_.data() + have, chunk);
+      if (r < 0 && errno == EINTR) {
+        buf_.resize(have);
+        continue;
+      }
+      if (r < 0) {
+        buf_.resize(have);
+        return BALLAST_EIO;
+      }
+      buf_.resize(have + static_cast<size_t>(r));
+      if (r == 0) eof_ = true;
+    }
+    return BALLAST_OK;
+  }
+  const unsigned char* data() const { return buf_.data() + pos_; }
+  size_t avail() const { return buf_.size() - pos_; }
+  uint64_t offset() const { return base_ + pos_; }
+  void skip(size_t n) { pos_ += n; }
+  bool at_end() const { return eof_ && avail() == 0; }
+
+ private:
+  int fd_;
+  std::vector<unsigned char> buf_;
+  size_t pos_ = 0;
+  uint64_t base_ = 0;  // file offset of buf_[0]
+  bool eof_ = false;
+};
+
+constexpr unsigned char kMagic[4] = {'B', 'L', 'F', '1'};
+
+// Move to the next frame magic after the current position (or to the end).
+int resync(Window& w) {
+  w.skip(1);
+  for (;;) {
+    if (int rc = w.want(4 << 10); rc != BALLAST_OK) return rc;
+    const unsigned char* p = w.data();
+    const size_t n = w.avail();
+    if (n < 4) {
+      w.skip(n);
+      return BALLAST_OK;
+    }
+    const void* hit = memmem(p, n, kMagic, 4);
+    if (hit != nullptr) {
+      w.skip(static_cast<size_t>(static_cast<const unsigned char*>(hit) - p));
+      return BALLAST_OK;
+    }
+    w.skip(n - 3);  // a magic may straddle the window's end
+  }
+}
+
+}  // namespace
+
+int read_journal(const std::string& path, JournalMode mode,
+                 const std::function<void(const OwnedEvent&, uint64_t offset)>& on_event,
+                 const std::function<void(const JournalProblem&)>& on_problem) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(err == ENOENT ? BALLAST_ENOTFOUND : BALLAST_EIO,
+                path + ": cannot open: " + std::strerror(err));
+  }
+  Window w(fd);
+  int status = BALLAST_OK;
+  OwnedEvent event;
+  std::string reason;
+  for (;;) {
+    if (w.want(kFrameHeaderSize) != BALLAST_OK) {
+      status = fail(BALLAST_EIO, path + ": read failed at byte " + std::to_string(w.offset()) + ": " +
+                                     std::strerror(errno));
+      break;
+    }
+    if (w.at_end()) break;
+    // Read the whole frame the header announces (bounded by kMaxFrameBody).
+    if (w.avail() >= kFrameHeaderSize) {
+      uint32_t length = 0;
+      std::memcpy(&length, w.data() + 8, 4);  // little endian, as written
+      if (std::memcmp(w.data(), kMagic, 4) == 0 && length <= kMaxFrameBody &&
+          w.want(kFrameHeaderSize + length) != BALLAST_OK) {
+        status = fail(BALLAST_EIO, path + ": read failed at byte " + std::to_string(w.offset()) + ": " +
+                                       std::strerror(errno));
+        break;
+      }
+    }
+    size_t consumed = 0;
+    const uint64_t offset = w.offset();
+    if (decode_frame(w.data(), w.avail(), &event, &consumed, &reason) == BALLAST_OK) {
+      if (on_event) on_event(event, offset);
+      w.skip(consumed);
+      continue;
+    }
+    if (on_problem) on_problem(JournalProblem{offset, reason});
+    if (mode == JournalMode::refuse_bad) {
+      status = fail(BALLAST_EFORMAT, path + ": byte " + std::to_string(offset) + ": " + reason);
+      break;
+    }
+    if (resync(w) != BALLAST_OK) {
+      status = fail(BALLAST_EIO, path + ": read failed: " + std::strerror(errno));
+      break;
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace ballast
