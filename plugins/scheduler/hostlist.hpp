@@ -1,0 +1,27 @@
+// Slurm hostlist expressions: "gpu[001-096,120]", "r[1-2]n[01-04]", "a,b[1-3]".
+#pragma once
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ballast::sched {
+
+// A malformed input; `where` names the file and line ("topology.conf:12"),
+// `what()` says what is wrong.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Expand a hostlist into names, in the order written. Zero padding follows
+// the width of each range's first bound ("001-010" gives 001..010). Throws
+// InputError (message without a location: callers prefix it) on unbalanced
+// or nested brackets, empty or reversed ranges, non-digits in a range, or an
+// expansion of more than 10 million names.
+std::vector<std::string> expand_hostlist(const std::string& expr);
+
+// The shortest common form of a list of names: consecutive numeric suffixes
+// with the same prefix and width are folded ("gpu[001-003,007]"). Order kept
+// per prefix; prefixes in order of first appearance.
+std::string compress_hostlist(const std::vector<std::string>& names);
+
+}  // namespace ballast::sched
