@@ -1,0 +1,50 @@
+// Prometheus text exposition (format 0.0.4, what node-exporter and the DCGM
+// exporter serve): an HTTP GET over a plain socket, a parser, and a scraper
+// turning series into collector samples.
+#pragma once
+
+#include "samples.hpp"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ballast::collect {
+
+struct PromSample {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> labels;  // unescaped, in exposition order
+  double value = 0;     // may be NaN or +-Inf, as exposed
+  int64_t ts_ms = 0;    // 0 when the line has none
+  std::string type;     // from # TYPE of its family: counter, gauge, histogram, summary, untyped
+};
+
+// Parse an exposition. False with *error "LINE:COL: what" at the first bad line.
+bool parse_exposition(const std::string& text, std::vector<PromSample>* out, std::string* error);
+
+// `name{k="v",...}` with the label values escaped again: the sample's metric name.
+std::string series_name(const PromSample& s);
+
+// GET http://HOST:PORT/PATH (HTTP/1.0, no TLS) within timeout_ms. False with
+// *error naming the URL on a connection error, a timeout, a status other
+// than 200 or a malformed response.
+bool http_get(const std::string& url, int timeout_ms, std::string* body, std::string* error);
+
+// Scrapes one endpoint each round: counters (and the _sum/_count/_bucket of
+// histograms and summaries) become per-second rates, gauges stay values;
+// NaN/Inf are flagged BALLAST_SAMPLE_INVALID, counters going backwards
+// BALLAST_SAMPLE_COUNTER_RESET. Metric names are `PREFIX` + series_name().
+class Scraper {
+ public:
+  explicit Scraper(std::string url, std::string prefix = "", int timeout_ms = 500)
+      : url_(std::move(url)), prefix_(std::move(prefix)), timeout_ms_(timeout_ms) {}
+  bool scrape(int64_t ts_ns, std::vector<Sample>* out, std::string* error);
+  const std::string& url() const { return url_; }
+
+ private:
+  std::string url_, prefix_;
+  int timeout_ms_;
+  Rates rates_;
+};
+
+}  // namespace ballast::collect
