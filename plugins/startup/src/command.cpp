@@ -1,0 +1,330 @@
+#include "command.hpp"
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hotblocks.hpp"
+#include "loader.hpp"
+#include "snapshot.hpp"
+#include "stages.hpp"
+#include "util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ballast::startup {
+
+namespace {
+
+const char* kUsage =
+    "usage: ballast startup SUBCOMMAND ...\n"
+    "  report [--json] STAGES_FILE               where the start-up time went\n"
+    "  record [--profile FILE] [--block-kib N] -- CMD...   record the blocks CMD reads\n"
+    "  prefetch PROFILE [--threads N] [--budget-mib N] [-- CMD...]   warm them (while CMD runs)\n"
+    "  env --lock FILE --dir DIR --store DIR [--cap-mib N] -- INSTALL...   restore or build a snapshot\n"
+    "  load FILE... [--stripes N] [--chunk-mib N] [--direct|--buffered] [--share] [--write-sums] [--json]\n"
+    "  time STAGE -- CMD...                       time CMD as one stage\n"
+    "common: --stages FILE appends stage timings (default: $BALLAST_STARTUP_STAGES)\n";
+
+// Splits argv at the first "--": options before, the command after.
+void split_command(int argc, char** argv, std::vector<std::string>& opts, std::vector<std::string>& cmd) {
+  bool after = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (!after && a == "--") {
+      after = true;
+      continue;
+    }
+    (after ? cmd : opts).push_back(a);
+  }
+}
+
+int parse(CLI::App& app, std::vector<std::string> args) {
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return -1;
+}
+
+// The interposer library: $BALLAST_STARTUP_TRACE_LIB, else next to this
+// plugin (lib/ballast/), else where the build put it.
+std::string trace_library() {
+  if (const char* env = std::getenv("BALLAST_STARTUP_TRACE_LIB")) return env;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&trace_library), &info) != 0 && info.dli_fname != nullptr) {
+    fs::path here = fs::path(info.dli_fname).parent_path();
+    for (const fs::path& p : {here / "libballast-startup-trace.so", here.parent_path() / "libballast-startup-trace.so"})
+      if (fs::exists(p)) return p.string();
+  }
+#ifdef BALLAST_STARTUP_TRACE_LIB_DEFAULT
+  return BALLAST_STARTUP_TRACE_LIB_DEFAULT;
+#else
+  return "";
+#endif
+}
+
+StageRecord stage(const std::string& name, int64_t start, uint64_t bytes, int status, std::string detail) {
+  StageRecord r;
+  r.stage = name;
+  r.start_ns = start;
+  r.end_ns = wall_ns();
+  r.bytes = bytes;
+  r.status = status;
+  r.detail = std::move(detail);
+  return r;
+}
+
+int cmd_report(const std::vector<std::string>& args) {
+  CLI::App app("where the start-up time went", "ballast startup report");
+  bool json = false;
+  std::string file;
+  app.add_flag("--json", json, "one JSON object");
+  app.add_option("FILE", file, "stage log (JSON lines)")->required();
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  nlohmann::json rep = stage_report(read_stages(file));
+  rep["file"] = file;
+  std::fputs(json ? (rep.dump() + "\n").c_str() : stage_report_text(rep).c_str(), stdout);
+  return 0;
+}
+
+int cmd_record(const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
+  CLI::App app("record the blocks a command reads", "ballast startup record");
+  std::string profile = "ballast-startup.profile.json";
+  uint64_t block_kib = 256;
+  app.add_option("--profile", profile, "hot-block profile to write");
+  app.add_option("--block-kib", block_kib, "block size in KiB (power of two)");
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  if (cmd.empty()) {
+    std::fprintf(stderr, "ballast startup record: no command after --\n");
+    return 2;
+  }
+  std::string lib = trace_library();
+  if (lib.empty() || !fs::exists(lib)) {
+    std::fprintf(stderr, "ballast startup record: interposer library not found (%s); set BALLAST_STARTUP_TRACE_LIB\n",
+                 lib.c_str());
+    return 1;
+  }
+  std::string trace = profile + ".trace." + std::to_string(::getpid());
+  std::string preload = lib;
+  if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') preload += std::string(":") + old;
+  int rc = run_process(cmd, {{"LD_PRELOAD", preload}, {"BALLAST_STARTUP_TRACE", trace}});
+  if (rc != 0) std::fprintf(stderr, "ballast startup record: the command exited with %d; profile kept anyway\n", rc);
+  if (!fs::exists(trace)) {
+    std::fprintf(stderr, "ballast startup record: the command read no regular file through the interposer "
+                         "(statically linked, or reads only through stdio?)\n");
+    std::ofstream(trace).close();
+  }
+  HotProfile p = profile_from_trace(trace, block_kib * 1024);
+  std::remove(trace.c_str());
+  write_profile(profile, p);
+  std::printf("recorded %zu files, %zu extents, %s in first-need order -> %s\n", p.files.size(), p.extents.size(),
+              human_bytes(double(p.bytes())).c_str(), profile.c_str());
+  return rc;
+}
+
+int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& args,
+                 const std::vector<std::string>& cmd) {
+  CLI::App app("warm the page cache from a hot-block profile", "ballast startup prefetch");
+  std::string profile, stages;
+  PrefetchOptions o;
+  uint64_t budget_mib = 0;
+  bool json = false;
+  app.add_option("PROFILE", profile, "hot-block profile")->required();
+  app.add_option("--threads", o.threads, "parallel readers");
+  app.add_option("--budget-mib", budget_mib, "most bytes to prefetch (default: half of MemAvailable)");
+  app.add_option("--stages", stages, "stage log to append to");
+  app.add_flag("--json", json, "print the outcome as JSON");
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  o.budget_bytes = budget_mib << 20;
+  StageLog log(host, stages);
+  const int64_t t0 = wall_ns();
+  HotProfile p;
+  try {
+    p = read_profile(profile);
+  } catch (const Error& e) {
+    // A bad profile must never keep the job from starting.
+    std::fprintf(stderr, "ballast startup prefetch: %s; not prefetching\n", e.what());
+    return cmd.empty() ? 1 : run_process(cmd);
+  }
+  Prefetcher pf(p, o);
+  pf.start();
+  int rc = 0;
+  if (!cmd.empty()) {
+    rc = run_process(cmd);
+    pf.stop();  // the job is over: what is left is no longer needed
+  }
+  pf.wait();
+  const PrefetchStats& s = pf.stats();
+  for (const auto& m : s.messages) std::fprintf(stderr, "ballast startup prefetch: %s\n", m.c_str());
+  log.record(stage("file_warmup", t0, s.done_bytes, s.errors ? BALLAST_EIO : BALLAST_OK,
+                   std::to_string(s.files_ok) + " files, " + std::to_string(s.files_skipped) + " skipped"));
+  if (json) {
+    nlohmann::json j = {{"profile", profile},          {"files", s.files_ok},
+                        {"skipped", s.files_skipped},  {"planned_bytes", s.planned_bytes},
+                        {"done_bytes", s.done_bytes},  {"budget_cut_bytes", s.budget_cut_bytes},
+                        {"errors", s.errors},          {"stopped_early", s.stopped_early},
+                        {"seconds", double(wall_ns() - t0) / 1e9}, {"messages", s.messages}};
+    if (!cmd.empty()) j["exit_code"] = rc;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::fprintf(stderr, "ballast startup prefetch: %s of %s prefetched from %zu files (%zu skipped)%s\n",
+                 human_bytes(double(s.done_bytes)).c_str(), human_bytes(double(s.planned_bytes)).c_str(), s.files_ok,
+                 s.files_skipped, s.stopped_early ? ", stopped when the job ended" : "");
+  }
+  return cmd.empty() ? (s.errors ? 1 : 0) : rc;
+}
+
+int cmd_env(const ballast_host_api* host, const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
+  CLI::App app("restore or build a dependency snapshot", "ballast startup env");
+  EnvOptions o;
+  std::string stages;
+  uint64_t cap_mib = 20480;
+  bool json = false;
+  app.add_option("--lock", o.lockfiles, "lockfile(s) the key is made of")->required();
+  app.add_option("--dir", o.dir, "environment directory the install fills")->required();
+  app.add_option("--store", o.store, "snapshot store directory")->required();
+  app.add_option("--cap-mib", cap_mib, "size cap of the store (LRU eviction)");
+  app.add_option("--platform", o.platform, "platform string in the key (default: OS, CPU, glibc)");
+  app.add_option("--stages", stages, "stage log to append to");
+  app.add_flag("--json", json, "print the outcome as JSON");
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  if (cmd.empty()) {
+    std::fprintf(stderr, "ballast startup env: no install command after --\n");
+    return 2;
+  }
+  o.cap_bytes = cap_mib << 20;
+  o.install = cmd;
+  StageLog log(host, stages);
+  const int64_t t0 = wall_ns();
+  EnvResult r = run_env(o);
+  for (const auto& m : r.messages) std::fprintf(stderr, "ballast startup env: %s\n", m.c_str());
+  log.record(stage("environment", t0, r.bytes, r.exit_code == 0 ? BALLAST_OK : BALLAST_EPLUGIN,
+                   r.action + (r.key.empty() ? "" : " " + r.key)));
+  if (json)
+    std::printf("%s\n", nlohmann::json({{"action", r.action},
+                                         {"key", r.key},
+                                         {"bytes", r.bytes},
+                                         {"exit_code", r.exit_code},
+                                         {"seconds", double(wall_ns() - t0) / 1e9},
+                                         {"messages", r.messages}})
+                            .dump()
+                            .c_str());
+  else
+    std::fprintf(stderr, "ballast startup env: %s (%s)\n", r.action.c_str(), r.key.c_str());
+  return r.exit_code;
+}
+
+int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args) {
+  CLI::App app("striped checkpoint reads", "ballast startup load");
+  std::vector<std::string> files;
+  LoadOptions o;
+  uint64_t chunk_mib = 8;
+  bool direct = false, buffered = false, no_verify = false, write = false, json = false;
+  std::string stages;
+  app.add_option("FILE", files, "safetensors or raw shard files")->required();
+  app.add_option("--stripes", o.stripes, "parallel readers per file");
+  app.add_option("--chunk-mib", chunk_mib, "stripe unit in MiB");
+  app.add_flag("--direct", direct, "always O_DIRECT");
+  app.add_flag("--buffered", buffered, "never O_DIRECT");
+  app.add_flag("--share", o.share, "share one read among the processes of this node (/dev/shm)");
+  app.add_flag("--no-verify", no_verify, "ignore FILE.crc32c");
+  app.add_flag("--write-sums", write, "write FILE.crc32c after loading");
+  app.add_option("--stages", stages, "stage log to append to");
+  app.add_flag("--json", json, "one JSON object per file");
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  o.chunk_bytes = chunk_mib << 20;
+  o.direct = direct ? 1 : buffered ? 0 : -1;
+  o.verify = !no_verify;
+  StageLog log(host, stages);
+  const int64_t t0 = wall_ns();
+  uint64_t total = 0;
+  int rc = 0;
+  for (const auto& path : files) {
+    try {
+      LoadedFile f = load_file(path, o);
+      if (write) write_sums(f);
+      total += f.size;
+      double gbs = f.seconds > 0 ? double(f.size) / f.seconds / 1e9 : 0;
+      if (json) {
+        nlohmann::json j = {{"file", path},          {"bytes", f.size},         {"seconds", f.seconds},
+                            {"gbytes_per_s", gbs},   {"checksum", f.checksum},  {"chunk_bytes", f.chunk_bytes},
+                            {"direct", f.direct},    {"shared", f.shared},      {"read_here", f.read_here},
+                            {"verified", f.verified}, {"tensors", f.header.tensors.size()}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%s: %s in %.3f s (%.2f GB/s), %zu tensors, crc32c/chunks %08x%s%s%s\n", path.c_str(),
+                    human_bytes(double(f.size)).c_str(), f.seconds, gbs, f.header.tensors.size(), f.checksum,
+                    f.verified ? ", verified" : "", f.direct ? ", O_DIRECT" : "",
+                    f.shared ? (f.read_here ? ", shared (read here)" : ", shared (mapped)") : "");
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ballast startup load: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  log.record(stage("checkpoint_load", t0, total, rc == 0 ? BALLAST_OK : BALLAST_EIO,
+                   std::to_string(files.size()) + " files, " + std::to_string(o.stripes) + " stripes"));
+  return rc;
+}
+
+int cmd_time(const ballast_host_api* host, const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
+  CLI::App app("time a command as one start-up stage", "ballast startup time");
+  std::string name, stages;
+  app.add_option("STAGE", name, "stage name (comm_init, first_step, ...)")->required();
+  app.add_option("--stages", stages, "stage log to append to");
+  if (int rc = parse(app, args); rc >= 0) return rc;
+  if (cmd.empty()) {
+    std::fprintf(stderr, "ballast startup time: no command after --\n");
+    return 2;
+  }
+  StageLog log(host, stages);
+  const int64_t t0 = wall_ns();
+  int rc = run_process(cmd);
+  log.record(stage(name, t0, 0, rc == 0 ? BALLAST_OK : BALLAST_EPLUGIN, "exit " + std::to_string(rc)));
+  return rc;
+}
+
+}  // namespace
+
+int run_command(const ballast_host_api* host, int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string sub = argv[1];
+  std::vector<std::string> opts, cmd;
+  split_command(argc - 2, argv + 2, opts, cmd);
+  try {
+    if (sub == "report") return cmd_report(opts);
+    if (sub == "record") return cmd_record(opts, cmd);
+    if (sub == "prefetch") return cmd_prefetch(host, opts, cmd);
+    if (sub == "env") return cmd_env(host, opts, cmd);
+    if (sub == "load") return cmd_load(host, opts);
+    if (sub == "time") return cmd_time(host, opts, cmd);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ballast startup %s: %s\n", sub.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ballast startup %s: %s\n", sub.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "ballast startup: unknown subcommand \"%s\"\n%s", sub.c_str(), kUsage);
+  return 2;
+}
+
+}  // namespace ballast::startup

@@ -1,0 +1,95 @@
+// Hot-block profiles: which blocks of which files a job read during its
+// start, in the order it first needed them, and the prefetcher that replays
+// them on the next start.
+//
+// Profile file (JSON):
+//   {"format":"ballast-startup-hotblocks","version":1,"block_bytes":262144,
+//    "files":[{"path":"/x/a.py","size":..,"mtime_ns":..,"dev":..,"ino":..},...],
+//    "extents":[[file_index, offset, length], ...]}      first-need order
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "util.hpp"
+
+namespace ballast::startup {
+
+struct HotFile {
+  std::string path;
+  FileId id;
+};
+
+struct Extent {
+  uint32_t file = 0;
+  uint64_t offset = 0, length = 0;
+};
+
+struct HotProfile {
+  uint64_t block_bytes = 256 * 1024;
+  std::vector<HotFile> files;
+  std::vector<Extent> extents;  // first-need order; adjacent blocks merged
+  uint64_t bytes() const;
+};
+
+// Builds a profile from the interposer's trace lines (see trace/interpose.c).
+// Files that vanished or were replaced while the job ran are left out.
+HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes);
+void write_profile(const std::string& path, const HotProfile& profile);  // write, then rename
+HotProfile read_profile(const std::string& path);  // throws Error "FILE: field ..."
+
+struct PrefetchOptions {
+  unsigned threads = 8;
+  uint64_t budget_bytes = 0;    // 0 = half of MemAvailable
+  uint64_t io_bytes = 1 << 20;  // largest single read
+};
+
+struct PrefetchStats {
+  size_t files_ok = 0, files_skipped = 0;
+  uint64_t planned_bytes = 0, done_bytes = 0, budget_cut_bytes = 0;
+  size_t errors = 0;
+  bool stopped_early = false;
+  std::vector<std::string> messages;  // one per skipped file: path and reason
+};
+
+// Reads a profile's blocks into the page cache with several threads, each
+// taking the next piece in first-need order, never past the memory budget.
+// Files whose size, mtime or inode changed since the profile, or that
+// vanished, are skipped (with a message). The job is never waited on: it
+// runs beside the prefetcher and reads what it needs itself.
+class Prefetcher {
+ public:
+  Prefetcher(const HotProfile& profile, const PrefetchOptions& options);
+  ~Prefetcher();  // stops and joins
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  void start();
+  void stop();  // ask the threads to finish their current read and return
+  void wait();  // join
+  const PrefetchStats& stats() const { return stats_; }  // after wait()
+
+ private:
+  struct Piece {
+    int fd;
+    uint64_t offset, length;
+  };
+  void worker();
+
+  PrefetchOptions options_;
+  std::vector<int> fds_;
+  std::vector<Piece> pieces_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> done_bytes_{0};
+  std::atomic<size_t> errors_{0};
+  std::vector<std::thread> threads_;
+  PrefetchStats stats_;
+};
+
+uint64_t mem_available_bytes();  // from /proc/meminfo, 0 if unknown
+
+}  // namespace ballast::startup

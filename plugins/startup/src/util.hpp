@@ -1,0 +1,55 @@
+// Small shared pieces of the start-up plugin: checksums, hashes, clocks,
+// file identity, and the error type every part throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ballast::startup {
+
+// A failure with a message that names the file and the field.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// CRC-32C (Castagnoli), with the SSE4.2 instruction when the CPU has it.
+// crc32c_update(0, ...) starts a new checksum; chain calls to extend it.
+uint32_t crc32c_update(uint32_t crc, const void* data, size_t size);
+inline uint32_t crc32c(const void* data, size_t size) { return crc32c_update(0, data, size); }
+
+// SHA-256, for keys (lockfile + platform), as 64 lowercase hex digits.
+class Sha256 {
+ public:
+  Sha256();
+  void update(const void* data, size_t size);
+  std::string hex();  // finishes the hash; call once
+
+ private:
+  void block(const uint8_t* p);
+  uint32_t h_[8];
+  uint8_t buf_[64];
+  uint64_t total_ = 0;
+  size_t used_ = 0;
+};
+
+int64_t wall_ns();       // CLOCK_REALTIME
+int64_t monotonic_ns();  // CLOCK_MONOTONIC
+
+// What identifies a file's content cheaply: a changed file changes one of these.
+struct FileId {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileId&) const = default;
+};
+// stat(path); false (errno set) when it does not exist or is not a regular file.
+bool file_id(const std::string& path, FileId& out);
+
+std::string read_file(const std::string& path);  // whole file; throws Error naming it
+std::string hostname();
+std::string errno_text(int err);
+std::string human_bytes(double bytes);
+
+}  // namespace ballast::startup
