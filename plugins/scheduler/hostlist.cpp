@@ -110,16 +110,16 @@ std::vector<std::string> expand_hostlist(const std::string& expr) {
 }
 
 std::string compress_hostlist(const std::vector<std::string>& names) {
-  // Group by (prefix, digit width), keeping first-appearance order.
-  struct Group {
-    std::string prefix;
-    size_t width;
-    std::vector<unsigned long long> nums;
+  // Group names by the prefix before their numeric suffix, keeping
+  // first-appearance order; names without a number stay as they are.
+  struct Num {
+    unsigned long long value;
+    std::string digits;
   };
-  std::vector<Group> groups;
-  std::map<std::pair<std::string, size_t>, size_t> index;
+  std::vector<std::pair<std::string, std::vector<Num>>> groups;
+  std::map<std::string, size_t> index;
+  std::vector<std::pair<bool, size_t>> order;  // (is group, index into groups or plain)
   std::vector<std::string> plain;
-  std::vector<std::pair<bool, size_t>> order;  // (is group, index)
   for (const auto& n : names) {
     size_t d = n.size();
     while (d > 0 && std::isdigit(static_cast<unsigned char>(n[d - 1]))) --d;
@@ -128,14 +128,12 @@ std::string compress_hostlist(const std::vector<std::string>& names) {
       plain.push_back(n);
       continue;
     }
-    auto key = std::make_pair(n.substr(0, d), n.size() - d);
-    auto it = index.find(key);
-    if (it == index.end()) {
-      it = index.emplace(key, groups.size()).first;
-      groups.push_back({key.first, key.second, {}});
+    auto [it, inserted] = index.emplace(n.substr(0, d), groups.size());
+    if (inserted) {
+      groups.push_back({it->first, {}});
       order.push_back({true, it->second});
     }
-    groups[it->second].nums.push_back(std::stoull(n.substr(d)));
+    groups[it->second].second.push_back({std::stoull(n.substr(d)), n.substr(d)});
   }
   std::string out;
   for (auto [is_group, idx] : order) {
@@ -144,18 +142,21 @@ std::string compress_hostlist(const std::vector<std::string>& names) {
       out += plain[idx];
       continue;
     }
-    const Group& g = groups[idx];
-    if (g.nums.size() == 1) {
-      out += g.prefix + pad(g.nums[0], g.width);
+    const auto& [prefix, nums] = groups[idx];
+    if (nums.size() == 1) {
+      out += prefix + nums[0].digits;
       continue;
     }
-    out += g.prefix + '[';
-    for (size_t i = 0; i < g.nums.size();) {
-      size_t j = i;
-      while (j + 1 < g.nums.size() && g.nums[j + 1] == g.nums[j] + 1) ++j;
+    out += prefix + '[';
+    for (size_t i = 0; i < nums.size();) {
+      // A range runs while numbers follow on and print at the first one's width.
+      size_t j = i, width = nums[i].digits.size();
+      while (j + 1 < nums.size() && nums[j + 1].value == nums[j].value + 1 &&
+             pad(nums[j + 1].value, width) == nums[j + 1].digits)
+        ++j;
       if (i) out += ',';
-      out += pad(g.nums[i], g.width);
-      if (j > i) out += '-' + pad(g.nums[j], g.width);
+      out += nums[i].digits;
+      if (j > i) out += '-' + nums[j].digits;
       i = j + 1;
     }
     out += ']';

@@ -162,7 +162,7 @@ int plan_command(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;  // --help is success; any other parse error a usage error
   }
   try {
     if (a.standby) return run_standby(a);

@@ -423,7 +423,8 @@ Topology load_topology(const std::string& path, const TopologyOptions& opt) {
 
 std::string line_col(const std::string& text, size_t byte) {
   size_t line = 1, col = 1;
-  for (size_t i = 0; i < byte && i < text.size(); ++i) {
+  // nlohmann's byte is the 1-based position of the offending character.
+  for (size_t i = 0; i + 1 < byte && i < text.size(); ++i) {
     if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
   }
   return "line " + std::to_string(line) + ", column " + std::to_string(col);
