@@ -1,0 +1,41 @@
+// Replays a step's dependency graph with given op durations: every op
+// starts when the ops it waits for have ended (plus its launch delay, if
+// given); a local op then runs for its duration; the members of a
+// communication group all end at the latest member's start plus their own
+// transfer time (for DP collectives, the latest over the DP ranks too).
+#pragma once
+
+#include <vector>
+
+#include "model.hpp"
+
+namespace ballast::straggler {
+
+class Replay {
+ public:
+  // Orders the graph; throws TraceError if it has a cycle.
+  explicit Replay(const Model& model);
+
+  // cost[op * lanes + lane]: the duration of a local op or the transfer time
+  // of a communication op. delay may be null (no launch delays). Writes
+  // start and end (relative to the step's start) of every op and lane.
+  void run(const double* cost, const double* delay, double* start, double* end) const;
+
+  // Per step: latest end minus earliest start over its ops and DP ranks.
+  std::vector<double> step_times(const double* start, const double* end) const;
+
+ private:
+  struct Node {
+    int32_t first, count;  // members in members_
+    bool comm, dp_sync;
+  };
+  const Model& m_;
+  size_t lanes_;
+  std::vector<Node> order_;
+  std::vector<int32_t> members_;
+  std::vector<int32_t> dep_begin_, deps_;  // per op, CSR
+};
+
+double mean(const std::vector<double>& v);
+
+}  // namespace ballast::straggler

@@ -1,0 +1,317 @@
+#include "trace.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+namespace ballast::straggler {
+namespace {
+
+enum Column { kDpRank, kStage, kRank, kStep, kOptype, kStart, kDuration, kSeqId, kMc, kMbId, kGmc, kIgnored };
+constexpr std::array<std::string_view, 11> kColumnNames = {
+    "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id", "gmc"};
+
+[[noreturn]] void fail(const std::string& source, size_t line, std::string_view column, const std::string& what) {
+  std::string msg = source + ":" + std::to_string(line) + ": ";
+  if (!column.empty()) msg += "column " + std::string(column) + ": ";
+  throw TraceError(msg + what);
+}
+
+std::string quoted(std::string_view field) {
+  constexpr size_t kMax = 40;  // keep a garbage line from flooding the message
+  std::string s(field.substr(0, kMax));
+  return "'" + s + (field.size() > kMax ? "...'" : "'");
+}
+
+std::string read_file(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw TraceError(path + ": cannot open: " + std::strerror(errno));
+  std::string data;
+  std::array<char, 1 << 16> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) data.append(buf.data(), n);
+  if (std::ferror(f.get())) throw TraceError(path + ": read error: " + std::strerror(errno));
+  return data;
+}
+
+// Where text that was cut off ends: its line and, from the header, the column.
+[[noreturn]] void fail_truncated(const std::string& path, std::string_view text, const std::string& what) {
+  size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+  std::string column;
+  size_t header_end = text.find('\n');
+  if (header_end != std::string_view::npos && line > 1) {
+    std::string_view last = text.substr(text.rfind('\n') + 1);
+    auto field = static_cast<size_t>(std::count(last.begin(), last.end(), ','));
+    std::string_view header = text.substr(0, header_end);
+    size_t begin = 0;
+    for (size_t i = 0; i < field && begin != std::string_view::npos; ++i) {
+      begin = header.find(',', begin);
+      if (begin != std::string_view::npos) ++begin;
+    }
+    if (begin != std::string_view::npos) {
+      column = std::string(header.substr(begin, header.find(',', begin) - begin));
+      if (!column.empty() && column.back() == '\r') column.pop_back();
+    }
+  }
+  fail(path, line, column, what);
+}
+
+struct InflateStream {
+  z_stream zs{};
+  bool open = false;
+  ~InflateStream() {
+    if (open) inflateEnd(&zs);
+  }
+};
+
+std::string gunzip(const std::string& data, const std::string& path) {
+  std::string out;
+  // The last member's trailer holds the text size modulo 2^32: a good first guess.
+  size_t guess = 0;
+  if (data.size() >= 18) {
+    const auto* t = reinterpret_cast<const unsigned char*>(data.data() + data.size() - 4);
+    guess = t[0] | (t[1] << 8) | (t[2] << 16) | (static_cast<size_t>(t[3]) << 24);
+  }
+  out.resize(std::max(guess + 1, data.size() * 4 + 1024));
+
+  InflateStream s;
+  if (inflateInit2(&s.zs, 15 + 32) != Z_OK) throw TraceError(path + ": zlib initialisation failed");
+  s.open = true;
+  s.zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.zs.avail_in = static_cast<uInt>(data.size());
+  size_t produced = 0;
+  for (;;) {
+    if (produced == out.size()) out.resize(out.size() * 2);
+    s.zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
+    s.zs.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - produced, 1u << 30));
+    uInt before = s.zs.avail_out;
+    int rc = inflate(&s.zs, Z_NO_FLUSH);
+    produced += before - s.zs.avail_out;
+    if (rc == Z_STREAM_END) {
+      if (s.zs.avail_in == 0) break;
+      // Concatenated gzip members are one stream (gzip -c a b > c).
+      if (s.zs.avail_in >= 2 && s.zs.next_in[0] == 0x1f && s.zs.next_in[1] == 0x8b) {
+        inflateReset(&s.zs);
+        continue;
+      }
+      fail_truncated(path, std::string_view(out.data(), produced), "garbage after the end of the gzip stream");
+    }
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && s.zs.avail_out == 0) continue;
+    if (rc == Z_BUF_ERROR && s.zs.avail_in == 0)
+      fail_truncated(path, std::string_view(out.data(), produced),
+                     "truncated gzip stream: the file ends inside the compressed data");
+    fail_truncated(path, std::string_view(out.data(), produced),
+                   std::string("corrupt gzip stream: ") + (s.zs.msg ? s.zs.msg : "zlib error " + std::to_string(rc)));
+  }
+  out.resize(produced);
+  return out;
+}
+
+class FieldParser {
+ public:
+  FieldParser(const std::string& source, size_t line) : source_(source), line_(line) {}
+
+  double real(std::string_view f, Column c) const {
+    double v = 0;
+    auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+    if (ec != std::errc() || p != f.data() + f.size() || f.empty())
+      fail(source_, line_, kColumnNames[c], quoted(f) + " is not a number");
+    if (std::isnan(v)) fail(source_, line_, kColumnNames[c], "NaN");
+    if (!std::isfinite(v)) fail(source_, line_, kColumnNames[c], quoted(f) + " is not finite");
+    return v;
+  }
+
+  int64_t integer(std::string_view f, Column c) const {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+    if (ec == std::errc() && p == f.data() + f.size() && !f.empty()) return v;
+    // Integer columns written by float-typed writers ("3.0") are accepted when integral.
+    double d = real(f, c);
+    if (d != std::floor(d) || std::fabs(d) > 9e15)
+      fail(source_, line_, kColumnNames[c], quoted(f) + " is not an integer");
+    return static_cast<int64_t>(d);
+  }
+
+  int32_t int32(std::string_view f, Column c, int32_t min) const {
+    int64_t v = integer(f, c);
+    if (v < min || v > std::numeric_limits<int32_t>::max())
+      fail(source_, line_, kColumnNames[c], std::to_string(v) + " is out of range");
+    return static_cast<int32_t>(v);
+  }
+
+  // mc, mb_id and gmc are nullable in the artifact: empty means -1.
+  int32_t optional_int32(std::string_view f, Column c) const { return f.empty() ? -1 : int32(f, c, -1); }
+
+ private:
+  const std::string& source_;
+  size_t line_;
+};
+
+std::string_view trim_cr(std::string_view s) {
+  if (!s.empty() && s.back() == '\r') s.remove_suffix(1);
+  return s;
+}
+
+std::vector<Column> parse_header(std::string_view header, const std::string& source) {
+  std::vector<Column> columns;
+  std::array<bool, kColumnNames.size()> seen{};
+  size_t begin = 0;
+  for (;;) {
+    size_t end = header.find(',', begin);
+    std::string_view name = header.substr(begin, end == std::string_view::npos ? end : end - begin);
+    Column col = kIgnored;
+    for (size_t i = 0; i < kColumnNames.size(); ++i) {
+      if (kColumnNames[i] == name) col = static_cast<Column>(i);
+    }
+    if (col != kIgnored) {
+      if (seen[col]) fail(source, 1, name, "appears twice in the header");
+      seen[col] = true;
+    }
+    columns.push_back(col);
+    if (end == std::string_view::npos) break;
+    begin = end + 1;
+  }
+  for (size_t i = 0; i < kColumnNames.size(); ++i) {
+    if (!seen[i]) fail(source, 1, kColumnNames[i], "missing from the header");
+  }
+  return columns;
+}
+
+}  // namespace
+
+std::string Trace::where(size_t row) const {
+  if (row < lines.size()) return source + ":" + std::to_string(lines[row]);
+  const TraceRow& r = rows[row];
+  return source + " (rank " + std::to_string(r.rank) + ", step " + std::to_string(r.step) + ", " +
+         std::string(optype_name(r.optype)) + " " + std::to_string(r.seq_id) + ")";
+}
+
+Trace parse_trace_csv(std::string_view text, const std::string& source) {
+  Trace t;
+  t.source = source;
+  size_t eol = text.find('\n');
+  std::string_view header = trim_cr(text.substr(0, eol));
+  if (header.empty()) fail(source, 1, "", "empty file: expected a header line naming the columns");
+  const std::vector<Column> columns = parse_header(header, source);
+
+  t.rows.reserve(text.size() / 72);
+  t.lines.reserve(text.size() / 72);
+  size_t line = 1;
+  size_t pos = eol == std::string_view::npos ? text.size() : eol + 1;
+  while (pos < text.size()) {
+    ++line;
+    const char* nl = static_cast<const char*>(std::memchr(text.data() + pos, '\n', text.size() - pos));
+    size_t end = nl ? static_cast<size_t>(nl - text.data()) : text.size();
+    std::string_view ln = trim_cr(text.substr(pos, end - pos));
+    pos = end + 1;
+    if (ln.empty()) continue;
+
+    FieldParser parse(source, line);
+    TraceRow r;
+    size_t begin = 0;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      size_t comma = ln.find(',', begin);
+      bool last = i + 1 == columns.size();
+      if (!last && comma == std::string_view::npos) {
+        Column missing = columns[i + 1];
+        fail(source, line, missing == kIgnored ? "" : kColumnNames[missing],
+             "line has " + std::to_string(i + 1) + " fields, the header " + std::to_string(columns.size()));
+      }
+      if (last && comma != std::string_view::npos)
+        fail(source, line, "", "line has more fields than the header's " + std::to_string(columns.size()));
+      std::string_view f = ln.substr(begin, last ? std::string_view::npos : comma - begin);
+      begin = comma + 1;
+      switch (columns[i]) {
+        case kDpRank: r.dp_rank = parse.int32(f, kDpRank, 0); break;
+        case kStage: r.stage = parse.int32(f, kStage, 0); break;
+        case kRank: r.rank = parse.int32(f, kRank, 0); break;
+        case kStep: r.step = parse.integer(f, kStep); break;
+        case kOptype: {
+          auto type = parse_optype(f);
+          if (!type) {
+            std::string hint;
+            if (f == "forward-pp-comm" || f == "backward-pp-comm")
+              hint = " (a report group: the trace must record forward-send/forward-recv/backward-send/backward-recv)";
+            fail(source, line, "optype", "unknown op type " + quoted(f) + hint);
+          }
+          r.optype = *type;
+          break;
+        }
+        case kStart: r.start = parse.real(f, kStart); break;
+        case kDuration:
+          r.duration = parse.real(f, kDuration);
+          if (r.duration < 0) fail(source, line, "duration", "negative duration " + std::string(f));
+          break;
+        case kSeqId: r.seq_id = parse.int32(f, kSeqId, 0); break;
+        case kMc: r.mc = parse.optional_int32(f, kMc); break;
+        case kMbId: r.mb_id = parse.optional_int32(f, kMbId); break;
+        case kGmc: r.gmc = parse.optional_int32(f, kGmc); break;
+        case kIgnored: break;
+      }
+    }
+    t.rows.push_back(r);
+    t.lines.push_back(static_cast<uint32_t>(line));
+  }
+  if (t.rows.empty()) fail(source, 1, "", "no operations after the header");
+  return t;
+}
+
+Trace read_trace(const std::string& path) {
+  std::string data = read_file(path);
+  if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1f && static_cast<unsigned char>(data[1]) == 0x8b)
+    data = gunzip(data, path);
+  return parse_trace_csv(data, path);
+}
+
+Meta read_meta(const std::string& path) {
+  std::string text = read_file(path);
+  Meta m;
+  size_t line = 0, pos = 0;
+  while (pos < text.size()) {
+    ++line;
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view ln = trim_cr(std::string_view(text).substr(pos, end - pos));
+    pos = end + 1;
+    if (size_t hash = ln.find('#'); hash != std::string_view::npos) ln = ln.substr(0, hash);
+    while (!ln.empty() && (ln.back() == ' ' || ln.back() == '\t')) ln.remove_suffix(1);
+    if (ln.find_first_not_of(" \t") == std::string_view::npos) continue;
+    size_t colon = ln.find(':');
+    if (colon == std::string_view::npos) fail(path, line, "", "expected 'key: value', got " + quoted(ln));
+    std::string_view key = ln.substr(0, colon);
+    std::string_view value = ln.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    auto size_of = [&]() {
+      int v = 0;
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || p != value.data() + value.size() || v <= 0)
+        fail(path, line, key, quoted(value) + " is not a positive integer");
+      return v;
+    };
+    if (key == "trial_name") m.trial_name = std::string(value);
+    else if (key == "dp_size") m.dp = size_of();
+    else if (key == "pp_size") m.pp = size_of();
+    else if (key == "tp_size") m.tp = size_of();
+    else if (key == "dsp_size") m.dsp = size_of();
+    else if (key == "vpp_size") m.vpp = size_of();
+    else if (key == "world_size") m.world = size_of();
+  }
+  if (m.world && m.dp && m.pp && m.world != m.dp * m.pp * m.tp * m.dsp)
+    fail(path, line, "world_size",
+         std::to_string(m.world) + " is not dp_size*pp_size*tp_size*dsp_size = " +
+             std::to_string(m.dp * m.pp * m.tp * m.dsp));
+  return m;
+}
+
+}  // namespace ballast::straggler

@@ -1,0 +1,277 @@
+#include "whatif.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "replay.hpp"
+
+namespace ballast::straggler {
+namespace {
+
+// Below this (seconds), a negative launch delay or transfer time is clock
+// noise and kept; beyond it, it is a recording artefact and set to 0.
+constexpr double kClockNoise = 1e-2;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  double hi = v[mid];
+  if (v.size() % 2) return hi;
+  return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + mid));
+}
+
+class Analysis {
+ public:
+  Analysis(const Trace& trace, const Meta& meta, const WhatIfOptions& opt)
+      : t_(trace), opt_(opt), m_(build_model(trace, meta, {opt.drop_bad_steps})), replay_(m_),
+        L_(m_.lanes()), N_(m_.ops.size() * L_), start_(N_), end_(N_) {}
+
+  WhatIfResult run(Timeline* timeline) {
+    WhatIfResult r;
+    r.source = t_.source;
+    r.dp = m_.dp;
+    r.pp = m_.pp;
+    r.ranks = m_.ranks();
+    r.rows = N_;
+    r.ops_per_step = m_.ops.size();
+    r.ignored_rows = m_.ignored_rows;
+    r.steps = m_.steps;
+    r.dropped_steps = m_.dropped_steps;
+
+    recorded(r);
+    launch_delays();
+    transfer_times();
+    r.t_replay = replay(cost_, delay_.data());
+    r.t_nodelay = replay(cost_, nullptr);
+    ideal_costs();
+    r.t_ideal = replay(ideal_, nullptr);
+    if (timeline) timelines(*timeline);
+
+    t_nodelay_ = mean(r.t_nodelay);
+    t_ideal_ = mean(r.t_ideal);
+    r.slowdown = t_nodelay_ / t_ideal_;
+    r.launch_slowdown = mean(r.t_base) / t_nodelay_;
+    for (size_t i = 0; i < r.steps.size(); ++i)
+      r.replay_error += std::fabs(r.t_replay[i] - r.t_base[i]) / r.t_base[i] / static_cast<double>(r.steps.size());
+
+    attribute(r);
+    explain(r);
+    classify(r);
+    return r;
+  }
+
+ private:
+  const TraceRow& row(size_t op, size_t lane) const { return t_.rows[m_.row[op * L_ + lane]]; }
+  size_t step_of(size_t lane) const { return lane / static_cast<size_t>(m_.dp); }
+  int dp_of(size_t lane) const { return static_cast<int>(lane % static_cast<size_t>(m_.dp)); }
+
+  // Recorded start and end of every op, relative to its step's first start.
+  void recorded(WhatIfResult& r) {
+    step_start_.assign(m_.steps.size(), 1e300);
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      for (size_t l = 0; l < L_; ++l) step_start_[step_of(l)] = std::min(step_start_[step_of(l)], row(op, l).start);
+    }
+    rec_start_.resize(N_);
+    rec_end_.resize(N_);
+    r.t_base.assign(m_.steps.size(), 0);
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      for (size_t l = 0; l < L_; ++l) {
+        const TraceRow& x = row(op, l);
+        size_t i = op * L_ + l;
+        rec_start_[i] = x.start - step_start_[step_of(l)];
+        rec_end_[i] = rec_start_[i] + x.duration;
+        r.t_base[step_of(l)] = std::max(r.t_base[step_of(l)], rec_end_[i]);
+      }
+    }
+  }
+
+  // Time between an op's dependencies ending and its start: CPU work the
+  // trace does not show.
+  void launch_delays() {
+    delay_.resize(N_);
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      const auto& deps = m_.ops[op].deps;
+      for (size_t l = 0; l < L_; ++l) {
+        double ready = 0;
+        for (size_t k = 0; k < deps.size(); ++k) {
+          double e = rec_end_[static_cast<size_t>(deps[k]) * L_ + l];
+          ready = k == 0 ? e : std::max(ready, e);
+        }
+        double d = rec_start_[op * L_ + l] - ready;
+        delay_[op * L_ + l] = d <= -kClockNoise ? 0 : d;
+      }
+    }
+  }
+
+  // A local op costs its duration; a communication op its transfer time:
+  // its end minus the latest start of its group (waiting for late peers
+  // is not its cost).
+  void transfer_times() {
+    cost_.resize(N_);
+    for (size_t i = 0; i < N_; ++i) cost_[i] = rec_end_[i] - rec_start_[i];
+    std::vector<double> latest(L_);
+    const size_t dp = static_cast<size_t>(m_.dp);
+    for (const CommGroup& g : m_.groups) {
+      std::fill(latest.begin(), latest.end(), -1e300);
+      for (int32_t op : g.members) {
+        for (size_t l = 0; l < L_; ++l) latest[l] = std::max(latest[l], rec_start_[op * L_ + l]);
+      }
+      if (g.dp_sync) {
+        for (size_t b = 0; b < L_; b += dp) std::fill(latest.begin() + b, latest.begin() + b + dp,
+                                                       *std::max_element(latest.begin() + b, latest.begin() + b + dp));
+      }
+      for (int32_t op : g.members) {
+        for (size_t l = 0; l < L_; ++l) {
+          double x = rec_end_[op * L_ + l] - latest[l];
+          cost_[op * L_ + l] = x <= -kClockNoise ? 0 : x;
+        }
+      }
+    }
+  }
+
+  // Every computation takes its type's mean duration, every communication
+  // its type's median transfer time (over all steps, stages and DP ranks).
+  void ideal_costs() {
+    std::map<std::pair<int, bool>, std::vector<double>> samples;
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      auto& v = samples[{static_cast<int>(m_.ops[op].type), m_.ops[op].group >= 0}];
+      v.insert(v.end(), cost_.begin() + op * L_, cost_.begin() + (op + 1) * L_);
+    }
+    std::map<std::pair<int, bool>, double> value;
+    for (auto& [k, v] : samples) {
+      value[k] = is_communication(static_cast<OpType>(k.first)) ? median(std::move(v)) : mean(v);
+    }
+    ideal_.resize(N_);
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      double c = value[{static_cast<int>(m_.ops[op].type), m_.ops[op].group >= 0}];
+      std::fill(ideal_.begin() + op * L_, ideal_.begin() + (op + 1) * L_, c);
+    }
+  }
+
+  std::vector<double> replay(const std::vector<double>& cost, const double* delay) {
+    replay_.run(cost.data(), delay, start_.data(), end_.data());
+    return replay_.step_times(start_.data(), end_.data());
+  }
+
+  // Mean step time of `base` with the ops selected by pick(op, lane) taken from `other`.
+  template <class Pick>
+  double mixed(const std::vector<double>& base, const std::vector<double>& other, Pick pick) {
+    mix_ = base;
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      for (size_t l = 0; l < L_; ++l) {
+        if (pick(m_.ops[op], l)) mix_[op * L_ + l] = other[op * L_ + l];
+      }
+    }
+    return mean(replay(mix_, nullptr));
+  }
+
+  template <class Pick>
+  double attributed(Pick pick) {
+    return mixed(ideal_, cost_, pick) / t_ideal_;
+  }
+
+  static void worst_first(std::vector<Attribution>& v) {
+    std::stable_sort(v.begin(), v.end(), [](const Attribution& a, const Attribution& b) { return a.slowdown > b.slowdown; });
+  }
+
+  void attribute(WhatIfResult& r) {
+    std::vector<std::string> names;
+    for (const ModelOp& o : m_.ops) {
+      std::string n(report_name(o.type));
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    }
+    for (const std::string& n : names)
+      r.by_optype.push_back({n, attributed([&](const ModelOp& o, size_t) { return report_name(o.type) == n; })});
+    for (int s = 0; s < m_.pp; ++s)
+      r.by_stage.push_back({std::to_string(s), attributed([&](const ModelOp& o, size_t) { return o.stage == s; })});
+    for (int d = 0; d < m_.dp; ++d)
+      r.by_dp_rank.push_back({std::to_string(d), attributed([&](const ModelOp&, size_t l) { return dp_of(l) == d; })});
+    // A rank is as slow as the lesser of its DP rank's and its stage's slowdown.
+    for (int s = 0; s < m_.pp; ++s) {
+      for (int d = 0; d < m_.dp; ++d) {
+        int32_t rank = m_.cell_rank[static_cast<size_t>(s) * m_.dp + d];
+        if (rank < 0) continue;
+        r.by_rank.push_back({std::to_string(rank), std::min(r.by_stage[s].slowdown, r.by_dp_rank[d].slowdown)});
+      }
+    }
+    std::stable_sort(r.by_rank.begin(), r.by_rank.end(), [](const Attribution& a, const Attribution& b) {
+      if (a.slowdown != b.slowdown) return a.slowdown > b.slowdown;
+      return std::stoi(a.name) < std::stoi(b.name);
+    });
+    worst_first(r.by_optype);
+    worst_first(r.by_stage);
+    worst_first(r.by_dp_rank);
+  }
+
+  template <class Pick>
+  Explained explained(Pick pick) {
+    Explained e;
+    e.t_original = t_nodelay_;
+    e.t_ideal = t_ideal_;
+    e.t_removed = mixed(cost_, ideal_, pick);
+    e.t_added = mixed(ideal_, cost_, pick);
+    double gap = e.t_original - e.t_ideal;
+    e.removed = (e.t_original - e.t_removed) / gap;
+    e.added = (e.t_added - e.t_ideal) / gap;
+    return e;
+  }
+
+  void explain(WhatIfResult& r) {
+    size_t n = static_cast<size_t>(std::ceil(static_cast<double>(r.ranks) * opt_.worker_share - 1e-9));
+    n = std::clamp<size_t>(n, 1, r.by_rank.size());
+    std::vector<char> cell(static_cast<size_t>(m_.dp) * m_.pp, 0);
+    for (size_t i = 0; i < n; ++i) {
+      int32_t rank = std::stoi(r.by_rank[i].name);
+      r.mw_ranks.push_back(rank);
+      for (size_t c = 0; c < cell.size(); ++c) cell[c] |= m_.cell_rank[c] == rank;
+    }
+    r.mw = explained([&](const ModelOp& o, size_t l) { return cell[static_cast<size_t>(o.stage) * m_.dp + dp_of(l)]; });
+    const int last = m_.pp - 1;
+    r.ms = explained([&](const ModelOp& o, size_t) { return o.stage == last; });
+  }
+
+  void classify(WhatIfResult& r) const { r.kind = classify_kind(r.slowdown, r.mw.removed, r.ms.removed, opt_); }
+
+  void timelines(Timeline& tl) {
+    tl.original.clear();
+    tl.ideal.clear();
+    tl.original.reserve(N_);
+    tl.ideal.reserve(N_);
+    for (size_t op = 0; op < m_.ops.size(); ++op) {
+      const ModelOp& o = m_.ops[op];
+      for (size_t l = 0; l < L_; ++l) {
+        const TraceRow& x = row(op, l);
+        size_t i = op * L_ + l;
+        double base = step_start_[step_of(l)];
+        tl.original.push_back({x.rank, x.step, o.type, o.seq, x.start, x.duration});
+        tl.ideal.push_back({x.rank, x.step, o.type, o.seq, base + start_[i], end_[i] - start_[i]});
+      }
+    }
+  }
+
+  const Trace& t_;
+  const WhatIfOptions& opt_;
+  Model m_;
+  Replay replay_;
+  size_t L_, N_;
+  std::vector<double> start_, end_, mix_;
+  std::vector<double> step_start_, rec_start_, rec_end_, delay_, cost_, ideal_;
+  double t_nodelay_ = 0, t_ideal_ = 0;
+};
+
+}  // namespace
+
+std::string classify_kind(double slowdown, double mw, double ms, const WhatIfOptions& options) {
+  if (slowdown < options.straggling) return "none";
+  if (mw >= options.kind_share) return "worker";
+  if (ms >= options.kind_share) return "stage";
+  return "random";
+}
+
+WhatIfResult analyze(const Trace& trace, const Meta& meta, const WhatIfOptions& options, Timeline* timeline) {
+  return Analysis(trace, meta, options).run(timeline);
+}
+
+}  // namespace ballast::straggler
