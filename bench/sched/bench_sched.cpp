@@ -7,11 +7,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "hostlist.hpp"
 #include "placement.hpp"
 
 using namespace ballast::sched;
@@ -212,5 +217,52 @@ int main(int argc, char** argv) {
     std::snprintf(c, sizeof c, "100k-gpus(%zu minipods;%d gpus,tp%d,pp%d)", sizes.size(), bj.gpus, bj.tp, bj.pp);
     report(c, t);
   }
+
+  // End to end, as `ballast plan` does it: read a topology.conf of the
+  // 100,000-GPU cluster and a state file, build the free lists, place a
+  // 9,600-GPU job (TP 8, PP 8, DP 150). One core, median of 5.
+  auto dir = std::filesystem::temp_directory_path() / ("bench-sched-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string conf_path = (dir / "topology.conf").string(), state_path = (dir / "state.json").string();
+  {
+    std::ofstream conf(conf_path);
+    std::vector<std::string> leaves_of(big.minipods.size());
+    std::vector<std::vector<std::string>> leaf_nodes(big.leaves.size());
+    for (size_t n = 0; n < big.nodes.size(); ++n) leaf_nodes[big.node_leaf[n]].push_back(big.nodes[n]);
+    for (size_t l = 0; l < big.leaves.size(); ++l) {
+      conf << "SwitchName=" << big.leaves[l] << " Nodes=" << compress_hostlist(leaf_nodes[l]) << "\n";
+      auto& s = leaves_of[big.leaf_minipod[l]];
+      s += (s.empty() ? "" : ",") + big.leaves[l];
+    }
+    std::string spines;
+    for (size_t m = 0; m < big.minipods.size(); ++m) {
+      conf << "SwitchName=" << big.minipods[m] << " Switches=" << leaves_of[m] << "\n";
+      spines += (m ? "," : "") + big.minipods[m];
+    }
+    conf << "SwitchName=core Switches=" << spines << "\n";
+    auto st = occupy(big, rng);
+    std::vector<std::string> busy;
+    for (size_t n = 0; n < st.size(); ++n)
+      if (st[n] != kFree) busy.push_back(big.nodes[n]);
+    std::ofstream(state_path) << "{\"busy\": [\"" << compress_hostlist(busy) << "\"]}";
+  }
+  Job job;
+  job.gpus_per_node = 8;
+  job.tp = 8;
+  job.pp = 8;
+  job.dp = 150;
+  job.alpha = 0.5;
+  std::vector<double> e2e, place_only;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    Topology topo = load_topology(conf_path);
+    Cluster cl = make_cluster(topo, load_state(topo, state_path));
+    Plan p = place(topo, cl, job, PlaceOptions{});
+    e2e.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    place_only.push_back(p.seconds);
+  }
+  emit("100k-gpus,9600-gpu-job,files", "end_to_end_time.median", median(e2e) * 1e3, "ms");
+  emit("100k-gpus,9600-gpu-job,files", "placement_time.median", median(place_only) * 1e3, "ms");
+  std::filesystem::remove_all(dir);
   return 0;
 }

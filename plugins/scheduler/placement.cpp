@@ -117,11 +117,27 @@ double lower_bound(const Shape& s, const std::vector<int>& f) {
   // a column. Every row whole: columns touch every minipod holding a row.
   int rows_if_cols_whole = min_minipods(f, s.R, s.P);
   int cols_if_rows_whole = min_minipods(f, s.P, s.R);
+  // Joint: minipod m holding n_m cells touches c_m columns and r_m rows with
+  // c_m * r_m >= n_m; sum c_m <= P * C and sum r_m <= R * T, so by
+  // Cauchy-Schwarz C * T >= (sum sqrt n_m)^2 / N, whose smallest value comes
+  // from filling the largest minipods first.
+  std::vector<int> sorted = f;
+  std::sort(sorted.rbegin(), sorted.rend());
+  double root_sum = 0;
+  long left = n;
+  for (int x : sorted) {
+    if (left <= 0) break;
+    long take = std::min<long>(x, left);
+    root_sum += std::sqrt(static_cast<double>(take));
+    left -= take;
+  }
+  double product = root_sum * root_sum / static_cast<double>(n) - 1e-9;
   double best = std::numeric_limits<double>::infinity();
   for (long c = cl; c <= k; ++c)
     for (long r = rl; r <= k; ++r) {
       if (c == 1 && r < rows_if_cols_whole) continue;
       if (r == 1 && c < cols_if_rows_whole) continue;
+      if (static_cast<double>(c) * static_cast<double>(r) < product) continue;
       best = std::min(best, weigh(s, spread(static_cast<int>(c)), spread(static_cast<int>(r))));
     }
   return std::isfinite(best) ? best : 0.0;
@@ -206,6 +222,37 @@ std::vector<Sequence> sequences(const std::vector<int>& f, int L, int n) {
   return out;
 }
 
+// Bin covering: the layout is a list of bins (a column group needing R row
+// pieces of `width` cells, or a row band needing P column pieces), each
+// covered greedily by as few minipods as it can: a minipod whose whole
+// pieces cover the rest of the bin (the tightest such) or else the largest.
+// `largest_first` takes the largest piece first even when one would fit.
+Sequence cover(const std::vector<int>& f, const std::vector<std::pair<int, int>>& bins, bool largest_first) {
+  int k = static_cast<int>(f.size());
+  std::vector<int> rem = f;
+  Sequence seq;
+  for (auto [unit, need] : bins) {
+    bool first = true;
+    while (need > 0) {
+      int tight = -1, big = -1;
+      for (int m = 0; m < k; ++m) {
+        int u = rem[m] / unit;
+        if (u <= 0) continue;
+        if (u >= need && (tight < 0 || u < rem[tight] / unit)) tight = m;
+        if (big < 0 || u > rem[big] / unit) big = m;
+      }
+      if (big < 0) return {};
+      int m = (tight >= 0 && !(largest_first && first)) ? tight : big;
+      int take = std::min(need, rem[m] / unit);
+      seq.push_back({m, take * unit});
+      rem[m] -= take * unit;
+      need -= take;
+      first = false;
+    }
+  }
+  return seq;
+}
+
 // Cell orders: column groups of width w walked row by row (each minipod
 // holds pieces of PP groups), or row bands of height h walked column by
 // column (pieces of DP groups).
@@ -234,8 +281,11 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
   std::vector<int> best, color(n);
   double best_obj = std::numeric_limits<double>::infinity();
   size_t best_parts = 0;
-  auto try_layout = [&](const std::vector<int>& order, int L) {
-    for (const auto& seq : sequences(f, L, n)) {
+  auto try_layout = [&](const std::vector<int>& order, int L, const std::vector<std::pair<int, int>>& bins) {
+    auto seqs = sequences(f, L, n);
+    for (bool largest_first : {false, true})
+      if (auto c = cover(f, bins, largest_first); !c.empty()) seqs.push_back(std::move(c));
+    for (const auto& seq : seqs) {
       size_t pos = 0;
       for (auto [m, t] : seq)
         for (int x = 0; x < t; ++x) color[order[pos++]] = m;
@@ -248,8 +298,17 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
       }
     }
   };
-  for (int w = 1; w <= s.P; ++w) try_layout(order_by_column_groups(s, w), w);
-  for (int h = 1; h <= s.R; ++h) try_layout(order_by_row_bands(s, h), h);
+  std::vector<std::pair<int, int>> bins;
+  for (int w = 1; w <= s.P; ++w) {
+    bins.clear();
+    for (int g = 0; g < s.P; g += w) bins.push_back({std::min(w, s.P - g), s.R});
+    try_layout(order_by_column_groups(s, w), w, bins);
+  }
+  for (int h = 1; h <= s.R; ++h) {
+    bins.clear();
+    for (int b = 0; b < s.R; b += h) bins.push_back({std::min(h, s.R - b), s.P});
+    try_layout(order_by_row_bands(s, h), h, bins);
+  }
   return best;
 }
 
