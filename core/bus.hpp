@@ -15,7 +15,21 @@
 //   subscription is lossy: then the event is dropped and counted. Nothing is
 //   lost silently: stats() and dropped(id) show every drop.
 // - shutdown() stops accepting events, delivers everything already queued,
-//   then joins the dispatchers.
+//   then joins the dispatchers. While it drains, handlers run by the
+//   dispatchers may still publish, and what they publish is delivered too
+//   (so queued handlers that publish to each other forever keep it from
+//   returning).
+// - Queue capacities are rounded up to a power of two (at least 2). The
+//   event a queued handler is reading keeps its slot until the handler
+//   returns.
+// - A queued handler that publishes into a full lossless queue served by its
+//   own dispatcher thread does not wait for itself: that queue is drained in
+//   place, or, when it is the handler's own queue, the event is dropped and
+//   counted. Full lossless queues that feed each other across dispatcher
+//   threads can still wait for each other: make one of them lossy.
+// - Handlers must not throw; one that does anyway counts as a failure.
+//   unsubscribe() from a queued subscription's own handler returns
+//   BALLAST_ESTATE; shutdown() and ~Bus() must not be called from a handler.
 // Thread-safety: every member function is thread-safe.
 #pragma once
 

@@ -33,4 +33,10 @@ size_t flat_size(const ballast_event& event);
 // can be read as a C string.
 void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out);
 
+// Copy a flattened event whose buffer starts at `from` (`bytes` long) to
+// `to` and point *out at the copy: a memcpy and a pointer shift, cheaper
+// than flattening again when one event goes to several queues.
+void copy_flat(const ballast_event& flat, const unsigned char* from, size_t bytes, unsigned char* to,
+               ballast_event* out);
+
 }  // namespace ballast::codec

@@ -1,0 +1,117 @@
+// The bounded queue of one queued subscription.
+//
+// Many publishers, one consumer (the subscription's dispatcher), after
+// D. Vyukov's bounded queue: each slot has a sequence number that says
+// whether it is free for position p (seq == p) or holds position p
+// (seq == p + 1). A publisher claims a position with one CAS on the tail,
+// fills the slot, then publishes it by storing its sequence, so that
+// positions, and with them the events of any one publisher, are consumed
+// in order.
+//
+// A slot holds a deep copy of the event, flattened (codec_flat.hpp) into
+// the slot's own inline buffer when it fits, else into a heap buffer that
+// the slot keeps and reuses: after warm-up no event allocates. The slots
+// are allocated once, at subscribe time.
+#pragma once
+
+#include "codec_flat.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+
+namespace ballast {
+
+class Ring {
+ public:
+  // Bytes of a slot's inline buffer: a metric batch of one sample with its
+  // strings, a fault report or a recovery action fit.
+  static constexpr size_t kInline = 176;
+
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> seq{0};
+    ballast_event event{};          // the copy; event.topic == nullptr: lost (no memory)
+    unsigned char* heap = nullptr;  // grown on demand, kept for the next events
+    size_t heap_size = 0;
+    alignas(codec::kFlatAlign) unsigned char inline_buf[kInline];
+  };
+
+  // capacity is rounded up to a power of two, at least 2.
+  explicit Ring(uint32_t capacity) {
+    uint32_t cap = 2;
+    while (cap < capacity) cap <<= 1;
+    mask_ = cap - 1;
+    slots_.reset(new Slot[cap]);
+    for (uint32_t i = 0; i < cap; ++i) slots_[i].seq.store(i, std::memory_order_relaxed);
+  }
+  ~Ring() {
+    for (uint32_t i = 0; i <= mask_; ++i) delete[] reinterpret_cast<uint64_t*>(slots_[i].heap);
+  }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  uint32_t capacity() const { return mask_ + 1; }
+
+  // Claim a slot; nullptr when the ring is full. The caller fills it with
+  // fill() and then must call commit() on it.
+  Slot* claim(uint64_t* pos) {
+    uint64_t p = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      Slot& s = slots_[p & mask_];
+      const uint64_t seq = s.seq.load(std::memory_order_acquire);
+      const auto diff = static_cast<int64_t>(seq - p);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+          *pos = p;
+          return &s;
+        }
+      } else if (diff < 0) {
+        return nullptr;  // the slot still holds position p - capacity: full
+      } else {
+        p = tail_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // The buffer of `bytes` for a claimed slot; nullptr when it cannot be had.
+  static unsigned char* buffer(Slot& s, size_t bytes) {
+    if (bytes <= kInline) return s.inline_buf;
+    if (bytes > s.heap_size) {
+      // Sized in units of 8 bytes (kFlatAlign); operator new aligns them.
+      auto* fresh = new (std::nothrow) uint64_t[(bytes + 7) / 8];
+      if (fresh == nullptr) return nullptr;
+      delete[] reinterpret_cast<uint64_t*>(s.heap);
+      s.heap = reinterpret_cast<unsigned char*>(fresh);
+      s.heap_size = (bytes + 7) / 8 * 8;
+    }
+    return s.heap;
+  }
+
+  static void commit(Slot& s, uint64_t pos) { s.seq.store(pos + 1, std::memory_order_release); }
+
+  // Consumer side (one thread at a time).
+  Slot* front() {
+    const uint64_t h = head_.load(std::memory_order_relaxed);
+    Slot& s = slots_[h & mask_];
+    return s.seq.load(std::memory_order_acquire) == h + 1 ? &s : nullptr;
+  }
+  void pop() {
+    const uint64_t h = head_.load(std::memory_order_relaxed);
+    slots_[h & mask_].seq.store(h + mask_ + 1, std::memory_order_release);
+    head_.store(h + 1, std::memory_order_release);
+  }
+  // Any thread: whether no claimed position is left unconsumed.
+  bool empty() const {
+    return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
+  }
+
+ private:
+  alignas(64) std::atomic<uint64_t> tail_{0};  // next position to claim
+  alignas(64) std::atomic<uint64_t> head_{0};  // next position to consume (written by the consumer)
+  uint32_t mask_ = 0;
+  std::unique_ptr<Slot[]> slots_;
+};
+
+}  // namespace ballast
