@@ -31,15 +31,46 @@ std::string quoted(std::string_view field) {
   return "'" + s + (field.size() > kMax ? "...'" : "'");
 }
 
-std::string read_file(const std::string& path) {
+// A byte buffer that grows without zero-filling (inflated traces are tens of MB).
+class Buffer {
+ public:
+  char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  size_t capacity() const { return cap_; }
+  std::string_view view() const { return {data_.get(), size_}; }
+  void set_size(size_t n) { size_ = n; }
+  void reserve(size_t n) {
+    if (n <= cap_) return;
+    std::unique_ptr<char[]> grown(new char[n]);
+    if (size_) std::memcpy(grown.get(), data_.get(), size_);
+    data_ = std::move(grown);
+    cap_ = n;
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0, cap_ = 0;
+};
+
+Buffer read_file(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw TraceError(path + ": cannot open: " + std::strerror(errno));
-  std::string data;
-  std::array<char, 1 << 16> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) data.append(buf.data(), n);
+  Buffer buf;
+  buf.reserve(1 << 20);
+  if (std::fseek(f.get(), 0, SEEK_END) == 0) {  // a regular file: read it in one go
+    long size = std::ftell(f.get());
+    if (size > 0) buf.reserve(static_cast<size_t>(size) + 1);
+    std::rewind(f.get());
+  }
+  for (;;) {
+    if (buf.size() == buf.capacity()) buf.reserve(buf.capacity() * 2);
+    size_t n = std::fread(buf.data() + buf.size(), 1, buf.capacity() - buf.size(), f.get());
+    if (n == 0) break;
+    buf.set_size(buf.size() + n);
+  }
   if (std::ferror(f.get())) throw TraceError(path + ": read error: " + std::strerror(errno));
-  return data;
+  return buf;
 }
 
 // Where text that was cut off ends: its line and, from the header, the column.
@@ -72,29 +103,30 @@ struct InflateStream {
   }
 };
 
-std::string gunzip(const std::string& data, const std::string& path) {
-  std::string out;
+Buffer gunzip(const Buffer& data, const std::string& path) {
+  Buffer out;
   // The last member's trailer holds the text size modulo 2^32: a good first guess.
   size_t guess = 0;
   if (data.size() >= 18) {
     const auto* t = reinterpret_cast<const unsigned char*>(data.data() + data.size() - 4);
     guess = t[0] | (t[1] << 8) | (t[2] << 16) | (static_cast<size_t>(t[3]) << 24);
   }
-  out.resize(std::max(guess + 1, data.size() * 4 + 1024));
+  out.reserve(std::max(guess + 1, data.size() * 4 + 1024));
 
   InflateStream s;
   if (inflateInit2(&s.zs, 15 + 32) != Z_OK) throw TraceError(path + ": zlib initialisation failed");
   s.open = true;
-  s.zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));  // zlib does not write it
   s.zs.avail_in = static_cast<uInt>(data.size());
   size_t produced = 0;
   for (;;) {
-    if (produced == out.size()) out.resize(out.size() * 2);
+    if (produced == out.capacity()) out.reserve(out.capacity() * 2);
     s.zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    s.zs.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - produced, 1u << 30));
+    s.zs.avail_out = static_cast<uInt>(std::min<size_t>(out.capacity() - produced, 1u << 30));
     uInt before = s.zs.avail_out;
     int rc = inflate(&s.zs, Z_NO_FLUSH);
     produced += before - s.zs.avail_out;
+    out.set_size(produced);
     if (rc == Z_STREAM_END) {
       if (s.zs.avail_in == 0) break;
       // Concatenated gzip members are one stream (gzip -c a b > c).
@@ -112,7 +144,6 @@ std::string gunzip(const std::string& data, const std::string& path) {
     fail_truncated(path, std::string_view(out.data(), produced),
                    std::string("corrupt gzip stream: ") + (s.zs.msg ? s.zs.msg : "zlib error " + std::to_string(rc)));
   }
-  out.resize(produced);
   return out;
 }
 
@@ -131,6 +162,17 @@ class FieldParser {
   }
 
   int64_t integer(std::string_view f, Column c) const {
+    // Fast path: an optional minus and up to 18 digits.
+    const char* b = f.data();
+    const char* e = b + f.size();
+    bool negative = b != e && *b == '-';
+    b += negative;
+    if (b != e && e - b <= 18) {
+      int64_t v = 0;
+      const char* q = b;
+      for (; q != e && static_cast<unsigned>(*q - '0') < 10; ++q) v = v * 10 + (*q - '0');
+      if (q == e) return negative ? -v : v;
+    }
     int64_t v = 0;
     auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
     if (ec == std::errc() && p == f.data() + f.size() && !f.empty()) return v;
@@ -266,21 +308,23 @@ Trace parse_trace_csv(std::string_view text, const std::string& source) {
 }
 
 Trace read_trace(const std::string& path) {
-  std::string data = read_file(path);
-  if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1f && static_cast<unsigned char>(data[1]) == 0x8b)
-    data = gunzip(data, path);
-  return parse_trace_csv(data, path);
+  Buffer data = read_file(path);
+  if (data.size() >= 2 && static_cast<unsigned char>(data.data()[0]) == 0x1f &&
+      static_cast<unsigned char>(data.data()[1]) == 0x8b)
+    return parse_trace_csv(gunzip(data, path).view(), path);
+  return parse_trace_csv(data.view(), path);
 }
 
 Meta read_meta(const std::string& path) {
-  std::string text = read_file(path);
+  Buffer buf = read_file(path);
+  std::string_view text = buf.view();
   Meta m;
   size_t line = 0, pos = 0;
   while (pos < text.size()) {
     ++line;
     size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view ln = trim_cr(std::string_view(text).substr(pos, end - pos));
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view ln = trim_cr(text.substr(pos, end - pos));
     pos = end + 1;
     if (size_t hash = ln.find('#'); hash != std::string_view::npos) ln = ln.substr(0, hash);
     while (!ln.empty() && (ln.back() == ' ' || ln.back() == '\t')) ln.remove_suffix(1);

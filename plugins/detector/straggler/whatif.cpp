@@ -26,7 +26,10 @@ class Analysis {
  public:
   Analysis(const Trace& trace, const Meta& meta, const WhatIfOptions& opt)
       : t_(trace), opt_(opt), m_(build_model(trace, meta, {opt.drop_bad_steps})), replay_(m_),
-        L_(m_.lanes()), N_(m_.ops.size() * L_), start_(N_), end_(N_) {}
+        L_(m_.lanes()), N_(m_.ops.size() * L_), start_(N_), end_(N_), all_lanes_(L_, 1) {
+    dp_lanes_.assign(m_.dp, std::vector<char>(L_, 0));
+    for (size_t l = 0; l < L_; ++l) dp_lanes_[dp_of(l)][l] = 1;
+  }
 
   WhatIfResult run(Timeline* timeline) {
     WhatIfResult r;
@@ -155,21 +158,24 @@ class Analysis {
     return replay_.step_times(start_.data(), end_.data());
   }
 
-  // Mean step time of `base` with the ops selected by pick(op, lane) taken from `other`.
-  template <class Pick>
-  double mixed(const std::vector<double>& base, const std::vector<double>& other, Pick pick) {
+  // Mean step time of `base` with some ops taken from `other`: lanes(op)
+  // gives the lanes (a mask) where op is taken, or null for none.
+  template <class Lanes>
+  double mixed(const std::vector<double>& base, const std::vector<double>& other, Lanes lanes) {
     mix_ = base;
     for (size_t op = 0; op < m_.ops.size(); ++op) {
+      const char* pick = lanes(op);
+      if (!pick) continue;
       for (size_t l = 0; l < L_; ++l) {
-        if (pick(m_.ops[op], l)) mix_[op * L_ + l] = other[op * L_ + l];
+        if (pick[l]) mix_[op * L_ + l] = other[op * L_ + l];
       }
     }
     return mean(replay(mix_, nullptr));
   }
 
-  template <class Pick>
-  double attributed(Pick pick) {
-    return mixed(ideal_, cost_, pick) / t_ideal_;
+  template <class Lanes>
+  double attributed(Lanes lanes) {
+    return mixed(ideal_, cost_, lanes) / t_ideal_;
   }
 
   static void worst_first(std::vector<Attribution>& v) {
@@ -182,12 +188,18 @@ class Analysis {
       std::string n(report_name(o.type));
       if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
     }
-    for (const std::string& n : names)
-      r.by_optype.push_back({n, attributed([&](const ModelOp& o, size_t) { return report_name(o.type) == n; })});
+    const char* all = all_lanes_.data();
+    for (const std::string& n : names) {
+      std::vector<char> pick(m_.ops.size());
+      for (size_t op = 0; op < m_.ops.size(); ++op) pick[op] = report_name(m_.ops[op].type) == n;
+      r.by_optype.push_back({n, attributed([&](size_t op) { return pick[op] ? all : nullptr; })});
+    }
     for (int s = 0; s < m_.pp; ++s)
-      r.by_stage.push_back({std::to_string(s), attributed([&](const ModelOp& o, size_t) { return o.stage == s; })});
-    for (int d = 0; d < m_.dp; ++d)
-      r.by_dp_rank.push_back({std::to_string(d), attributed([&](const ModelOp&, size_t l) { return dp_of(l) == d; })});
+      r.by_stage.push_back({std::to_string(s), attributed([&](size_t op) { return m_.ops[op].stage == s ? all : nullptr; })});
+    for (int d = 0; d < m_.dp; ++d) {
+      const char* lanes = dp_lanes_[d].data();
+      r.by_dp_rank.push_back({std::to_string(d), attributed([&](size_t) { return lanes; })});
+    }
     // A rank is as slow as the lesser of its DP rank's and its stage's slowdown.
     for (int s = 0; s < m_.pp; ++s) {
       for (int d = 0; d < m_.dp; ++d) {
@@ -205,13 +217,13 @@ class Analysis {
     worst_first(r.by_dp_rank);
   }
 
-  template <class Pick>
-  Explained explained(Pick pick) {
+  template <class Lanes>
+  Explained explained(Lanes lanes) {
     Explained e;
     e.t_original = t_nodelay_;
     e.t_ideal = t_ideal_;
-    e.t_removed = mixed(cost_, ideal_, pick);
-    e.t_added = mixed(ideal_, cost_, pick);
+    e.t_removed = mixed(cost_, ideal_, lanes);
+    e.t_added = mixed(ideal_, cost_, lanes);
     double gap = e.t_original - e.t_ideal;
     e.removed = (e.t_original - e.t_removed) / gap;
     e.added = (e.t_added - e.t_ideal) / gap;
@@ -221,15 +233,20 @@ class Analysis {
   void explain(WhatIfResult& r) {
     size_t n = static_cast<size_t>(std::ceil(static_cast<double>(r.ranks) * opt_.worker_share - 1e-9));
     n = std::clamp<size_t>(n, 1, r.by_rank.size());
-    std::vector<char> cell(static_cast<size_t>(m_.dp) * m_.pp, 0);
+    // Lanes of the chosen ranks, per stage.
+    std::vector<std::vector<char>> stage_lanes(m_.pp, std::vector<char>(L_, 0));
     for (size_t i = 0; i < n; ++i) {
       int32_t rank = std::stoi(r.by_rank[i].name);
       r.mw_ranks.push_back(rank);
-      for (size_t c = 0; c < cell.size(); ++c) cell[c] |= m_.cell_rank[c] == rank;
+      for (int s = 0; s < m_.pp; ++s) {
+        for (size_t l = 0; l < L_; ++l)
+          stage_lanes[s][l] |= m_.cell_rank[static_cast<size_t>(s) * m_.dp + dp_of(l)] == rank;
+      }
     }
-    r.mw = explained([&](const ModelOp& o, size_t l) { return cell[static_cast<size_t>(o.stage) * m_.dp + dp_of(l)]; });
+    r.mw = explained([&](size_t op) { return stage_lanes[m_.ops[op].stage].data(); });
     const int last = m_.pp - 1;
-    r.ms = explained([&](const ModelOp& o, size_t) { return o.stage == last; });
+    const char* all = all_lanes_.data();
+    r.ms = explained([&](size_t op) { return m_.ops[op].stage == last ? all : nullptr; });
   }
 
   void classify(WhatIfResult& r) const { r.kind = classify_kind(r.slowdown, r.mw.removed, r.ms.removed, opt_); }
@@ -257,6 +274,8 @@ class Analysis {
   Replay replay_;
   size_t L_, N_;
   std::vector<double> start_, end_, mix_;
+  std::vector<char> all_lanes_;                // every lane
+  std::vector<std::vector<char>> dp_lanes_;    // the lanes of each DP rank
   std::vector<double> step_start_, rec_start_, rec_end_, delay_, cost_, ideal_;
   double t_nodelay_ = 0, t_ideal_ = 0;
 };
