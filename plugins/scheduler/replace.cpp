@@ -45,17 +45,36 @@ LoadedPlan parse_plan(const std::string& text, const std::string& source) {
     throw InputError(source + ": " + line_col(text, e.byte) + ": malformed JSON");
   }
   if (!j.is_object()) throw InputError(source + ": a plan must be a JSON object");
+  if (!j.contains("nodes") || !j["nodes"].is_array()) throw InputError(source + ": missing list \"nodes\"");
   nlohmann::json jobj;
-  for (const char* key : {"gpus_per_node", "tp", "pp", "dp", "alpha"}) {
-    if (!j.contains(key)) throw InputError(source + ": missing field \"" + key + "\"");
-    jobj[key] = j[key];
+  if (j.contains("gpus_per_node") || j.contains("tp") || j.contains("pp") || j.contains("dp")) {
+    for (const char* key : {"gpus_per_node", "tp", "pp", "dp"}) {
+      if (!j.contains(key)) throw InputError(source + ": missing field \"" + key + "\"");
+      jobj[key] = j[key];
+    }
+  } else {
+    // A placement.plan event rendered as JSON carries only the nodes: the
+    // matrix is (max dp_row + 1) x (max pp_stage + 1), GPUs per node from
+    // the first ranks, one DP replica per node.
+    long long rows = 0, stages = 0, gpn = 8;
+    for (const auto& e : j["nodes"]) {
+      if (e.is_object() && e.contains("dp_row") && e["dp_row"].is_number_integer())
+        rows = std::max(rows, e["dp_row"].get<long long>() + 1);
+      if (e.is_object() && e.contains("pp_stage") && e["pp_stage"].is_number_integer())
+        stages = std::max(stages, e["pp_stage"].get<long long>() + 1);
+    }
+    const auto& nodes = j["nodes"];
+    if (nodes.size() >= 2 && nodes[0].contains("first_rank") && nodes[1].contains("first_rank") &&
+        nodes[0]["first_rank"].is_number_integer() && nodes[1]["first_rank"].is_number_integer())
+      gpn = nodes[1]["first_rank"].get<long long>() - nodes[0]["first_rank"].get<long long>();
+    jobj = {{"gpus_per_node", gpn}, {"tp", gpn}, {"pp", std::max(1LL, stages)}, {"dp", std::max(1LL, rows)}};
   }
+  if (j.contains("alpha")) jobj["alpha"] = j["alpha"];
   if (j.contains("job")) jobj["name"] = j["job"];
   LoadedPlan lp;
   lp.job = parse_job(jobj.dump(), source);
   if (j.contains("topology") && j["topology"].is_string()) lp.topology = j["topology"].get<std::string>();
   if (j.contains("algorithm") && j["algorithm"].is_string()) lp.algorithm = j["algorithm"].get<std::string>();
-  if (!j.contains("nodes") || !j["nodes"].is_array()) throw InputError(source + ": missing list \"nodes\"");
   const auto& nodes = j["nodes"];
   int R = lp.job.rows(), n = lp.job.nodes();
   if (static_cast<int>(nodes.size()) != n)

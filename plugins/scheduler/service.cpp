@@ -186,7 +186,11 @@ int on_request(void* user, const ballast_event* ev) {
   int rc;
   if (j.contains("replace") && j["replace"].is_object()) {
     const auto& r = j["replace"];
-    std::string plan_json = r.contains("plan") ? r["plan"].dump() : std::string();
+    // The plan as `ballast plan --json` prints it, or a placement.plan event
+    // rendered as JSON (nodes only; "alpha" may then come with the request).
+    nlohmann::json plan_obj = r.contains("plan") ? r["plan"] : nlohmann::json();
+    if (plan_obj.is_object() && r.contains("alpha")) plan_obj["alpha"] = r["alpha"];
+    std::string plan_json = plan_obj.is_null() ? std::string() : plan_obj.dump();
     std::string failed = str(r, "failed"), spares = str(r, "spares");
     ballast_replacement_request rr{sizeof rr, 0, topo.c_str(), state.empty() ? nullptr : state.c_str(),
                                    plan_json.empty() ? nullptr : plan_json.c_str(), failed.empty() ? nullptr : failed.c_str(),

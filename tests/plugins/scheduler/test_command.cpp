@@ -287,6 +287,17 @@ TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placem
   CHECK(h.plans[0]["topic"] == "placement.plan");
   CHECK(h.plans[0]["nodes"].size() == 12);
   for (const auto& n : h.plans[0]["nodes"]) CHECK(n["name"] != "gpu11");
+  // A policy asks for a replacement with the plan event it saw (nodes only).
+  nlohmann::json ask{{"replace", {{"plan", {{"nodes", h.plans[0]["nodes"]}}}, {"failed", h.plans[0]["nodes"][5]["name"]}, {"alpha", 0.3}}}};
+  std::string ask_body = ask.dump();
+  deliver(h, "placement.request", BALLAST_SCHEMA_JSON, ask_body.data(), ask_body.size());
+  REQUIRE(h.plans.size() == 2);
+  CHECK(h.plans[1]["algorithm"] == "replace");
+  for (size_t x = 0; x < 12; ++x) {
+    if (x == 5) CHECK(h.plans[1]["nodes"][x]["name"] != h.plans[0]["nodes"][x]["name"]);
+    else CHECK(h.plans[1]["nodes"][x]["name"] == h.plans[0]["nodes"][x]["name"]);
+    CHECK(h.plans[1]["nodes"][x]["name"] != "gpu11");  // still faulty
+  }
   std::string broken = R"({"job": {"gpus_per_node": 8, "tp": 4, "pp": 2, "dp": 11}})";
   deliver(h, "placement.request", BALLAST_SCHEMA_JSON, broken.data(), broken.size());
   REQUIRE(h.errors.size() == 1);

@@ -53,6 +53,19 @@ TEST_CASE("a plan survives the JSON round trip") {
   CHECK(p.loaded.topology == kData + "tree.conf");
 }
 
+TEST_CASE("a plan event rendered as JSON (nodes only) is read with its matrix inferred") {
+  Placed p = placed(0.3);
+  auto full = plan_to_json(p.plan, p.topo, p.job);
+  nlohmann::json bare{{"nodes", nlohmann::json::array()}};
+  for (const auto& n : full["nodes"])
+    bare["nodes"].push_back({{"name", n["name"]}, {"pp_stage", n["pp_stage"]}, {"dp_row", n["dp_row"]}, {"first_rank", n["first_rank"]}});
+  LoadedPlan lp = parse_plan(bare.dump(), "event");
+  CHECK(lp.job.rows() == 6);
+  CHECK(lp.job.cols() == 2);
+  CHECK(lp.job.gpus_per_node == 8);
+  CHECK(lp.names == p.loaded.names);
+}
+
 TEST_CASE("replacement changes only the failed nodes and prefers the failed node's minipod") {
   Placed p = placed(0.0);
   const std::string failed = p.topo.nodes[p.plan.nodes[3]];
