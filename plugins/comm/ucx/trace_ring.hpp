@@ -1,0 +1,62 @@
+// The writer side of the collective trace ring (abi/ballast/trace.h): one
+// shared-memory file per process, mapped once, written without locks.
+#pragma once
+
+#include <ballast/trace.h>
+
+#include <cstdint>
+#include <string>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#else
+#include <ctime>
+#endif
+
+namespace ballast::comm {
+
+// The ring's clock: the TSC on x86 (about 8 ns), else CLOCK_MONOTONIC in ns.
+inline uint64_t trace_tick() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+#endif
+}
+
+class TraceRing {
+ public:
+  // The process's ring, created on first use in `dir` (BALLAST_TRACE_DIR or
+  // /dev/shm when empty). Later calls return the same ring whatever dir says.
+  // NULL with *err set when the file cannot be created. Thread-safe.
+  static TraceRing* process_ring(const std::string& dir, int rank, int nranks, std::string* err);
+
+  // Claim the next slot and mark it being written; the caller fills it and
+  // calls publish(). Any thread.
+  ballast_trace_slot* claim(uint64_t* index) {
+    const uint64_t i = __atomic_fetch_add(&hdr_->head, 1, __ATOMIC_RELAXED);
+    ballast_trace_slot* s = slots_ + (i & mask_);
+    __atomic_store_n(&s->gen, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    *index = i;
+    return s;
+  }
+  static void publish(ballast_trace_slot* s, uint64_t index) {
+    __atomic_store_n(&s->gen, index + 1, __ATOMIC_RELEASE);
+  }
+  void heartbeat() { __atomic_store_n(&hdr_->heartbeat_tick, trace_tick(), __ATOMIC_RELAXED); }
+  void set_closed(bool closed) { __atomic_store_n(&hdr_->closed, closed ? 1u : 0u, __ATOMIC_RELEASE); }
+  const std::string& path() const { return path_; }
+  double ns_per_tick() const { return hdr_->ns_per_tick; }
+
+ private:
+  TraceRing() = default;
+  ballast_trace_header* hdr_ = nullptr;
+  ballast_trace_slot* slots_ = nullptr;
+  uint64_t mask_ = 0;
+  std::string path_;
+};
+
+}  // namespace ballast::comm

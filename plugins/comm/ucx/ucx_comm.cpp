@@ -1,0 +1,1139 @@
+#include "ucx_comm.hpp"
+
+#include "bootstrap.hpp"
+#include "reduce.hpp"
+#include "trace_ring.hpp"
+
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace ballast::comm {
+
+namespace {
+
+thread_local std::string t_error;
+
+// ---- tags: seq 24 | source rank 16 | context 12 | op 4 | dtype 4 | redop 4 ----
+// Receives match seq, source and context; the low 12 bits are compared after
+// arrival, so that a peer in another operation is reported, not waited for.
+constexpr uint64_t kSeqMask = 0xFFFFFF;
+constexpr uint64_t kSeqControl = 0xFFFFFF;  // never a data seq: seqs wrap at 0xFFFFFF
+constexpr uint64_t kMatchMask = ~uint64_t(0xFFF);
+constexpr uint64_t kControlMask = (kSeqMask << 40) | (uint64_t(0xFFF) << 12);
+constexpr uint32_t kP2PContext = 0x800;
+constexpr uint32_t kMaxContext = 0x7FF;
+
+uint64_t make_tag(uint64_t seq, uint32_t src, uint32_t ctx, uint32_t low) {
+  return ((seq & kSeqMask) << 40) | (uint64_t(src & 0xFFFF) << 24) | (uint64_t(ctx & 0xFFF) << 12) | (low & 0xFFF);
+}
+
+std::string low_name(uint32_t low) {
+  const uint32_t op = (low >> 8) & 0xF, dt = (low >> 4) & 0xF, red = low & 0xF;
+  std::string s = std::string(ballast_op_name(op)) + "(" + ballast_dtype_name(dt);
+  if (op == BALLAST_OP_ALLREDUCE || op == BALLAST_OP_REDUCE || op == BALLAST_OP_REDUCE_SCATTER)
+    s += std::string(", ") + ballast_redop_name(red);
+  return s + ")";
+}
+
+int64_t env_i64(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return end && *end == '\0' ? int64_t(x) : dflt;
+}
+
+std::string hex(uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%016" PRIx64, v);
+  return b;
+}
+
+// The scheduler state of a local process: 'R', 'S', 'T' (stopped), 'Z', ... or 0 when gone.
+char proc_state(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return 0;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : 0;
+}
+
+std::string state_words(char st) {
+  switch (st) {
+    case 0: return "gone";
+    case 'T': case 't': return "stopped";
+    case 'Z': case 'X': return "exited (zombie)";
+    case 'R': return "running";
+    case 'D': return "in uninterruptible I/O";
+    default: return "alive, sleeping";
+  }
+}
+
+// A buffer owned by a communicator, grown (never shrunk) when an operation needs more.
+struct Scratch {
+  char* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  char* get(size_t n) {
+    if (n > cap) {
+      std::free(p);
+      const size_t want = std::max<size_t>(n, 4096);
+      if (posix_memalign(reinterpret_cast<void**>(&p), 4096, want) != 0) {
+        p = nullptr;
+        cap = 0;
+        return nullptr;
+      }
+      std::memset(p, 0, want);  // fault the pages in now, not during a transfer
+      cap = want;
+    }
+    return p;
+  }
+};
+
+char g_zero_byte = 0;
+
+}  // namespace
+
+const char* last_error() { return t_error.c_str(); }
+int set_last_error(int status, const std::string& msg) {
+  t_error = msg;
+  return status;
+}
+
+// ---------------------------------------------------------------------------
+
+struct PeerState {
+  int32_t pid = 0;
+  std::string host;
+  bool local = false;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t ep_status = UCS_OK;  // set by UCX's error callback (owner thread, inside progress)
+  int64_t gone_since = 0;           // when the process was first seen gone
+};
+
+struct World {
+  ucp_context_h ctx = nullptr;
+  ucp_worker_h worker = nullptr;
+  int rank = 0, nranks = 1;
+  uint64_t job_id = 0;
+  std::vector<PeerState> peers;
+  uint32_t next_ctx = 1;
+  TraceRing* ring = nullptr;
+  int64_t timeout_ns = 0;
+  size_t chunk_bytes = 256 << 10;
+  size_t small_bytes = 16 << 10;
+
+  ~World() {
+    std::vector<void*> closing;
+    for (auto& p : peers) {
+      if (!p.ep) continue;
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* r = ucp_ep_close_nbx(p.ep, &prm);
+      if (r && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+    }
+    const int64_t until = monotonic_ns() + 500000000;
+    for (void* r : closing) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && monotonic_ns() < until) ucp_worker_progress(worker);
+      ucp_request_free(r);
+    }
+    if (worker) ucp_worker_destroy(worker);
+    if (ctx) ucp_cleanup(ctx);
+    if (ring) ring->set_closed(true);
+  }
+};
+
+constexpr int kWindow = 8;  // chunks in flight per transfer
+
+struct Pending {
+  void* req = nullptr;
+  bool done_now = false;
+  size_t off = 0, len = 0;
+  ucp_tag_recv_info_t info{};
+};
+
+struct Xfer {
+  bool send = false;
+  int peer = 0;  // rank in the communicator
+  char* buf = nullptr;
+  size_t len = 0;
+  char* reduce_dst = nullptr;  // receive: reduce each chunk into this
+  size_t nchunks = 0, posted = 0, completed = 0;
+  Pending win[kWindow];
+};
+
+struct Step {
+  uint32_t first = 0, last = 0;  // xfers
+  char* red_dst = nullptr;        // after the step: red_dst op= red_src (red_count elements)
+  const char* red_src = nullptr;
+  size_t red_count = 0;
+  char* copy_dst = nullptr;       // then: copy copy_len bytes
+  const char* copy_src = nullptr;
+  size_t copy_len = 0;
+};
+
+struct Op {
+  Comm* comm = nullptr;
+  ballast_comm_args args{};
+  uint32_t esize = 1;
+  uint64_t seq = 0;       // this op's seq (collective or p2p)
+  uint32_t tag_ctx = 0;
+  uint32_t low = 0;       // op | dtype | redop bits
+  uint32_t algorithm = 0;
+  size_t chunk = 0;
+  std::vector<Xfer> xfers;
+  std::vector<Step> steps;
+  size_t cur = 0;
+  bool step_posted = false;
+  int64_t deadline = 0;
+  int64_t next_live_check = 0;
+  uint32_t iter = 0;
+  bool large = false;
+  ballast_trace_slot* slot = nullptr;
+  uint64_t slot_index = 0;
+  int status = BALLAST_OK;
+  std::string msg;
+};
+
+struct Comm {
+  std::shared_ptr<World> w;
+  std::vector<int> members;  // comm rank -> world rank
+  int rank = 0, n = 1;
+  uint32_t ctx = 0;
+  uint64_t id = 0;
+  uint64_t seq = 0;
+  std::vector<uint64_t> p2p_sent, p2p_received;
+  std::atomic<bool> abort_flag{false};
+  std::mutex abort_mu;
+  std::string abort_reason;
+  int failed = BALLAST_OK;
+  std::string failed_msg;
+  char ctrl_in[512];
+  void* ctrl_req = nullptr;
+  ucp_tag_recv_info_t ctrl_info{};
+  bool ctrl_done_now = false;
+  char notice[512];
+  Scratch scratch, accum;
+  Op op;
+  bool busy = false;
+  bool trace = true;
+
+  PeerState& peer(int r) { return w->peers[size_t(members[size_t(r)])]; }
+};
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  return x ^ (x >> 33);
+}
+
+void ep_error(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<PeerState*>(arg)->ep_status = status; }
+
+void post_control_recv(Comm* c) {
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  void* r = ucp_tag_recv_nbx(c->w->worker, c->ctrl_in, sizeof c->ctrl_in - 1, make_tag(kSeqControl, 0, c->ctx, 0),
+                             kControlMask, &prm);
+  c->ctrl_done_now = r == nullptr;
+  c->ctrl_req = UCS_PTR_IS_ERR(r) ? nullptr : r;
+}
+
+// A failure notice from a peer, if one arrived: fills *msg.
+bool control_arrived(Comm* c, std::string* msg) {
+  if (!c->ctrl_req && !c->ctrl_done_now) return false;
+  if (!c->ctrl_done_now) {
+    const ucs_status_t st = ucp_tag_recv_request_test(c->ctrl_req, &c->ctrl_info);
+    if (st == UCS_INPROGRESS) return false;
+    ucp_request_free(c->ctrl_req);
+    c->ctrl_req = nullptr;
+    if (st != UCS_OK) return false;
+  }
+  c->ctrl_done_now = false;
+  const size_t len = std::min(c->ctrl_info.length, sizeof c->ctrl_in - 1);
+  c->ctrl_in[len] = '\0';
+  const int from = int((c->ctrl_info.sender_tag >> 24) & 0xFFFF);
+  *msg = "rank " + std::to_string(from) + " reported a failure: " + c->ctrl_in;
+  return true;
+}
+
+void send_notices(Comm* c, const std::string& msg) {
+  const size_t len = std::min(msg.size(), sizeof c->notice - 1);
+  std::memcpy(c->notice, msg.data(), len);
+  std::vector<void*> pending;
+  for (int r = 0; r < c->n; ++r) {
+    if (r == c->rank || c->peer(r).ep_status != UCS_OK) continue;
+    ucp_request_param_t prm{};
+    void* q = ucp_tag_send_nbx(c->peer(r).ep, c->notice, len, make_tag(kSeqControl, uint32_t(c->rank), c->ctx, 0),
+                               &prm);
+    if (q && !UCS_PTR_IS_ERR(q)) pending.push_back(q);
+  }
+  // Push the notices out before returning: the caller often exits right
+  // after a failure, and an endpoint never used before still needs wiring.
+  const int64_t until = monotonic_ns() + 200000000;
+  for (void* q : pending) {
+    while (ucp_request_check_status(q) == UCS_INPROGRESS && monotonic_ns() < until) ucp_worker_progress(c->w->worker);
+    ucp_request_free(q);
+  }
+}
+
+inline void bump(uint64_t* p, uint64_t d = 1) { __atomic_store_n(p, *p + d, __ATOMIC_RELAXED); }
+
+void cancel_pending(Op& op) {
+  ucp_worker_h worker = op.comm->w->worker;
+  for (auto& x : op.xfers)
+    for (size_t k = x.completed; k < x.posted; ++k) {
+      Pending& p = x.win[k % kWindow];
+      if (!p.req) continue;
+      if (!x.send) ucp_request_cancel(worker, p.req);
+      ucp_request_free(p.req);
+      p.req = nullptr;
+    }
+  op.xfers.clear();
+}
+
+int finish(Op& op, int status, const std::string& msg, bool notify) {
+  Comm* c = op.comm;
+  if (status != BALLAST_OK) {
+    cancel_pending(op);
+    if (c->failed == BALLAST_OK) {
+      c->failed = status;
+      c->failed_msg = msg;
+      if (notify && c->n > 1) send_notices(c, msg);
+    }
+  }
+  if (op.slot) {
+    op.slot->status = status;
+    __atomic_store_n(&op.slot->end_tick, trace_tick(), __ATOMIC_RELAXED);
+    __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
+                     __ATOMIC_RELEASE);
+    op.slot = nullptr;
+  }
+  op.status = status;
+  op.msg = msg;
+  c->busy = false;
+  return status;
+}
+
+std::string op_words(const Op& op) {
+  const Comm* c = op.comm;
+  return std::string(ballast_op_name(op.args.op)) + " seq " + std::to_string(op.seq) + " (comm " + hex(c->id) +
+         ", rank " + std::to_string(c->rank) + " of " + std::to_string(c->n) + ", " + std::to_string(op.args.count) +
+         " x " + ballast_dtype_name(op.args.dtype) + ")";
+}
+
+// ---- building the steps of an operation ----------------------------------
+
+void begin_step(Op& op) {
+  Step s;
+  s.first = s.last = uint32_t(op.xfers.size());
+  op.steps.push_back(s);
+}
+
+void add_xfer(Op& op, bool send, int peer, char* buf, size_t len, char* reduce_dst = nullptr) {
+  Xfer x;
+  x.send = send;
+  x.peer = peer;
+  x.buf = buf ? buf : &g_zero_byte;
+  x.len = len;
+  x.reduce_dst = reduce_dst;
+  x.nchunks = len == 0 ? 1 : (len + op.chunk - 1) / op.chunk;
+  op.xfers.push_back(x);
+  op.steps.back().last = uint32_t(op.xfers.size());
+  if (op.slot) bump(&op.slot->chunks_total, x.nchunks);
+}
+
+struct Blocks {
+  uint64_t count;
+  int n;
+  size_t es;
+  size_t off(int i) const { return (uint64_t(i) * (count / uint64_t(n)) + std::min<uint64_t>(uint64_t(i), count % uint64_t(n))) * es; }
+  size_t len(int i) const { return off(i + 1) - off(i); }
+};
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Reduce-scatter around the ring over `blocks` of `buf`: afterwards block
+// `rank` of buf holds the reduction over all ranks.
+void ring_reduce_scatter(Op& op, char* buf, const Blocks& b, char* scratch) {
+  const int n = op.comm->n, r = op.comm->rank;
+  for (int s = 0; s < n - 1; ++s) {
+    const int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
+    begin_step(op);
+    add_xfer(op, true, mod(r + 1, n), buf + b.off(sb), b.len(sb));
+    add_xfer(op, false, mod(r - 1, n), scratch, b.len(rb), buf + b.off(rb));
+  }
+}
+
+void ring_allgather(Op& op, char* buf, const Blocks& b) {
+  const int n = op.comm->n, r = op.comm->rank;
+  for (int s = 0; s < n - 1; ++s) {
+    const int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+    begin_step(op);
+    add_xfer(op, true, mod(r + 1, n), buf + b.off(sb), b.len(sb));
+    add_xfer(op, false, mod(r - 1, n), buf + b.off(rb), b.len(rb));
+  }
+}
+
+int build(Op& op) {
+  Comm* c = op.comm;
+  const ballast_comm_args& a = op.args;
+  const int n = c->n, r = c->rank;
+  const size_t es = op.esize;
+  const size_t bytes = size_t(a.count) * es;
+  char* dst = static_cast<char*>(a.recvbuf);
+  const char* src = static_cast<const char*>(a.sendbuf);
+  auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
+  switch (a.op) {
+    case BALLAST_OP_ALLREDUCE: {
+      if (src && src != dst) std::memmove(dst, src, bytes);
+      if (n == 1 || a.count == 0) {
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      if (bytes <= c->w->small_bytes || a.count < uint64_t(n)) {
+        op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
+        char* tmp = c->scratch.get(bytes);
+        if (!tmp) return nomem();
+        int p = 1;
+        while (p * 2 <= n) p *= 2;
+        const int extra = n - p;
+        if (r >= p) {
+          begin_step(op);
+          add_xfer(op, true, r - p, dst, bytes);
+          begin_step(op);
+          add_xfer(op, false, r - p, dst, bytes);
+          return BALLAST_OK;
+        }
+        if (r < extra) {
+          begin_step(op);
+          add_xfer(op, false, r + p, tmp, bytes, dst);
+        }
+        for (int mask = 1; mask < p; mask <<= 1) {
+          begin_step(op);
+          add_xfer(op, true, r ^ mask, dst, bytes);
+          add_xfer(op, false, r ^ mask, tmp, bytes);
+          op.steps.back().red_dst = dst;
+          op.steps.back().red_src = tmp;
+          op.steps.back().red_count = a.count;
+        }
+        if (r < extra) {
+          begin_step(op);
+          add_xfer(op, true, r + p, dst, bytes);
+        }
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_RING;
+      const Blocks b{a.count, n, es};
+      char* tmp = c->scratch.get(b.len(0));
+      if (!tmp) return nomem();
+      ring_reduce_scatter(op, dst, b, tmp);
+      ring_allgather(op, dst, b);
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_REDUCE_SCATTER: {
+      const Blocks b{a.count * uint64_t(n), n, es};
+      if (n == 1 || a.count == 0) {
+        if (src && src != dst) std::memmove(dst, src, bytes);
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_RING;
+      char* acc = c->accum.get(bytes * size_t(n));
+      char* tmp = c->scratch.get(bytes);
+      if (!acc || !tmp) return nomem();
+      std::memcpy(acc, src ? src : dst, bytes * size_t(n));
+      ring_reduce_scatter(op, acc, b, tmp);
+      op.steps.back().copy_dst = dst;
+      op.steps.back().copy_src = acc + b.off(r);
+      op.steps.back().copy_len = bytes;
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_ALLGATHER: {
+      const Blocks b{a.count * uint64_t(n), n, es};
+      if (src && src != dst + b.off(r)) std::memmove(dst + b.off(r), src, bytes);
+      if (n == 1 || a.count == 0) {
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_RING;
+      ring_allgather(op, dst, b);
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_BROADCAST: {
+      if (r == a.root && src && src != dst) std::memmove(dst, src, bytes);
+      if (n == 1 || a.count == 0) {
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
+      const int vr = mod(r - a.root, n);
+      int mask = 1;
+      while (mask < n) {
+        if (vr & mask) {
+          begin_step(op);
+          add_xfer(op, false, mod(vr - mask + a.root, n), dst, bytes);
+          break;
+        }
+        mask <<= 1;
+      }
+      bool any = false;
+      for (mask >>= 1; mask > 0; mask >>= 1)
+        if (vr + mask < n) {
+          if (!any) begin_step(op);
+          any = true;
+          add_xfer(op, true, mod(vr + mask + a.root, n), dst, bytes);
+        }
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_REDUCE: {
+      char* acc = r == a.root ? dst : c->accum.get(bytes);
+      if (!acc && bytes) return nomem();
+      if (src && src != acc) std::memmove(acc, src, bytes);
+      if (n == 1 || a.count == 0) {
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
+      char* tmp = c->scratch.get(bytes);
+      if (!tmp) return nomem();
+      const int vr = mod(r - a.root, n);
+      for (int mask = 1; mask < n; mask <<= 1) {
+        if (vr & mask) {
+          begin_step(op);
+          add_xfer(op, true, mod(vr - mask + a.root, n), acc, bytes);
+          break;
+        }
+        if (vr + mask < n) {
+          begin_step(op);
+          add_xfer(op, false, mod(vr + mask + a.root, n), tmp, bytes, acc);
+        }
+      }
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_ALLTOALL: {
+      if (src == dst && bytes) return set_last_error(BALLAST_EINVAL, "alltoall cannot run in place (sendbuf == recvbuf)");
+      std::memcpy(dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
+      if (n == 1 || a.count == 0) {
+        op.algorithm = BALLAST_ALGO_LOCAL;
+        return BALLAST_OK;
+      }
+      op.algorithm = BALLAST_ALGO_PAIRWISE;
+      begin_step(op);
+      for (int k = 1; k < n; ++k) {
+        const int to = mod(r + k, n), from = mod(r - k, n);
+        add_xfer(op, true, to, const_cast<char*>(src) + size_t(to) * bytes, bytes);
+        add_xfer(op, false, from, dst + size_t(from) * bytes, bytes);
+      }
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_BARRIER: {
+      op.algorithm = n == 1 ? BALLAST_ALGO_LOCAL : BALLAST_ALGO_DISSEMINATION;
+      for (int d = 1; d < n; d <<= 1) {
+        begin_step(op);
+        add_xfer(op, true, mod(r + d, n), nullptr, 0);
+        add_xfer(op, false, mod(r - d, n), nullptr, 0);
+      }
+      return BALLAST_OK;
+    }
+    case BALLAST_OP_SEND:
+    case BALLAST_OP_RECV: {
+      op.algorithm = BALLAST_ALGO_DIRECT;
+      begin_step(op);
+      add_xfer(op, a.op == BALLAST_OP_SEND, a.root, a.op == BALLAST_OP_SEND ? const_cast<char*>(src) : dst, bytes);
+      return BALLAST_OK;
+    }
+    default:
+      return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(a.op));
+  }
+}
+
+// ---- running the steps ----------------------------------------------------
+
+int post_chunk(Op& op, Xfer& x) {
+  Comm* c = op.comm;
+  const size_t k = x.posted;
+  Pending& p = x.win[k % kWindow];
+  p.off = k * op.chunk;
+  p.len = x.len == 0 ? 0 : std::min(op.chunk, x.len - p.off);
+  p.req = nullptr;
+  p.done_now = false;
+  ucp_request_param_t prm{};
+  void* r;
+  if (x.send) {
+    r = ucp_tag_send_nbx(c->peer(x.peer).ep, x.buf + p.off, p.len,
+                         make_tag(op.seq, uint32_t(c->rank), op.tag_ctx, op.low), &prm);
+  } else {
+    // Always a request: UCX 1.13 leaves recv_info unset on immediate completion.
+    prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    r = ucp_tag_recv_nbx(c->w->worker, x.buf + p.off, p.len, make_tag(op.seq, uint32_t(x.peer), op.tag_ctx, 0),
+                         kMatchMask, &prm);
+  }
+  if (UCS_PTR_IS_ERR(r))
+    return finish(op, BALLAST_EPEER,
+                  op_words(op) + ": cannot " + (x.send ? "send to" : "receive from") + " rank " +
+                      std::to_string(x.peer) + ": " + ucs_status_string(UCS_PTR_STATUS(r)),
+                  true);
+  if (r) p.req = r;
+  else p.done_now = true;
+  ++x.posted;
+  if (op.slot) bump(&op.slot->chunks_posted);
+  return BALLAST_OK;
+}
+
+// A peer that failed first usually said why before its end broke our
+// transfer: report that root cause rather than the transport's symptom.
+int fail_peer(Op& op, const std::string& msg) {
+  std::string notice;
+  const int64_t until = monotonic_ns() + 50000000;
+  while (monotonic_ns() < until) {
+    ucp_worker_progress(op.comm->w->worker);
+    if (control_arrived(op.comm, &notice)) return finish(op, BALLAST_EPEER, op_words(op) + " failed: " + notice, false);
+  }
+  return finish(op, BALLAST_EPEER, msg, true);
+}
+
+// 1 when the oldest chunk of x completed, 0 while it runs, < 0 on failure.
+int complete_chunk(Op& op, Xfer& x) {
+  Pending& p = x.win[x.completed % kWindow];
+  ucs_status_t st = UCS_OK;
+  if (!p.done_now) {
+    st = x.send ? ucp_request_check_status(p.req) : ucp_tag_recv_request_test(p.req, &p.info);
+    if (st == UCS_INPROGRESS) return 0;
+    ucp_request_free(p.req);
+    p.req = nullptr;
+  }
+  const std::string who = "rank " + std::to_string(x.peer);
+  if (!x.send && (st == UCS_ERR_MESSAGE_TRUNCATED ||
+                  (st == UCS_OK && ((p.info.sender_tag & 0xFFF) != op.low || p.info.length != p.len)))) {
+    const uint32_t theirs = st == UCS_OK ? uint32_t(p.info.sender_tag & 0xFFF) : op.low;
+    std::string m = "mismatched collectives at " + op_words(op) + ": " + who + " called " + low_name(theirs) +
+                    " while rank " + std::to_string(op.comm->rank) + " called " + low_name(op.low);
+    if (theirs == op.low)
+      m = "mismatched sizes at " + op_words(op) + ": " + who + " sent " +
+          (st == UCS_OK ? std::to_string(p.info.length) : std::string("more than ")) + " bytes where " +
+          std::to_string(p.len) + " were expected (different counts on different ranks)";
+    return finish(op, BALLAST_EINVAL, m, true);
+  }
+  if (st != UCS_OK)
+    return fail_peer(op, op_words(op) + ": transfer with " + who + " failed: " + ucs_status_string(st));
+  if (x.reduce_dst) reduce_into(x.reduce_dst + p.off, x.buf + p.off, p.len / op.esize, op.args.dtype, op.args.redop);
+  if (op.slot) {
+    ballast_trace_slot* s = op.slot;
+    if (x.send) {
+      bump(&s->chunks_sent);
+      bump(&s->bytes_sent, p.len);
+    } else {
+      bump(&s->chunks_received);
+      bump(&s->bytes_received, p.len);
+      if (x.reduce_dst) bump(&s->chunks_reduced);
+    }
+    if (op.large) __atomic_store_n(&s->progress_tick, trace_tick(), __ATOMIC_RELAXED);
+  }
+  ++x.completed;
+  return 1;
+}
+
+int fail_timeout(Op& op) {
+  Comm* c = op.comm;
+  std::string waits;
+  if (op.cur < op.steps.size()) {
+    const Step& s = op.steps[op.cur];
+    for (uint32_t i = s.first; i < s.last; ++i) {
+      const Xfer& x = op.xfers[i];
+      if (x.completed == x.nchunks) continue;
+      const PeerState& ps = c->peer(x.peer);
+      waits += std::string(waits.empty() ? "" : "; ") + (x.send ? "sending to" : "waiting for data from") + " rank " +
+               std::to_string(x.peer) + " (pid " + std::to_string(ps.pid) +
+               (ps.local ? ", " + state_words(proc_state(ps.pid)) : ", on " + ps.host) + ", " +
+               std::to_string(x.completed) + " of " + std::to_string(x.nchunks) + " chunks done)";
+    }
+  }
+  // A stopped process anywhere in the communicator is the likely root cause.
+  for (int r = 0; r < c->n; ++r) {
+    const PeerState& ps = c->peer(r);
+    if (r == c->rank || !ps.local) continue;
+    const char st = proc_state(ps.pid);
+    if (st == 'T' || st == 't' || st == 0)
+      waits += "; rank " + std::to_string(r) + " (pid " + std::to_string(ps.pid) + ") is " + state_words(st);
+  }
+  const int64_t ms = (op.args.timeout_ns ? op.args.timeout_ns : c->w->timeout_ns) / 1000000;
+  return finish(op, BALLAST_ETIMEDOUT,
+                op_words(op) + " timed out after " + std::to_string(ms) + " ms at step " + std::to_string(op.cur + 1) +
+                    " of " + std::to_string(op.steps.size()) + ": " + waits,
+                true);
+}
+
+// Peers that died, or whose endpoint failed, end the operation. A local peer
+// whose process is gone fails the operation only when a transfer with it is
+// still unfinished 200 ms later: a peer that finished and exited may have
+// left its last messages in shared memory, still to be delivered.
+int check_peers(Op& op, int64_t now) {
+  Comm* c = op.comm;
+  if (op.cur >= op.steps.size()) return BALLAST_OK;
+  const Step& s = op.steps[op.cur];
+  for (uint32_t i = s.first; i < s.last; ++i) {
+    const Xfer& x = op.xfers[i];
+    if (x.completed == x.nchunks) continue;
+    PeerState& ps = c->peer(x.peer);
+    if (ps.ep_status != UCS_OK)
+      return fail_peer(op, op_words(op) + ": the connection to rank " + std::to_string(x.peer) + " (pid " +
+                               std::to_string(ps.pid) + ") failed: " + ucs_status_string(ps.ep_status));
+    if (!ps.local) continue;
+    const char st = proc_state(ps.pid);
+    if (st != 0 && st != 'Z' && st != 'X') continue;
+    if (ps.gone_since == 0) ps.gone_since = now;
+    if (now - ps.gone_since < 200000000) continue;
+    return fail_peer(op, op_words(op) + ": rank " + std::to_string(x.peer) + " (pid " + std::to_string(ps.pid) +
+                             ") is gone: the process exited or was killed");
+  }
+  return BALLAST_OK;
+}
+
+// One round of progress. 1: done (op.status says how), 0: running.
+int progress(Op& op) {
+  Comm* c = op.comm;
+  ucp_worker_progress(c->w->worker);
+  if (c->abort_flag.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(c->abort_mu);
+    finish(op, BALLAST_EABORTED, op_words(op) + " aborted: " + c->abort_reason, true);
+    return 1;
+  }
+  std::string notice;
+  if (control_arrived(c, &notice)) {
+    finish(op, BALLAST_EPEER, op_words(op) + " failed: " + notice, false);
+    return 1;
+  }
+  while (op.cur < op.steps.size()) {
+    Step& s = op.steps[op.cur];
+    if (!op.step_posted) {
+      op.step_posted = true;
+      for (uint32_t i = s.first; i < s.last; ++i) {
+        Xfer& x = op.xfers[i];
+        while (x.posted < x.nchunks && x.posted - x.completed < kWindow)
+          if (post_chunk(op, x) != BALLAST_OK) return 1;
+      }
+      if (op.slot) {
+        int wp = -1, sp = -1;
+        for (uint32_t i = s.first; i < s.last; ++i) {
+          if (op.xfers[i].send && sp < 0) sp = op.xfers[i].peer;
+          if (!op.xfers[i].send && wp < 0) wp = op.xfers[i].peer;
+        }
+        op.slot->wait_peer = wp;
+        op.slot->send_peer = sp;
+        __atomic_store_n(&op.slot->step, uint32_t(op.cur + 1), __ATOMIC_RELAXED);
+      }
+    }
+    bool all = true;
+    for (uint32_t i = s.first; i < s.last; ++i) {
+      Xfer& x = op.xfers[i];
+      while (x.completed < x.posted) {
+        const int rc = complete_chunk(op, x);
+        if (rc < 0) return 1;
+        if (rc == 0) break;
+        if (x.posted < x.nchunks && post_chunk(op, x) != BALLAST_OK) return 1;
+      }
+      if (x.completed < x.nchunks) all = false;
+    }
+    if (!all) break;
+    if (s.red_dst) reduce_into(s.red_dst, s.red_src, s.red_count, op.args.dtype, op.args.redop);
+    if (s.copy_dst) std::memcpy(s.copy_dst, s.copy_src, s.copy_len);
+    ++op.cur;
+    op.step_posted = false;
+  }
+  if (op.cur == op.steps.size()) {
+    finish(op, BALLAST_OK, "", false);
+    return 1;
+  }
+  if ((++op.iter & 63) == 0) {
+    const int64_t now = monotonic_ns();
+    if (now >= op.next_live_check) {
+      op.next_live_check = now + 10000000;
+      if (c->w->ring) c->w->ring->heartbeat();
+      if (check_peers(op, now) != BALLAST_OK) return 1;
+    }
+    if (now >= op.deadline) {
+      fail_timeout(op);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int validate(Comm* c, const ballast_comm_args* a) {
+  if (!a || a->size < offsetof(ballast_comm_args, stream)) return set_last_error(BALLAST_EINVAL, "args is NULL or too short");
+  if (a->op == BALLAST_OP_NONE || a->op > BALLAST_OP_BARRIER)
+    return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(a->op));
+  if (a->op == BALLAST_OP_BARRIER) return BALLAST_OK;
+  if (a->dtype >= BALLAST_DT_COUNT) return set_last_error(BALLAST_EINVAL, "unknown dtype " + std::to_string(a->dtype));
+  if (a->redop >= BALLAST_RED_COUNT) return set_last_error(BALLAST_EINVAL, "unknown redop " + std::to_string(a->redop));
+  const bool rooted = a->op == BALLAST_OP_BROADCAST || a->op == BALLAST_OP_REDUCE || a->op == BALLAST_OP_SEND ||
+                      a->op == BALLAST_OP_RECV;
+  if (rooted && (a->root < 0 || a->root >= c->n))
+    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": root/peer " + std::to_string(a->root) +
+                                              " is out of range for " + std::to_string(c->n) + " ranks");
+  if ((a->op == BALLAST_OP_SEND || a->op == BALLAST_OP_RECV) && a->root == c->rank)
+    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + " to itself (rank " + std::to_string(c->rank) + ")");
+  if (a->count == 0) return BALLAST_OK;
+  const bool needs_send = a->op == BALLAST_OP_SEND || a->op == BALLAST_OP_ALLTOALL;
+  const bool needs_recv = !(a->op == BALLAST_OP_SEND || (a->op == BALLAST_OP_REDUCE && a->root != c->rank));
+  if (needs_send && !a->sendbuf) return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": sendbuf is NULL");
+  if (needs_recv && !a->recvbuf) return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": recvbuf is NULL");
+  if (a->op == BALLAST_OP_REDUCE && a->root != c->rank && !a->sendbuf)
+    return set_last_error(BALLAST_EINVAL, "reduce: sendbuf is NULL on a non-root rank");
+  return BALLAST_OK;
+}
+
+std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* err, int* status) {
+  auto str = [](const char* v, const char* env, const char* dflt) {
+    if (v && *v) return std::string(v);
+    const char* e = std::getenv(env);
+    return std::string(e && *e ? e : dflt);
+  };
+  int rank = cfg && cfg->rank >= 0 ? cfg->rank : int(env_i64("RANK", -1));
+  int nranks = cfg && cfg->nranks > 0 ? cfg->nranks : int(env_i64("WORLD_SIZE", 0));
+  if (rank < 0 && nranks == 0) {
+    rank = 0;
+    nranks = 1;  // no launcher: a world of one
+  }
+  if (nranks <= 0 || nranks > 0xFFFF || rank < 0 || rank >= nranks) {
+    *err = "invalid rank " + std::to_string(rank) + " for world size " + std::to_string(nranks) +
+           " (RANK must be in [0, WORLD_SIZE), WORLD_SIZE in [1, 65535])";
+    *status = BALLAST_EINVAL;
+    return nullptr;
+  }
+  const std::string addr = str(cfg ? cfg->master_addr : nullptr, "MASTER_ADDR", "127.0.0.1");
+  const int port = cfg && cfg->master_port > 0 ? cfg->master_port : int(env_i64("MASTER_PORT", 29500));
+  int64_t timeout = cfg && cfg->timeout_ns > 0 ? cfg->timeout_ns : env_i64("BALLAST_COMM_TIMEOUT_MS", 300000) * 1000000;
+  int64_t init_timeout = cfg && cfg->init_timeout_ns > 0 ? cfg->init_timeout_ns : timeout;
+  if (port <= 0 || port > 65535) {
+    *err = "invalid MASTER_PORT " + std::to_string(port);
+    *status = BALLAST_EINVAL;
+    return nullptr;
+  }
+  const int64_t deadline = monotonic_ns() + init_timeout;
+  auto w = std::make_shared<World>();
+  w->rank = rank;
+  w->nranks = nranks;
+  w->timeout_ns = timeout;
+  w->chunk_bytes = size_t(std::max<int64_t>(4096, env_i64("BALLAST_COMM_CHUNK_BYTES", 256 << 10)));
+  w->small_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_SMALL_BYTES", 16 << 10)));
+
+  ucp_config_t* config = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
+    *err = "cannot read the UCX configuration (UCX_* environment variables)";
+    *status = BALLAST_EIO;
+    return nullptr;
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  ucs_status_t st = ucp_init(&params, config, &w->ctx);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    *err = std::string("ucp_init failed: ") + ucs_status_string(st) + " (check UCX_TLS)";
+    *status = BALLAST_EIO;
+    return nullptr;
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if ((st = ucp_worker_create(w->ctx, &wp, &w->worker)) != UCS_OK) {
+    *err = std::string("ucp_worker_create failed: ") + ucs_status_string(st);
+    *status = BALLAST_EIO;
+    return nullptr;
+  }
+  ucp_address_t* ua = nullptr;
+  size_t ua_len = 0;
+  if ((st = ucp_worker_get_address(w->worker, &ua, &ua_len)) != UCS_OK) {
+    *err = std::string("ucp_worker_get_address failed: ") + ucs_status_string(st);
+    *status = BALLAST_EIO;
+    return nullptr;
+  }
+  PeerInfo self;
+  self.pid = int32_t(getpid());
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  self.host = host;
+  self.address.assign(reinterpret_cast<uint8_t*>(ua), reinterpret_cast<uint8_t*>(ua) + ua_len);
+  ucp_worker_release_address(w->worker, ua);
+  BootstrapResult boot;
+  *status = bootstrap_exchange(rank, nranks, addr, port, self, deadline, &boot, err);
+  if (*status != BALLAST_OK) return nullptr;
+  w->job_id = boot.job_id;
+  w->peers.resize(size_t(nranks));
+  for (int i = 0; i < nranks; ++i) {
+    PeerState& ps = w->peers[size_t(i)];
+    ps.pid = boot.peers[size_t(i)].pid;
+    ps.host = boot.peers[size_t(i)].host;
+    ps.local = ps.host == self.host;
+    if (i == rank) continue;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(boot.peers[size_t(i)].address.data());
+    // Shared memory offers no peer-failure handling in UCX (asking for it
+    // would push local peers onto tcp): local peers are watched by pid
+    // instead (check_peers), remote ones by UCX.
+    ep.err_mode = ps.local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = ep_error;
+    ep.err_handler.arg = &ps;
+    if ((st = ucp_ep_create(w->worker, &ep, &ps.ep)) != UCS_OK) {
+      *err = "cannot create a UCX endpoint to rank " + std::to_string(i) + ": " + ucs_status_string(st);
+      *status = BALLAST_EPEER;
+      return nullptr;
+    }
+  }
+  const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
+  if (trace) {
+    std::string terr;
+    w->ring = TraceRing::process_ring(cfg && cfg->trace_dir ? cfg->trace_dir : "", rank, nranks, &terr);
+    if (!w->ring) {
+      *err = terr;
+      *status = BALLAST_EIO;
+      return nullptr;
+    }
+    w->ring->set_closed(false);
+  }
+  *status = BALLAST_OK;
+  return w;
+}
+
+Comm* make_comm(std::shared_ptr<World> w, std::vector<int> members, int rank, uint32_t ctx) {
+  auto* c = new Comm();
+  c->w = std::move(w);
+  c->members = std::move(members);
+  c->n = int(c->members.size());
+  c->rank = rank;
+  c->ctx = ctx;
+  c->id = mix(c->w->job_id ^ (uint64_t(ctx) * 0x9e3779b97f4a7c15ULL));
+  c->p2p_sent.assign(size_t(c->n), 0);
+  c->p2p_received.assign(size_t(c->n), 0);
+  c->trace = c->w->ring != nullptr;
+  post_control_recv(c);
+  return c;
+}
+
+}  // namespace
+
+// ---- the API ---------------------------------------------------------------
+
+int comm_init(const ballast_comm_config* cfg, Comm** out) {
+  if (!out) return set_last_error(BALLAST_EINVAL, "init: comm is NULL");
+  *out = nullptr;
+  if (cfg && cfg->size < offsetof(ballast_comm_config, trace_dir) + sizeof(const char*))
+    return set_last_error(BALLAST_EINVAL, "init: ballast_comm_config.size is too small");
+  std::string err;
+  int status = BALLAST_OK;
+  auto w = make_world(cfg, &err, &status);
+  if (!w) return set_last_error(status, err);
+  std::vector<int> members(size_t(w->nranks));
+  for (int i = 0; i < w->nranks; ++i) members[size_t(i)] = i;
+  const int rank = w->rank;
+  *out = make_comm(std::move(w), std::move(members), rank, 0);
+  return set_last_error(BALLAST_OK, "");
+}
+
+int comm_split(Comm* parent, int32_t colour, int32_t key, Comm** out) {
+  if (!parent || !out) return set_last_error(BALLAST_EINVAL, "split: parent or out is NULL");
+  *out = nullptr;
+  struct Entry {
+    int32_t colour, key;
+    uint32_t next_ctx, pad;
+  };
+  std::vector<Entry> all(size_t(parent->n));
+  Entry mine{colour < 0 ? BALLAST_COMM_UNDEFINED : colour, key, parent->w->next_ctx, 0};
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLGATHER;
+  a.dtype = BALLAST_DT_U8;
+  a.sendbuf = &mine;
+  a.recvbuf = all.data();
+  a.count = sizeof(Entry);
+  const int rc = comm_run(parent, &a);
+  if (rc != BALLAST_OK) return set_last_error(rc, std::string("split: ") + last_error());
+  uint32_t ctx = 0;
+  for (const Entry& e : all) ctx = std::max(ctx, e.next_ctx);
+  if (ctx > kMaxContext) return set_last_error(BALLAST_EFULL, "split: more than 2047 communicators were split in this job");
+  parent->w->next_ctx = ctx + 1;  // every member of parent moves past ctx
+  if (mine.colour == BALLAST_COMM_UNDEFINED) return set_last_error(BALLAST_OK, "");
+  std::vector<std::pair<int32_t, int>> order;  // (key, parent rank)
+  for (int r = 0; r < parent->n; ++r)
+    if (all[size_t(r)].colour == mine.colour) order.emplace_back(all[size_t(r)].key, r);
+  std::sort(order.begin(), order.end());
+  std::vector<int> members;
+  int rank = 0;
+  for (const auto& [k, r] : order) {
+    if (r == parent->rank) rank = int(members.size());
+    members.push_back(parent->members[size_t(r)]);
+  }
+  *out = make_comm(parent->w, std::move(members), rank, ctx);
+  return set_last_error(BALLAST_OK, "");
+}
+
+void comm_destroy(Comm* c) {
+  if (!c) return;
+  if (c->busy) finish(c->op, BALLAST_EABORTED, "communicator destroyed during " + op_words(c->op), false);
+  if (c->ctrl_req) {
+    ucp_request_cancel(c->w->worker, c->ctrl_req);
+    ucp_request_free(c->ctrl_req);
+  }
+  delete c;  // the world goes with its last communicator
+}
+
+int comm_abort(Comm* c, const char* reason) {
+  if (!c) return set_last_error(BALLAST_EINVAL, "abort: comm is NULL");
+  {
+    std::lock_guard<std::mutex> lock(c->abort_mu);
+    if (!c->abort_flag.load()) c->abort_reason = reason ? reason : "abort() was called";
+  }
+  c->abort_flag.store(true);
+  return BALLAST_OK;
+}
+
+int comm_info(Comm* c, ballast_comm_info* info) {
+  if (!c || !info || info->size < sizeof(ballast_comm_info))
+    return set_last_error(BALLAST_EINVAL, "info: comm or info is NULL, or info->size too small");
+  info->rank = c->rank;
+  info->nranks = c->n;
+  info->world_rank = c->w->rank;
+  info->comm_id = c->id;
+  info->seq = c->seq;
+  return BALLAST_OK;
+}
+
+int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** req) {
+  if (!c || !req) return set_last_error(BALLAST_EINVAL, "start: comm or req is NULL");
+  *req = nullptr;
+  if (c->busy) return set_last_error(BALLAST_ESTATE, "start: another operation of this communicator is in flight");
+  if (int rc = validate(c, args); rc != BALLAST_OK) return rc;
+  if (c->abort_flag.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(c->abort_mu);
+    return set_last_error(BALLAST_EABORTED, "communicator aborted: " + c->abort_reason);
+  }
+  if (c->failed == BALLAST_OK) {
+    std::string notice;
+    if (control_arrived(c, &notice)) {
+      c->failed = BALLAST_EPEER;
+      c->failed_msg = notice;
+    }
+  }
+  if (c->failed != BALLAST_OK)
+    return set_last_error(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
+  Op& op = c->op;
+  op.comm = c;
+  std::memcpy(&op.args, args, std::min<size_t>(args->size, sizeof op.args));
+  op.args.size = sizeof op.args;
+  if (args->size < sizeof op.args) op.args.stream = nullptr;
+  const ballast_comm_args& a = op.args;
+  op.esize = a.op == BALLAST_OP_BARRIER ? 1 : ballast_dtype_size(a.dtype);
+  const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
+  if (p2p) {
+    op.seq = a.op == BALLAST_OP_SEND ? ++c->p2p_sent[size_t(a.root)] : ++c->p2p_received[size_t(a.root)];
+    op.tag_ctx = c->ctx | kP2PContext;
+  } else {
+    op.seq = ++c->seq;
+    op.tag_ctx = c->ctx;
+  }
+  op.seq %= kSeqControl;
+  if (op.seq == 0 && !p2p) op.seq = c->seq = 1;  // skip 0 after a wrap
+  const uint32_t wire_op = a.op == BALLAST_OP_RECV ? uint32_t(BALLAST_OP_SEND) : a.op;
+  const bool reducing = a.op == BALLAST_OP_ALLREDUCE || a.op == BALLAST_OP_REDUCE || a.op == BALLAST_OP_REDUCE_SCATTER;
+  op.low = (wire_op << 8) | (a.op == BALLAST_OP_BARRIER ? 0 : a.dtype << 4) | (reducing ? a.redop : 0);
+  op.chunk = std::max<size_t>(op.esize, c->w->chunk_bytes / op.esize * op.esize);
+  op.xfers.clear();
+  op.steps.clear();
+  op.cur = 0;
+  op.step_posted = false;
+  op.iter = 0;
+  op.status = BALLAST_OK;
+  op.msg.clear();
+  const int64_t now = monotonic_ns();
+  op.deadline = now + (a.timeout_ns > 0 ? a.timeout_ns : c->w->timeout_ns);
+  op.next_live_check = now + 10000000;
+  const uint64_t bytes = a.count * op.esize;
+  op.large = bytes >= (64u << 10);
+  op.slot = nullptr;
+  if (c->trace) {
+    ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
+    s->comm_id = c->id;
+    s->seq = op.seq;
+    s->count = a.count;
+    s->bytes = bytes;
+    s->op = a.op;
+    s->dtype = a.dtype;
+    s->redop = a.redop;
+    s->algorithm = BALLAST_ALGO_NONE;
+    s->rank = c->rank;
+    s->nranks = c->n;
+    s->world_rank = c->w->rank;
+    s->peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1;
+    s->state = BALLAST_TRACE_STARTED;
+    s->status = BALLAST_OK;
+    s->flags = p2p ? BALLAST_TRACE_P2P : 0;
+    s->wait_peer = s->send_peer = -1;
+    s->steps = s->step = 0;
+    const uint64_t t = trace_tick();
+    s->issue_tick = s->start_tick = s->progress_tick = t;
+    s->end_tick = 0;
+    s->chunks_total = s->chunks_posted = s->chunks_sent = s->chunks_received = s->chunks_reduced = 0;
+    s->bytes_sent = s->bytes_received = 0;
+    TraceRing::publish(s, op.slot_index);
+    op.slot = s;
+  }
+  c->busy = true;
+  if (int rc = build(op); rc != BALLAST_OK) {
+    const std::string m = last_error();
+    finish(op, rc, m, false);
+    c->failed = BALLAST_OK;  // a local argument error leaves the communicator usable
+    return set_last_error(rc, m);
+  }
+  if (op.slot) {
+    op.slot->algorithm = op.algorithm;
+    op.slot->steps = uint32_t(op.steps.size());
+  }
+  *req = reinterpret_cast<ballast_comm_request*>(&op);
+  return BALLAST_OK;
+}
+
+int comm_test(ballast_comm_request* req, int* done) {
+  if (!req || !done) return set_last_error(BALLAST_EINVAL, "test: req or done is NULL");
+  Op& op = *reinterpret_cast<Op*>(req);
+  *done = op.comm->busy ? progress(op) : 1;
+  if (!*done) return BALLAST_OK;
+  return set_last_error(op.status, op.msg);
+}
+
+int comm_wait(ballast_comm_request* req) {
+  if (!req) return set_last_error(BALLAST_EINVAL, "wait: req is NULL");
+  Op& op = *reinterpret_cast<Op*>(req);
+  while (op.comm->busy && !progress(op)) {
+  }
+  return set_last_error(op.status, op.msg);
+}
+
+int comm_run(Comm* c, const ballast_comm_args* args) {
+  ballast_comm_request* req = nullptr;
+  const int rc = comm_start(c, args, &req);
+  if (rc != BALLAST_OK) return rc;
+  return comm_wait(req);
+}
+
+}  // namespace ballast::comm
