@@ -106,19 +106,43 @@ inline int call(ballast_handler h, void* user, const ballast_event& ev) noexcept
   }
 }
 
+inline void pause() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline uint64_t load8(const char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+
+// Topic names are short: hash and compare them 8 bytes at a time, the last
+// (partial) word read as the 8 bytes ending at the name's end, so that no
+// byte past the name is read and no variable-size copy is made.
 uint64_t hash_topic(const char* s, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s + i, 8);
-    h = (h ^ w) * 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
+  if (n < 8) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ull;
+  } else {
+    size_t i = 0;
+    for (; i + 8 < n; i += 8) {
+      h = (h ^ load8(s + i)) * 0xff51afd7ed558ccdull;
+      h ^= h >> 32;
+    }
+    h = (h ^ load8(s + n - 8)) * 0xc4ceb9fe1a85ec53ull;
   }
-  uint64_t w = 0;
-  std::memcpy(&w, s + i, n - i);
-  h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
   return h ^ (h >> 29);
+}
+
+inline bool same_name(const char* a, const char* b, size_t n) {
+  if (n < 8) return std::memcmp(a, b, n) == 0;
+  for (size_t i = 0; i + 8 < n; i += 8)
+    if (load8(a + i) != load8(b + i)) return false;
+  return load8(a + n - 8) == load8(b + n - 8);
 }
 
 struct Dispatcher {
@@ -204,6 +228,20 @@ struct Dispatcher {
     return false;
   }
 
+  // Whether work showed up within about kSpin polls (tens of microseconds).
+  bool spin_for_work() {
+    constexpr int kSpin = 4096;
+    for (int i = 0; i < kSpin; ++i) {
+      if ((i & 63) == 63) {
+        if (has_work() || version.load(std::memory_order_relaxed) != local_version ||
+            stopping.load(std::memory_order_relaxed))
+          return true;
+      }
+      pause();
+    }
+    return false;
+  }
+
   void run();
 };
 
@@ -231,9 +269,12 @@ void Dispatcher::run() {
       rcu::backoff(round);
       continue;
     }
+    // Poll a little before sleeping: a publisher then finds us awake and
+    // need not pay a futex wake per event when events come one by one.
+    if (spin_for_work()) continue;
     const uint32_t seen = wake_seq.load(std::memory_order_acquire);
     sleeping.store(true, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    rcu::full_barrier();  // pairs with publish()'s light_barrier()
     const bool ready = version.load(std::memory_order_relaxed) != local_version ||
                        stopping.load(std::memory_order_relaxed) || has_work();
     if (!ready) wake_seq.wait(seen, std::memory_order_acquire);
@@ -290,7 +331,7 @@ struct Bus::Impl {
     for (uint64_t i = h & tb->mask;; i = (i + 1) & tb->mask) {
       Topic* t = tb->slots[i];
       if (t == nullptr) return nullptr;
-      if (t->hash == h && t->name.size() == n && std::memcmp(t->name.data(), name, n) == 0) return t;
+      if (t->hash == h && t->name.size() == n && same_name(t->name.data(), name, n)) return t;
     }
   }
 
@@ -595,9 +636,9 @@ int Bus::publish(const ballast_event& event) {
   if (delivered > 0) bump(c.delivered, delivered);
   if (failures > 0) bump(c.failures, failures);
   if (queued) {
-    // Pairs with the fence of a dispatcher going to sleep: either it sees
-    // the new events, or we see it asleep and wake it.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Pairs with the full barrier of a dispatcher going to sleep: either it
+    // sees the new events, or we see it asleep and wake it.
+    rcu::light_barrier();
     for (auto& d : m.dispatchers)
       if (d->sleeping.load(std::memory_order_relaxed)) d->wake();
   }

@@ -12,7 +12,7 @@ namespace ballast::rcu {
 
 Slot g_slots[kMaxThreads];
 bool g_asymmetric = false;
-thread_local ThreadState t_state = {0, 0};
+constinit thread_local ThreadState t_state = {0, 0};
 
 namespace {
 
@@ -37,12 +37,18 @@ struct SlotOwner {
 };
 thread_local SlotOwner t_owner;
 
+}  // namespace
+
 void full_barrier() {
+  std::call_once(g_init, init);
   if (g_asymmetric) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   else std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-}  // namespace
+void light_barrier() {
+  if (g_asymmetric) std::atomic_signal_fence(std::memory_order_seq_cst);
+  else std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 bool register_thread() {
   std::call_once(g_init, init);
@@ -73,7 +79,6 @@ void backoff(unsigned& round) {
 }
 
 void synchronize(const std::function<bool()>& help) {
-  std::call_once(g_init, init);
   const bool nested = in_section();
   const int self = t_state.index_plus_one == 0 ? -1 : static_cast<int>(t_state.index_plus_one) - 1;
   if (nested) g_slots[self].parked.store(1, std::memory_order_seq_cst);

@@ -36,7 +36,7 @@ struct ThreadState {
   uint32_t index_plus_one;  // 0: no slot yet
   uint32_t nesting;
 };
-extern thread_local ThreadState t_state;  // trivial: no TLS guard on access
+extern constinit thread_local ThreadState t_state;  // constant-initialised: no TLS guard on access
 
 // Give this thread a slot; false when kMaxThreads threads hold one.
 bool register_thread();
@@ -75,6 +75,15 @@ inline void leave() {
 // what it retired (see Bus). `help`, when given, is called while waiting
 // and returns whether it did some work (a dispatcher draining its queues).
 void synchronize(const std::function<bool()>& help = {});
+
+// The two sides of an asymmetric fence, for any store-then-load handshake
+// where one side is rare (a dispatcher going to sleep) and the other hot (a
+// publisher checking whether to wake it): full_barrier() is a full fence in
+// every thread of the process (membarrier), light_barrier() then only needs
+// to stop the compiler. Without membarrier both are plain full fences.
+// light_barrier() is only valid after this thread's register_thread().
+void full_barrier();
+void light_barrier();
 
 // Sleep a little longer each time: spin, yield, then sleep up to 1 ms.
 void backoff(unsigned& round);

@@ -2,6 +2,7 @@
 
 #include "codec_schema.hpp"
 
+#include <array>
 #include <cstring>
 
 namespace ballast::codec {
@@ -185,7 +186,48 @@ bool check_event(const ballast_event& ev, const char** why) {
     *why = "payload size field is smaller than the struct of its well-known schema";
     return false;
   }
-  return check_struct(*desc, ev.payload, why);
+  // The top-level arrays, found once from the field tables: publish checks
+  // every event, so this path stays a few loads.
+  struct Arrays {
+    uint32_t n = 0;
+    uint32_t count_offset[2] = {};
+    uint32_t ptr_offset[2] = {};
+    bool deep = false;  // elements or extra arrays need the full walk
+  };
+  static const auto kArrays = [] {
+    std::array<Arrays, BALLAST_SCHEMA_STRAGGLER_REPORT + 1> t{};
+    for (uint32_t schema = 0; schema < t.size(); ++schema) {
+      const StructDesc* d = struct_for_schema(schema);
+      for (uint32_t i = 0; d != nullptr && i < d->field_count; ++i) {
+        const FieldDesc& f = d->fields[i];
+        if (f.type != FieldType::array) continue;
+        Arrays& a = t[schema];
+        if (a.n == 2 || has_arrays(*f.elem)) {
+          a.deep = true;
+          continue;
+        }
+        a.count_offset[a.n] = f.count_offset;
+        a.ptr_offset[a.n] = f.offset;
+        ++a.n;
+      }
+    }
+    return t;
+  }();
+  if (ev.schema >= kArrays.size()) return check_struct(*desc, ev.payload, why);
+  const Arrays& a = kArrays[ev.schema];
+  if (a.deep) return check_struct(*desc, ev.payload, why);
+  const auto* base = static_cast<const unsigned char*>(ev.payload);
+  for (uint32_t i = 0; i < a.n; ++i) {
+    uint32_t count;
+    const void* ptr;
+    std::memcpy(&count, base + a.count_offset[i], sizeof count);
+    std::memcpy(&ptr, base + a.ptr_offset[i], sizeof ptr);
+    if (count > 0 && ptr == nullptr) {
+      *why = "payload array is NULL but its count is not 0";
+      return false;
+    }
+  }
+  return true;
 }
 
 size_t flat_size(const ballast_event& event) {
