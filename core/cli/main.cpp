@@ -1,11 +1,60 @@
-// `ballast`: the command-line host. Built-in subcommands are registered
-// here; `ballast NAME` for any other NAME is looked up among the plugins
-// offering "ballast.command".
+// `ballast`: the command-line host. The built-in subcommands (run, plugins,
+// policy check, journal cat) live in this folder; `ballast NAME ...` for any
+// other NAME runs the subcommand a plugin offers through "ballast.command".
+#include "commands.hpp"
+
+#include "host.hpp"
+
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+bool is_builtin(const std::string& name) {
+  return name == "run" || name == "plugins" || name == "policy" || name == "journal";
+}
+
+std::string plugin_commands_footer() {
+  std::string text = "\nCommands from plugins:\n";
+  auto commands = ballast::Host::list_commands();
+  if (commands.empty()) return text + "  (none found; set BALLAST_PLUGIN_PATH)\n";
+  for (const auto& [name, summary] : commands) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-12s %s\n", name.c_str(), summary.c_str());
+    text += line;
+  }
+  return text + "\nRun `ballast COMMAND --help` for a command's options.\n";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  std::puts("ballast: under construction");
-  return 0;
+  // A plugin subcommand: hand it the arguments after its name.
+  if (argc >= 2 && argv[1][0] != '-' && !is_builtin(argv[1])) {
+    std::string name = argv[1];
+    std::string argv0 = std::string("ballast ") + name;
+    argv[1] = argv0.data();
+    int rc = ballast::Host::run_command(name, argc - 1, argv + 1);
+    if (rc >= 0) return rc;
+    std::fprintf(stderr, "ballast: unknown command '%s' (no built-in and no plugin offers it)\n", name.c_str());
+    std::fputs(plugin_commands_footer().c_str(), stderr);
+    return 2;
+  }
+
+  CLI::App app{"Ballast keeps large distributed training jobs running."};
+  app.require_subcommand(1);
+  app.footer([] { return plugin_commands_footer(); });
+  ballast::cli::add_run(app);
+  ballast::cli::add_plugins(app);
+  ballast::cli::add_policy(app);
+  ballast::cli::add_journal(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return ballast::cli::exit_code();
 }
