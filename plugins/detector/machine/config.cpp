@@ -239,7 +239,7 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "period", "window", "threshold", "continuity", "silent_after", "rel_floor",
-      "abs_floor", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics"};
+      "abs_floor", "spread_memory", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics"};
   return keys;
 }
 
@@ -259,6 +259,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
                 {"silent_after", &c->silent_after_s, 1e-3},
                 {"rel_floor", &c->rel_floor, 0},
                 {"abs_floor", &c->abs_floor, 0},
+                {"spread_memory", &c->spread_memory, 1},
                 {"min_nodes", &min_nodes, 3},
                 {"max_outlier_fraction", &c->max_outlier_fraction, 0},
                 {"max_metrics", &max_metrics, 1}};

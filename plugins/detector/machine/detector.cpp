@@ -13,18 +13,18 @@ std::vector<std::string> default_metrics() {
       // Hardware error counters: a non-zero count on one machine is the most
       // specific evidence there is.
       "gpu*.xid", "gpu*.ecc.uncorrected",
-      // Accelerator duty cycle and power: track the job's progress directly
-      // (Minder's most telling metrics).
+      // Accelerator duty cycle and power: they follow the job's progress
+      // directly (Minder's most telling metrics).
       "gpu*.util", "gpu*.power", "gpu*.sm_clock", "gpu*.nvlink.*", "gpu*.pcie.*",
-      // The job's CPU: throttling, busy time, wake-ups of its processes.
-      "cgroup.cpu.throttled", "proc.cpu", "cgroup.cpu.usage", "proc.ctxt_voluntary",
-      "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
-      // Network: retransmits and drops first, then throughput.
-      "net.tcp.retrans", "net.*.drops", "net.*.errors", "net.*.rx_bytes", "net.*.tx_bytes",
-      // Disk and memory last: they differ between healthy machines more often
-      // (checkpoint writers, caches), so they only decide when nothing else does.
-      "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*", "proc.rss",
-      "cgroup.memory.current", "mem.*"};
+      // The job's CPU: throttling and stalls first, then busy time.
+      "cgroup.cpu.throttled", "cgroup.cpu.pressure", "proc.cpu", "cgroup.cpu.usage",
+      "proc.ctxt_voluntary", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
+      // Network: retransmits, drops and errors, then throughput.
+      "net.tcp.retrans", "net.*_drops", "net.*_errors", "net.*.rx_bytes", "net.*.tx_bytes",
+      // Disk and memory last: healthy machines legitimately differ there
+      // (a checkpoint writer, a cache), so they decide only when nothing else does.
+      "cgroup.io.pressure", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
+      "cgroup.memory.pressure", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
 }
 
 bool glob_match(std::string_view p, std::string_view t) {
@@ -108,7 +108,7 @@ int Detector::metric_id(std::string_view name) {
     }
   }
   uint32_t id = static_cast<uint32_t>(metrics_.size());
-  metrics_.push_back(Metric{std::string(name), rank, {}});
+  metrics_.push_back(Metric{std::string(name), rank, -1, {}});
   metric_index_.emplace(std::string(name), id);
   if (rank >= 0) order_dirty_ = true;
   return static_cast<int>(id);
@@ -208,7 +208,10 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
     double med = median_of(scratch_);
     for (size_t k = 0; k < n; ++k) scratch_[k] = std::fabs(values_[k] - med);
     double mad = median_of(scratch_);
-    double scale = std::max({1.4826 * mad, config_.rel_floor * std::fabs(med), config_.abs_floor});
+    double robust = 1.4826 * mad;
+    if (met.spread < 0) met.spread = robust;
+    else met.spread += (robust - met.spread) / config_.spread_memory;
+    double scale = std::max({robust, met.spread, config_.rel_floor * std::fabs(med), config_.abs_floor});
     size_t outliers = 0;
     for (size_t k = 0; k < n; ++k)
       if (std::fabs(values_[k] - med) > config_.threshold * scale) ++outliers;

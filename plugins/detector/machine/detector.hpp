@@ -5,8 +5,12 @@
 //   1. denoise: each machine's value is the median of its samples in the
 //      last `window` seconds (a one-sample spike never moves it);
 //   2. score: robust z-score of each machine against the peers' consensus,
-//      z = (x - median) / max(1.4826 * MAD, rel_floor * |median|, abs_floor),
-//      O(N) per metric (two nth_element passes, no all-pairs distance);
+//      z = (x - median) / max(1.4826 * MAD, spread, rel_floor * |median|, abs_floor),
+//      O(N) per metric (two nth_element passes, no all-pairs distance), where
+//      `spread` is the metric's usual 1.4826 * MAD, averaged over the last
+//      `spread_memory` evaluations: with few machines the MAD of one
+//      evaluation can be near zero by chance, and normal jitter would then
+//      look like an outlier;
 //   3. continuity: a machine whose |z| exceeds `threshold` for `continuity`
 //      consecutive evaluations raises one "outlier" alert.
 // A job-wide change moves the median with every machine, so it scores zero.
@@ -31,8 +35,9 @@ struct DetectorConfig {
   double threshold = 4.0;     // |robust z| above which a machine is an outlier
   int continuity = 2;         // consecutive outlier evaluations before an alert
   double silent_after_s = 5.0;
-  double rel_floor = 0.05;    // scale floor relative to |median|
+  double rel_floor = 0.1;     // scale floor relative to |median|
   double abs_floor = 1e-6;    // scale floor in the metric's unit
+  double spread_memory = 10;  // evaluations averaged into the metric's usual spread
   int min_nodes = 3;          // fewer reporting machines: no verdict
   double max_outlier_fraction = 0.25;  // more outliers than this: a split, not a fault
   size_t max_metrics = 4096;  // distinct metric names kept; more are counted and dropped
@@ -95,6 +100,7 @@ class Detector {
   struct Metric {
     std::string name;
     int rank;                   // index of the first matching pattern, -1 = ignored
+    double spread = -1;         // running mean of 1.4826 * MAD, -1 before the first evaluation
     std::vector<Series> series; // by node index (grown lazily)
   };
   struct Node {

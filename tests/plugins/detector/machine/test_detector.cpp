@@ -33,7 +33,7 @@ struct Job {
       double v = (i == faulty ? faulty_level : level) + 3.0 * noise(rng);
       int64_t ts = t * kSec + (i % 7) * 1000000;  // up to 6 ms apart
       d.add(name(i), "proc.cpu", ts, v, 0);
-      d.add(name(i), "proc.rss", ts, 1e9 + 1e7 * noise(rng), 0);
+      d.add(name(i), "proc.rss_bytes", ts, 1e9 + 1e7 * noise(rng), 0);
     }
   }
 };
@@ -206,7 +206,7 @@ TEST_CASE("the work of an evaluation grows linearly with the machines") {
     run(d, job, 5, 6, 80);
     return d.work() - before;
   };
-  // Two metrics (proc.cpu, proc.rss), one step per machine and metric.
+  // Two metrics (proc.cpu, proc.rss_bytes), one step per machine and metric.
   CHECK(work_for(100) == 200);
   CHECK(work_for(1000) == 2000);
   CHECK(work_for(10000) == 20000);
