@@ -253,25 +253,54 @@ Sequence cover(const std::vector<int>& f, const std::vector<std::pair<int, int>>
   return seq;
 }
 
-// Cell orders: column groups of width w walked row by row (each minipod
-// holds pieces of PP groups), or row bands of height h walked column by
-// column (pieces of DP groups).
-std::vector<int> order_by_column_groups(const Shape& s, int w) {
+// Cell orders: column groups of the given widths walked row by row (each
+// minipod holds pieces of PP groups), or row bands of the given heights
+// walked column by column (pieces of DP groups).
+std::vector<int> order_by_column_groups(const Shape& s, const std::vector<int>& widths) {
   std::vector<int> o;
   o.reserve(s.cells());
-  for (int g = 0; g < s.P; g += w)
+  int g = 0;
+  for (int w : widths) {
     for (int i = 0; i < s.R; ++i)
-      for (int j = g; j < std::min(s.P, g + w); ++j) o.push_back(j * s.R + i);
+      for (int j = g; j < g + w; ++j) o.push_back(j * s.R + i);
+    g += w;
+  }
   return o;
 }
-std::vector<int> order_by_row_bands(const Shape& s, int h) {
+std::vector<int> order_by_row_bands(const Shape& s, const std::vector<int>& heights) {
   std::vector<int> o;
   o.reserve(s.cells());
-  for (int b = 0; b < s.R; b += h)
+  int b = 0;
+  for (int h : heights) {
     for (int j = 0; j < s.P; ++j)
-      for (int i = b; i < std::min(s.R, b + h); ++i) o.push_back(j * s.R + i);
+      for (int i = b; i < b + h; ++i) o.push_back(j * s.R + i);
+    b += h;
+  }
   return o;
 }
+
+// Equal parts of `size` (the last one shorter).
+std::vector<int> uniform_parts(int size, int part) {
+  std::vector<int> v;
+  for (int x = 0; x < size; x += part) v.push_back(std::min(part, size - x));
+  return v;
+}
+
+// Every partition of `size` into non-increasing parts (size is small).
+void partitions(int size, int max_part, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
+  if (size == 0) {
+    out.push_back(cur);
+    return;
+  }
+  for (int p = std::min(size, max_part); p >= 1; --p) {
+    cur.push_back(p);
+    partitions(size - p, p, cur, out);
+    cur.pop_back();
+  }
+}
+
+// Matrices up to this many columns (or rows) also try uneven groups (or bands).
+constexpr int kPartitionLimit = 16;
 
 }  // namespace
 
@@ -281,10 +310,7 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
   std::vector<int> best, color(n);
   double best_obj = std::numeric_limits<double>::infinity();
   size_t best_parts = 0;
-  auto try_layout = [&](const std::vector<int>& order, int L, const std::vector<std::pair<int, int>>& bins) {
-    auto seqs = sequences(f, L, n);
-    for (bool largest_first : {false, true})
-      if (auto c = cover(f, bins, largest_first); !c.empty()) seqs.push_back(std::move(c));
+  auto try_sequences = [&](const std::vector<int>& order, const std::vector<Sequence>& seqs) {
     for (const auto& seq : seqs) {
       size_t pos = 0;
       for (auto [m, t] : seq)
@@ -298,16 +324,25 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
       }
     }
   };
-  std::vector<std::pair<int, int>> bins;
-  for (int w = 1; w <= s.P; ++w) {
-    bins.clear();
-    for (int g = 0; g < s.P; g += w) bins.push_back({std::min(w, s.P - g), s.R});
-    try_layout(order_by_column_groups(s, w), w, bins);
-  }
-  for (int h = 1; h <= s.R; ++h) {
-    bins.clear();
-    for (int b = 0; b < s.R; b += h) bins.push_back({std::min(h, s.R - b), s.P});
-    try_layout(order_by_row_bands(s, h), h, bins);
+  // parts: group widths (columns) or band heights (rows); `other` is the
+  // length of the other side, which each bin needs that many pieces of.
+  auto try_layout = [&](bool columns, const std::vector<int>& parts, int uniform) {
+    std::vector<std::pair<int, int>> bins;
+    for (int p : parts) bins.push_back({p, columns ? s.R : s.P});
+    std::vector<Sequence> seqs;
+    if (uniform > 0) seqs = sequences(f, uniform, n);
+    for (bool largest_first : {false, true})
+      if (auto c = cover(f, bins, largest_first); !c.empty()) seqs.push_back(std::move(c));
+    try_sequences(columns ? order_by_column_groups(s, parts) : order_by_row_bands(s, parts), seqs);
+  };
+  for (int w = 1; w <= s.P; ++w) try_layout(true, uniform_parts(s.P, w), w);
+  for (int h = 1; h <= s.R; ++h) try_layout(false, uniform_parts(s.R, h), h);
+  std::vector<int> cur;
+  for (auto [columns, size] : {std::pair{true, s.P}, std::pair{false, s.R}}) {
+    if (size > kPartitionLimit) continue;
+    std::vector<std::vector<int>> all;
+    partitions(size, size, cur, all);
+    for (const auto& parts : all) try_layout(columns, parts, 0);
   }
   return best;
 }
