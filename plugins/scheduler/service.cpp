@@ -1,5 +1,6 @@
 #include "service.hpp"
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,7 @@ struct OwnedPlan {
 struct Service {
   const ballast_host_api* host = nullptr;
   std::string topology, state_path, algorithm = "arnold";  // configuration
+  TopologyOptions topo_opt;
   std::mutex mu;                                           // guards everything below
   std::set<std::string> faulty;                            // from fault.confirmed
   std::map<const ballast_placement_plan*, std::unique_ptr<OwnedPlan>> plans;
@@ -91,7 +93,7 @@ int api_place(void* state, const ballast_placement_request* req, ballast_placeme
   try {
     std::string topo_path = opt_str(req->topology_path) ? req->topology_path : s->topology;
     if (topo_path.empty()) return fail(s, BALLAST_EINVAL, "place: no topology_path and no configured topology");
-    Topology topo = load_topology(topo_path);
+    Topology topo = load_topology(topo_path, s->topo_opt);
     Job job = parse_job(req->job_json, "job");
     Cluster cl = make_cluster(topo, availability(s, topo, opt_str(req->state_json)));
     PlaceOptions po;
@@ -115,7 +117,7 @@ int api_replace(void* state, const ballast_replacement_request* req, ballast_pla
     LoadedPlan lp = parse_plan(req->plan_json, "plan");
     std::string topo_path = opt_str(req->topology_path) ? req->topology_path : lp.topology;
     if (topo_path.empty()) topo_path = s->topology;
-    Topology topo = load_topology(topo_path);
+    Topology topo = load_topology(topo_path, s->topo_opt);
     auto st = availability(s, topo, opt_str(req->state_json));
     auto spares = opt_str(req->spares) ? expand_hostlist(req->spares) : std::vector<std::string>{};
     ReplaceResult r = replace_nodes(topo, st, lp, expand_hostlist(req->failed), spares);
@@ -244,6 +246,16 @@ int service_create(const ballast_host_api* host, void** state) {
   if (host->config_get && host->config_get(host, "topology", &v) == BALLAST_OK && v) s->topology = v;
   if (host->config_get && host->config_get(host, "state", &v) == BALLAST_OK && v) s->state_path = v;
   if (host->config_get && host->config_get(host, "algorithm", &v) == BALLAST_OK && v) s->algorithm = v;
+  if (host->config_get && host->config_get(host, "topology_name", &v) == BALLAST_OK && v) s->topo_opt.name = v;
+  if (host->config_get && host->config_get(host, "minipod_level", &v) == BALLAST_OK && v) {
+    char* end = nullptr;
+    long level = std::strtol(v, &end, 10);
+    if (!end || *end || level < 0 || level > 64) {
+      host->set_error(host, (std::string("config minipod_level: want an integer in [0, 64], got ") + v).c_str());
+      return BALLAST_EINVAL;
+    }
+    s->topo_opt.minipod_level = static_cast<int>(level);
+  }
   s->command = {"plan", "topology-aware placement, replacement of failed nodes, standby sizing", run_plan};
   s->commands = {sizeof(ballast_command_table), 1, &s->command};
   s->api = {sizeof(ballast_scheduler_api), 0, api_place, api_replace, api_plan_json, api_free_plan};

@@ -212,19 +212,15 @@ void deliver(TestHost& h, const char* topic, uint32_t schema, const void* payloa
   fn(user, &ev);
 }
 
-}  // namespace
-
-TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placement.request on the bus") {
+const ballast_plugin_descriptor* descriptor() {
   void* so = dlopen(BALLAST_PLUGIN_DIR "/ballast-scheduler.so", RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(so != nullptr, dlerror());
   auto entry = reinterpret_cast<ballast_plugin_entry_fn>(dlsym(so, BALLAST_PLUGIN_ENTRY));
   REQUIRE(reinterpret_cast<void*>(entry) != nullptr);
-  const ballast_plugin_descriptor* d = entry(BALLAST_ABI_MINOR);
-  CHECK(std::string(d->name) == "scheduler");
-  CHECK(std::string(d->interfaces[0].name) == BALLAST_COMMAND_INTERFACE);
-  CHECK(std::string(d->interfaces[1].name) == BALLAST_SCHEDULER_INTERFACE);
+  return entry(BALLAST_ABI_MINOR);
+}
 
-  TestHost h;
+void init(TestHost& h) {
   h.api.size = sizeof h.api;
   h.api.publish = h_publish;
   h.api.subscribe = h_subscribe;
@@ -235,6 +231,41 @@ TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placem
   h.api.set_error = h_set_error;
   h.api.last_error = h_last_error;
   h.config["topology"] = kData + "tree.conf";
+}
+
+TEST_CASE("the plugin's minipod_level configuration, and a bad value refused at create") {
+  const ballast_plugin_descriptor* d = descriptor();
+  TestHost h;
+  init(h);
+  h.config["minipod_level"] = "2";  // minipods are the leaves of 6 nodes
+  void* state = nullptr;
+  REQUIRE(d->create(&h.api, &state) == BALLAST_OK);
+  auto* api = static_cast<const ballast_scheduler_api*>(d->get_interface(state, BALLAST_SCHEDULER_INTERFACE, 1));
+  std::string job = ballast::sched::read_file(kData + "job.json");
+  ballast_placement_request req{sizeof req, 0, nullptr, job.c_str(), nullptr, nullptr, 0};
+  ballast_placement_plan* p = nullptr;
+  REQUIRE(api->place(state, &req, &p) == BALLAST_OK);
+  auto j = nlohmann::json::parse(api->plan_json(state, p));
+  CHECK(j["nodes"][0]["minipod"].get<std::string>().rfind("leaf", 0) == 0);
+  api->free_plan(state, p);
+  d->destroy(state);
+  TestHost bad;
+  init(bad);
+  bad.config["minipod_level"] = "two";
+  CHECK(d->create(&bad.api, &state) == BALLAST_EINVAL);
+  CHECK(g_error == "config minipod_level: want an integer in [0, 64], got two");
+}
+
+}  // namespace
+
+TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placement.request on the bus") {
+  const ballast_plugin_descriptor* d = descriptor();
+  CHECK(std::string(d->name) == "scheduler");
+  CHECK(std::string(d->interfaces[0].name) == BALLAST_COMMAND_INTERFACE);
+  CHECK(std::string(d->interfaces[1].name) == BALLAST_SCHEDULER_INTERFACE);
+
+  TestHost h;
+  init(h);
   void* state = nullptr;
   REQUIRE(d->create(&h.api, &state) == BALLAST_OK);
 
