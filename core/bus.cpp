@@ -171,6 +171,11 @@ struct Dispatcher {
     wake_seq.fetch_add(1, std::memory_order_release);
     wake_seq.notify_one();
   }
+  // From publish(): only the first publisher that finds the dispatcher
+  // asleep pays for the futex call, not every one until it has woken up.
+  void wake_sleeper() {
+    if (sleeping.exchange(false, std::memory_order_acq_rel)) wake();
+  }
 
   // Deliver up to `max` queued events of `s` (served by this dispatcher).
   size_t drain(Sub& s, size_t max) {
@@ -439,10 +444,12 @@ struct Bus::Impl {
       if (slot != nullptr) break;
     }
     if (single) {
-      const size_t bytes = codec::flat_size(ev);
-      unsigned char* buf = Ring::buffer(*slot, bytes);
-      if (buf != nullptr) codec::flatten(ev, buf, &slot->event);
-      else slot->event.topic = nullptr;
+      size_t bytes = 0;
+      if (!codec::flatten_into(ev, slot->inline_buf, Ring::kInline, &slot->event, &bytes)) {
+        unsigned char* buf = Ring::buffer(*slot, bytes);
+        if (buf != nullptr) codec::flatten(ev, buf, &slot->event);
+        else slot->event.topic = nullptr;
+      }
     } else {
       if (flat_bytes == 0) {
         flat_bytes = codec::flat_size(ev);
@@ -640,7 +647,7 @@ int Bus::publish(const ballast_event& event) {
     // sees the new events, or we see it asleep and wake it.
     rcu::light_barrier();
     for (auto& d : m.dispatchers)
-      if (d->sleeping.load(std::memory_order_relaxed)) d->wake();
+      if (d->sleeping.load(std::memory_order_relaxed)) d->wake_sleeper();
   }
   return BALLAST_OK;
 }

@@ -3,76 +3,77 @@
 #include "codec_schema.hpp"
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 namespace ballast::codec {
 
 namespace {
 
-// A bump allocator over the copy's buffer. Sizing and copying run the same
-// walk (Write = false, then true), so that the two can never disagree.
-template <bool Write>
+// A bump allocator over the copy's buffer. Sizing (no buffer) and copying
+// run the same walk, so that the two can never disagree. With a capacity,
+// a copy that would not fit stops writing and only goes on counting, so
+// that a queue slot is filled in one pass when the event fits its inline
+// buffer (the common case) and sized for the heap when it does not.
 struct Arena {
-  unsigned char* base = nullptr;
+  unsigned char* base = nullptr;  // nullptr: only count
+  size_t cap = SIZE_MAX;
   size_t used = 0;
 
   unsigned char* take(size_t bytes, size_t align) {
     used = (used + align - 1) & ~(align - 1);
-    unsigned char* p = Write ? base + used : nullptr;
+    unsigned char* p = (base != nullptr && bytes <= cap && used <= cap - bytes) ? base + used : nullptr;
     used += bytes;
     return p;
   }
+  bool fits() const { return base != nullptr && used <= cap; }
   const char* str(const char* s) {
     if (s == nullptr) return nullptr;
-    size_t n = std::strlen(s) + 1;
+    const size_t n = std::strlen(s) + 1;
     unsigned char* p = take(n, 1);
-    if constexpr (Write) std::memcpy(p, s, n);
+    if (p != nullptr) std::memcpy(p, s, n);
     return reinterpret_cast<const char*>(p);
   }
 };
 
 // Copy the strings and arrays that `src` (a struct of `desc`) points to and
-// repoint `dst` (already a bitwise copy of src, or nullptr when sizing).
-template <bool Write>
-void copy_pointees(Arena<Write>& arena, const StructDesc& desc, const void* src, void* dst) {
+// repoint `dst` (already a bitwise copy of src; nullptr when not written).
+void copy_pointees(Arena& arena, const StructDesc& desc, const void* src, void* dst) {
   for (uint32_t i = 0; i < desc.field_count; ++i) {
     const FieldDesc& f = desc.fields[i];
     if (f.type == FieldType::str || f.type == FieldType::json_str) {
       const char* copy = arena.str(field_ref<const char*>(src, f));
-      if constexpr (Write) field_ref<const char*>(dst, f) = copy;
+      if (dst != nullptr) field_ref<const char*>(dst, f) = copy;
     } else if (f.type == FieldType::size) {
-      if constexpr (Write) field_ref<uint32_t>(dst, f) = desc.size;
+      if (dst != nullptr) field_ref<uint32_t>(dst, f) = desc.size;
     } else if (f.type == FieldType::array) {
       const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(src) +
                                                             f.count_offset);
       const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(src, f));
       const StructDesc& e = *f.elem;
       unsigned char* out = arena.take(size_t{n} * e.size, e.align);
-      if constexpr (Write) {
-        if (n > 0) std::memcpy(out, elems, size_t{n} * e.size);
-        field_ref<const void*>(dst, f) = n > 0 ? out : nullptr;
-      }
+      if (out != nullptr && n > 0) std::memcpy(out, elems, size_t{n} * e.size);
+      if (dst != nullptr) field_ref<const void*>(dst, f) = n > 0 ? out : nullptr;
       for (uint32_t k = 0; k < n; ++k)
-        copy_pointees(arena, e, elems + size_t{k} * e.size, Write ? out + size_t{k} * e.size : nullptr);
+        copy_pointees(arena, e, elems + size_t{k} * e.size, out != nullptr ? out + size_t{k} * e.size : nullptr);
     }
   }
 }
 
-template <bool Write>
-void walk(Arena<Write>& arena, const ballast_event& ev, ballast_event* out) {
+void walk(Arena& arena, const ballast_event& ev, ballast_event* out) {
   // The payload goes first: the buffer's start is aligned for any struct.
   const StructDesc* desc = struct_for_schema(ev.schema);
   const void* payload = nullptr;
   uint64_t payload_size = 0;
   if (desc != nullptr) {
     unsigned char* p = arena.take(desc->size, desc->align);
-    if constexpr (Write) std::memcpy(p, ev.payload, desc->size);
+    if (p != nullptr) std::memcpy(p, ev.payload, desc->size);
     copy_pointees(arena, *desc, ev.payload, p);
     payload = p;
     payload_size = desc->size;
   } else if (ev.payload_size > 0) {
     unsigned char* p = arena.take(ev.payload_size + 1, 1);
-    if constexpr (Write) {
+    if (p != nullptr) {
       std::memcpy(p, ev.payload, ev.payload_size);
       p[ev.payload_size] = 0;
     }
@@ -82,7 +83,7 @@ void walk(Arena<Write>& arena, const ballast_event& ev, ballast_event* out) {
   const char* topic = arena.str(ev.topic);
   const char* node = arena.str(ev.source.node);
   const char* plugin = arena.str(ev.source.plugin);
-  if constexpr (Write) {
+  if (arena.fits()) {
     *out = ballast_event{};
     out->size = sizeof(ballast_event);
     out->schema = ev.schema;
@@ -231,15 +232,24 @@ bool check_event(const ballast_event& ev, const char** why) {
 }
 
 size_t flat_size(const ballast_event& event) {
-  Arena<false> arena;
+  Arena arena;
   walk(arena, event, nullptr);
   return arena.used;
 }
 
 void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out) {
-  Arena<true> arena;
+  Arena arena;
   arena.base = buf;
   walk(arena, event, out);
+}
+
+bool flatten_into(const ballast_event& event, unsigned char* buf, size_t cap, ballast_event* out, size_t* needed) {
+  Arena arena;
+  arena.base = buf;
+  arena.cap = cap;
+  walk(arena, event, out);
+  *needed = arena.used;
+  return arena.fits();
 }
 
 }  // namespace ballast::codec

@@ -33,6 +33,11 @@ size_t flat_size(const ballast_event& event);
 // can be read as a C string.
 void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out);
 
+// flatten() into a buffer of `cap` bytes when the copy fits (true); else
+// nothing usable is written and false is returned. Either way *needed is
+// flat_size(): one pass over the event in the common case.
+bool flatten_into(const ballast_event& event, unsigned char* buf, size_t cap, ballast_event* out, size_t* needed);
+
 // Copy a flattened event whose buffer starts at `from` (`bytes` long) to
 // `to` and point *out at the copy: a memcpy and a pointer shift, cheaper
 // than flattening again when one event goes to several queues.
