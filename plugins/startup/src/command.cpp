@@ -31,7 +31,7 @@ namespace {
 const char* kUsage =
     "usage: ballast startup SUBCOMMAND ...\n"
     "  report [--json] STAGES_FILE               where the start-up time went\n"
-    "  record [--profile FILE] [--block-kib N] -- CMD...   record the blocks CMD reads\n"
+    "  record [--profile FILE] [--block-kib N] [--exclude PREFIX] -- CMD...   record the blocks CMD reads\n"
     "  prefetch PROFILE [--threads N] [--budget-mib N] [-- CMD...]   warm them (while CMD runs)\n"
     "  env --lock FILE --dir DIR --store DIR [--cap-mib N] -- INSTALL...   restore or build a snapshot\n"
     "  load FILE... [--stripes N] [--chunk-mib N] [--direct|--buffered] [--share] [--write-sums] [--json]\n"
@@ -106,7 +106,9 @@ int cmd_record(const std::vector<std::string>& args, const std::vector<std::stri
   CLI::App app("record the blocks a command reads", "ballast startup record");
   std::string profile = "ballast-startup.profile.json";
   uint64_t block_kib = 256;
+  std::vector<std::string> exclude;
   app.add_option("--profile", profile, "hot-block profile to write");
+  app.add_option("--exclude", exclude, "leave out files under this path prefix (repeatable)");
   app.add_option("--block-kib", block_kib, "block size in KiB (power of two)");
   if (int rc = parse(app, args); rc >= 0) return rc;
   if (cmd.empty()) {
@@ -129,7 +131,8 @@ int cmd_record(const std::vector<std::string>& args, const std::vector<std::stri
                          "(statically linked, or reads only through stdio?)\n");
     std::ofstream(trace).close();
   }
-  HotProfile p = profile_from_trace(trace, block_kib * 1024);
+  for (auto& e : exclude) e = fs::absolute(e).lexically_normal().string();
+  HotProfile p = profile_from_trace(trace, block_kib * 1024, exclude);
   std::remove(trace.c_str());
   write_profile(profile, p);
   std::printf("recorded %zu files, %zu extents, %s in first-need order -> %s\n", p.files.size(), p.extents.size(),

@@ -24,7 +24,8 @@ uint64_t HotProfile::bytes() const {
   return total;
 }
 
-HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes) {
+HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes,
+                              const std::vector<std::string>& exclude) {
   if (block_bytes < 4096 || (block_bytes & (block_bytes - 1)) != 0)
     throw Error("block size must be a power of two >= 4096, not " + std::to_string(block_bytes));
   struct Event {
@@ -55,7 +56,9 @@ HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_byte
     }
     if (!ok || pos >= line.size()) continue;  // a torn line of a killed process
     e.path = line.substr(pos);
-    events.push_back(std::move(e));
+    bool excluded = false;
+    for (const auto& prefix : exclude) excluded |= !prefix.empty() && e.path.rfind(prefix, 0) == 0;
+    if (!excluded) events.push_back(std::move(e));
   }
   std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.t < b.t; });
 

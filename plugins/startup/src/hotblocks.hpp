@@ -36,8 +36,11 @@ struct HotProfile {
 };
 
 // Builds a profile from the interposer's trace lines (see trace/interpose.c).
-// Files that vanished or were replaced while the job ran are left out.
-HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes);
+// Files that vanished or were replaced while the job ran are left out, and
+// so are files under any of the `exclude` prefixes (a checkpoint directory
+// that `ballast startup load` reads anyway, scratch files).
+HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes,
+                              const std::vector<std::string>& exclude = {});
 void write_profile(const std::string& path, const HotProfile& profile);  // write, then rename
 HotProfile read_profile(const std::string& path);  // throws Error "FILE: field ..."
 

@@ -19,6 +19,8 @@ struct Error : std::runtime_error {
 // crc32c_update(0, ...) starts a new checksum; chain calls to extend it.
 uint32_t crc32c_update(uint32_t crc, const void* data, size_t size);
 inline uint32_t crc32c(const void* data, size_t size) { return crc32c_update(0, data, size); }
+// crc32c(A || B) from crc32c(A), crc32c(B) and the length of B.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 
 // SHA-256, for keys (lockfile + platform), as 64 lowercase hex digits.
 class Sha256 {

@@ -70,6 +70,21 @@ TEST_CASE("record captures the blocks real processes read, in first-need order")
   for (const auto& f : p.files) CHECK(f.path != d / "unread.bin");
 }
 
+TEST_CASE("record --exclude leaves out files under a prefix") {
+  TempDir d;
+  make_cold(d / "keep/a.bin", 256 << 10, 13);
+  make_cold(d / "ckpt/b.bin", 256 << 10, 14);
+  std::string script = "cat " + (d / "keep/a.bin") + " " + (d / "ckpt/b.bin") + " > /dev/null";
+  REQUIRE(run({"record", "--profile", d / "p.json", "--exclude", d / "ckpt", "--", "sh", "-c", script}) == 0);
+  HotProfile p = read_profile(d / "p.json");
+  bool saw_a = false;
+  for (const auto& f : p.files) {
+    CHECK(f.path.rfind(d / "ckpt", 0) != 0);
+    saw_a |= f.path == d / "keep/a.bin";
+  }
+  CHECK(saw_a);
+}
+
 TEST_CASE("record keeps the exit code of the command and writes a profile even when nothing was read") {
   TempDir d;
   CHECK(run({"record", "--profile", d / "p.json", "--", "sh", "-c", "exit 3"}) == 3);

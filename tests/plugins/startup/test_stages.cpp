@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "helpers.hpp"
@@ -86,6 +87,15 @@ TEST_CASE("crc32c and sha256 match published check values") {
   CHECK(crc32c("123456789", 9) == 0xE3069283u);
   uint32_t split = crc32c_update(crc32c("1234", 4), "56789", 5);
   CHECK(split == 0xE3069283u);
+  // Large inputs take the three-lane path; pieces below 12 KiB the plain one.
+  for (size_t n : {size_t(12288), size_t(100003), size_t(1 << 20) + 5}) {
+    std::string data = startup_test::pattern(n, n);
+    uint32_t pieces = 0;
+    for (size_t off = 0; off < n; off += 1000) pieces = crc32c_update(pieces, data.data() + off, std::min<size_t>(1000, n - off));
+    CHECK(crc32c(data.data(), n) == pieces);
+    size_t cut = n / 3 + 1;
+    CHECK(crc32c_combine(crc32c(data.data(), cut), crc32c(data.data() + cut, n - cut), n - cut) == pieces);
+  }
   Sha256 h;
   h.update("abc", 3);
   CHECK(h.hex() == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -1,0 +1,542 @@
+// bench/startup: a cold job start on this machine, plain and with each
+// start-up technique alone and together, plus the checkpoint read modes
+// against the device's O_DIRECT ceiling measured in the same run.
+//
+//   bench_startup [--dir DIR] [--reps 3] [--ckpt-mib 2560] [--tree-mib 300] [--files 4000] [--keep]
+//
+// The job (bench_startup_job) imports a tree of several thousand files,
+// needs an environment installed from a lockfile (tar.gz packages extracted
+// one by one, as pip does with wheels), and loads a safetensors checkpoint.
+// Cold runs: before every run, syncfs() and posix_fadvise(DONTNEED) on every
+// file of the data set, and the environment directory is deleted; mincore()
+// over all files then checks how much is still resident (printed).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "hotblocks.hpp"
+#include "loader.hpp"
+#include "snapshot.hpp"
+#include "stages.hpp"
+#include "util.hpp"
+
+namespace fs = std::filesystem;
+using namespace ballast::startup;
+
+namespace {
+
+struct Config {
+  std::string dir = "startup-bench";
+  int reps = 3;
+  uint64_t ckpt_mib = 2560, tree_mib = 300, files = 4000;
+  bool keep = false;
+};
+
+void emit(const std::string& c, const std::string& metric, double value, const std::string& unit) {
+  std::printf("%s\n", nlohmann::json({{"bench", "startup"}, {"case", c}, {"metric", metric}, {"value", value},
+                                      {"unit", unit}})
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+double now_s() { return double(monotonic_ns()) / 1e9; }
+
+// Fast deterministic filler.
+struct Rng {
+  uint64_t x;
+  explicit Rng(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 7) {}
+  uint64_t next() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  }
+  void fill(char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t v = next();
+      std::memcpy(p + i, &v, 8);
+    }
+    for (; i < n; ++i) p[i] = char(next());
+  }
+};
+
+void write_file(const std::string& path, const char* data, size_t n) {
+  fs::create_directories(fs::path(path).parent_path());
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::write(fd, data, n) != ssize_t(n)) throw Error(path + ": cannot write");
+  ::close(fd);
+}
+
+// A tree of `files` files, `mib` MiB in all, sizes skewed like a Python
+// environment (most small, a few large). Returns the paths.
+std::vector<std::string> make_tree(const std::string& root, uint64_t files, uint64_t mib, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::lognormal_distribution<double> size_dist(9.8, 1.2);  // median ~18 KiB
+  std::vector<double> sizes(files);
+  double total = 0;
+  for (auto& s : sizes) total += (s = std::min(size_dist(gen), 4e6));
+  const double scale = double(mib << 20) / total;
+  std::vector<std::string> paths;
+  std::vector<char> buf;
+  Rng rng(seed);
+  for (uint64_t i = 0; i < files; ++i) {
+    auto n = size_t(std::max(64.0, sizes[i] * scale));
+    buf.resize(n);
+    rng.fill(buf.data(), n);
+    std::string p = root + "/pkg" + std::to_string(i / 50) + "/mod" + std::to_string(i % 50) + ".py";
+    write_file(p, buf.data(), n);
+    paths.push_back(p);
+  }
+  return paths;
+}
+
+// Text-like bytes (compress about 3x, as source code does).
+void fill_text(Rng& rng, std::string& out, size_t n) {
+  static const char* words[] = {"def ", "return ", "self", ".value", "import ", "numpy", " = ", "(x, y)", "\n    ",
+                                "for i in range(n):", "tensor", "# comment ", "class ", "None", "True", ":\n"};
+  out.clear();
+  while (out.size() < n) {
+    uint64_t r = rng.next();
+    out += words[r % 16];
+    if ((r >> 8) % 4 == 0) out += std::to_string((r >> 16) % 100000);
+  }
+  out.resize(n);
+}
+
+struct Data {
+  std::string root, image, other, cache, lock, ckpt, store, env;
+  std::string imports_a, imports_b;
+  std::string profile_full, profile_nockpt, profile_wrong, profile_stale;
+  std::vector<std::string> install;
+};
+
+std::string job_path() { return (fs::read_symlink("/proc/self/exe").parent_path() / "bench_startup_job").string(); }
+
+std::vector<std::string> job_args(const Data& d, const std::string& imports, unsigned striped, bool share) {
+  std::vector<std::string> a = {job_path(), "--imports", imports, "--env", d.env, "--ckpt", d.ckpt};
+  if (striped) {
+    a.push_back("--striped");
+    a.push_back(std::to_string(striped));
+  }
+  if (share) {
+    a.push_back("--share");
+    a.push_back("1");
+  }
+  return a;
+}
+
+int run_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "ballast startup");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return run_command(nullptr, int(args.size()), argv.data());
+}
+
+Data setup(const Config& c) {
+  Data d;
+  d.root = fs::absolute(c.dir).string();
+  d.image = d.root + "/image";
+  d.other = d.root + "/other";
+  d.cache = d.root + "/pkgcache";
+  d.lock = d.root + "/requirements.lock";
+  d.ckpt = d.root + "/ckpt/model.safetensors";
+  d.store = d.root + "/store";
+  d.env = d.root + "/env";
+  d.imports_a = d.root + "/imports_a.txt";
+  d.imports_b = d.root + "/imports_b.txt";
+  d.profile_full = d.root + "/profile_full.json";
+  d.profile_nockpt = d.root + "/profile_nockpt.json";
+  d.profile_wrong = d.root + "/profile_wrong.json";
+  d.profile_stale = d.root + "/profile_stale.json";
+  d.install = {"sh", "-c",
+               "set -e; mkdir -p \"$BALLAST_ENV_DIR\"; while read -r line; do tar -xzf \"" + d.cache +
+                   "/${line%%==*}.tar.gz\" -C \"$BALLAST_ENV_DIR\"; done < \"" + d.lock + "\""};
+  fs::remove_all(d.root);
+  fs::create_directories(d.root);
+  double t = now_s();
+
+  // The job's image: imports 75% of it, in a shuffled (import) order.
+  auto image = make_tree(d.image, c.files, c.tree_mib, 1);
+  std::mt19937_64 gen(2);
+  std::shuffle(image.begin(), image.end(), gen);
+  image.resize(image.size() * 3 / 4);
+  std::ofstream(d.imports_a) << [&] {
+    std::string s;
+    for (auto& p : image) s += p + "\n";
+    return s;
+  }();
+  // Another job's files, for the wrong profile.
+  auto other = make_tree(d.other, c.files / 2, c.tree_mib / 2, 3);
+  std::ofstream(d.imports_b) << [&] {
+    std::string s;
+    for (auto& p : other) s += p + "\n";
+    return s;
+  }();
+
+  // Packages: 30 tar.gz of 60 text files each; the lockfile names them.
+  Rng rng(4);
+  std::string text, lock;
+  for (int p = 0; p < 30; ++p) {
+    std::string name = "package" + std::to_string(p);
+    std::string src = d.root + "/pkgsrc/" + name;
+    for (int f = 0; f < 60; ++f) {
+      fill_text(rng, text, 20000 + rng.next() % 180000);
+      write_file(src + "/" + name + "/m" + std::to_string(f) + ".py", text.data(), text.size());
+    }
+    fs::create_directories(d.cache);
+    if (run_process({"tar", "-czf", d.cache + "/" + name + ".tar.gz", "-C", src, name}) != 0)
+      throw Error("tar failed for " + name);
+    lock += name + "==1." + std::to_string(p) + "\n";
+  }
+  fs::remove_all(d.root + "/pkgsrc");
+  std::ofstream(d.lock) << lock;
+
+  // The checkpoint: BF16 tensors of 256 MiB (the last one smaller).
+  {
+    const uint64_t total = c.ckpt_mib << 20, piece = 256ull << 20;
+    nlohmann::json h = nlohmann::json::object();
+    uint64_t off = 0;
+    for (int i = 0; off < total; ++i) {
+      uint64_t n = std::min(piece, total - off);
+      h["layers." + std::to_string(i) + ".weight"] = {
+          {"dtype", "BF16"}, {"shape", {n / 2 / 1024, 1024}}, {"data_offsets", {off, off + n / 2 / 1024 * 1024 * 2}}};
+      off += n / 2 / 1024 * 1024 * 2;
+    }
+    std::string hs = h.dump();
+    hs.append((8 - hs.size() % 8) % 8, ' ');
+    fs::create_directories(fs::path(d.ckpt).parent_path());
+    int fd = ::open(d.ckpt.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    uint64_t len = hs.size();
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) head[i] = char(len >> (8 * i));
+    head += hs;
+    if (::write(fd, head.data(), head.size()) != ssize_t(head.size())) throw Error(d.ckpt + ": write");
+    std::vector<char> buf(64 << 20);
+    Rng r2(5);
+    for (uint64_t w = 0; w < off;) {
+      size_t n = size_t(std::min<uint64_t>(buf.size(), off - w));
+      r2.fill(buf.data(), n);
+      if (::write(fd, buf.data(), n) != ssize_t(n)) throw Error(d.ckpt + ": write");
+      w += n;
+    }
+    ::close(fd);
+  }
+  emit("setup", "generate_s", now_s() - t, "s");
+
+  // The snapshot store gets its snapshot the way a first start builds it.
+  t = now_s();
+  EnvOptions eo;
+  eo.lockfiles = {d.lock};
+  eo.dir = d.env;
+  eo.store = d.store;
+  eo.install = d.install;
+  EnvResult er = run_env(eo);
+  if (er.action != "installed+snapshot") throw Error("setup: env gave " + er.action);
+  emit("setup", "install_and_snapshot_s", now_s() - t, "s");
+  emit("setup", "env_bytes", double(er.bytes), "B");
+
+  // Profiles recorded from real runs of the jobs.
+  if (run_cli({"record", "--profile", d.profile_full, "--", job_path(), "--imports", d.imports_a, "--env", d.env,
+               "--ckpt", d.ckpt}) != 0 ||
+      run_cli({"record", "--profile", d.profile_nockpt, "--exclude", fs::path(d.ckpt).parent_path().string(), "--",
+               job_path(), "--imports", d.imports_a, "--env", d.env}) != 0 ||
+      run_cli({"record", "--profile", d.profile_wrong, "--", job_path(), "--imports", d.imports_b}) != 0)
+    throw Error("setup: recording a profile failed");
+  // A stale profile: every file changed since (as after an image upgrade).
+  HotProfile stale = read_profile(d.profile_full);
+  for (auto& f : stale.files) f.id.mtime_ns += 1;
+  write_profile(d.profile_stale, stale);
+  ::sync();
+  return d;
+}
+
+std::vector<std::string> all_files(const std::string& root) {
+  std::vector<std::string> out;
+  for (auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) out.push_back(e.path().string());
+  return out;
+}
+
+// Drops every file of the data set from the page cache; returns the
+// fraction of their pages still resident afterwards (mincore).
+double make_cold(const Data& d) {
+  int dfd = ::open(d.root.c_str(), O_RDONLY | O_DIRECTORY);
+  ::syncfs(dfd);
+  ::close(dfd);
+  uint64_t pages = 0, resident = 0;
+  for (const auto& p : all_files(d.root)) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    struct stat st{};
+    ::fstat(fd, &st);
+    if (st.st_size > 0) {
+      void* m = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) {
+        size_t n = (size_t(st.st_size) + 4095) / 4096;
+        std::vector<unsigned char> v(n);
+        if (::mincore(m, size_t(st.st_size), v.data()) == 0)
+          for (unsigned char b : v) resident += b & 1;
+        pages += n;
+        ::munmap(m, size_t(st.st_size));
+      }
+    }
+    ::close(fd);
+  }
+  return pages ? double(resident) / double(pages) : 0;
+}
+
+// One cold start of the job with the given techniques; seconds, end to end.
+//   plain           install from the lockfile, then the job (sequential buffered checkpoint read)
+//   snapshot        restore the environment snapshot instead of installing
+//   prefetch        hot-block prefetch of the job's recorded profile (checkpoint included) from t0
+//   striped         the job loads the checkpoint with 8 striped O_DIRECT readers
+//   all             snapshot + prefetch of the profile without the checkpoint + the node's
+//                   shared striped checkpoint read started at t0, which the job then maps
+//   prefetch_wrong  prefetch of another job's profile
+//   prefetch_stale  prefetch of a profile whose files all changed since
+struct Run {
+  double total = 0, env = 0, imports = 0, ckpt = 0, resident = 0;
+};
+
+Run start_once(const Data& d, const std::string& c) {
+  Run run;
+  std::error_code ec;
+  fs::remove_all(d.env, ec);
+  const std::string stages = d.root + "/stages.jsonl";  // the job's stage log for this run
+  fs::remove(stages, ec);
+  run.resident = make_cold(d);
+  const bool snapshot = c == "snapshot" || c == "all";
+  const bool striped = c == "striped" || c == "all";
+  const bool shared = c == "all";
+  std::string profile = c == "prefetch" ? d.profile_full : c == "all" ? d.profile_nockpt
+                        : c == "prefetch_wrong" ? d.profile_wrong : c == "prefetch_stale" ? d.profile_stale : "";
+  const double t0 = now_s();
+  std::unique_ptr<Prefetcher> pf;
+  if (!profile.empty()) {
+    pf = std::make_unique<Prefetcher>(read_profile(profile), PrefetchOptions{});
+    pf->start();
+  }
+  // The node's copy of the checkpoint, read while the environment is set up;
+  // held until the job has mapped it.
+  std::unique_ptr<LoadedFile> node_copy;
+  std::thread reader;
+  if (shared)
+    reader = std::thread([&] {
+      LoadOptions o;
+      o.share = true;
+      node_copy = std::make_unique<LoadedFile>(load_file(d.ckpt, o));
+    });
+  int rc = 0;
+  if (snapshot) {
+    EnvOptions eo;
+    eo.lockfiles = {d.lock};
+    eo.dir = d.env;
+    eo.store = d.store;
+    eo.install = d.install;
+    EnvResult r = run_env(eo);
+    if (r.action != "restored") throw Error("snapshot case: " + r.action);
+  } else {
+    rc = run_process(d.install, {{"BALLAST_ENV_DIR", d.env}});
+  }
+  run.env = now_s() - t0;
+  if (rc == 0) {
+    auto args = job_args(d, d.imports_a, striped ? 8 : 0, shared);
+    args.push_back("--stages");
+    args.push_back(stages);
+    rc = run_process(args);
+  }
+  if (pf) {
+    pf->stop();
+    pf->wait();
+  }
+  run.total = now_s() - t0;
+  if (reader.joinable()) reader.join();
+  node_copy.reset();
+  if (rc != 0) throw Error("case " + c + ": the job failed with " + std::to_string(rc));
+  for (const auto& r : read_stages(stages))
+    (r.stage == "imports" ? run.imports : run.ckpt) = double(r.end_ns - r.start_ns) / 1e9;
+  return run;
+}
+
+// ---- checkpoint read modes --------------------------------------------------
+
+double odirect_read(const std::string& path, unsigned threads, uint64_t req) {
+  struct stat st{};
+  ::stat(path.c_str(), &st);
+  const uint64_t size = uint64_t(st.st_size) / 4096 * 4096;
+  const double t0 = now_s();
+  std::vector<std::thread> ts;
+  std::atomic<uint64_t> next{0};
+  for (unsigned i = 0; i < threads; ++i)
+    ts.emplace_back([&] {
+      int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      void* buf = nullptr;
+      if (fd < 0 || ::posix_memalign(&buf, 4096, req) != 0) return;
+      for (;;) {
+        uint64_t off = next.fetch_add(req);
+        if (off >= size) break;
+        if (::pread(fd, buf, std::min(req, size - off), off_t(off)) <= 0) break;
+      }
+      std::free(buf);
+      ::close(fd);
+    });
+  for (auto& t : ts) t.join();
+  return double(size) / (now_s() - t0) / 1e9;
+}
+
+// One thread, read() of 8 MiB at a time into a fresh allocation of the
+// whole file: what a plain loader does.
+double buffered_read(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st{};
+  ::fstat(fd, &st);
+  const double t0 = now_s();
+  std::unique_ptr<char[]> mem(new char[size_t(st.st_size)]);
+  uint64_t total = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, mem.get() + total, std::min<uint64_t>(8 << 20, uint64_t(st.st_size) - total));
+    if (n <= 0) break;
+    total += uint64_t(n);
+  }
+  const double t = now_s() - t0;
+  ::close(fd);
+  return double(total) / t / 1e9;
+}
+
+void drop(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// Cold checkpoint reads, every variant once per round (interleaved, so that
+// the machine's load drifts over all of them alike), medians over rounds.
+void bench_reads(const Data& d, int reps) {
+  std::map<std::string, std::vector<double>> r;
+  struct stat st{};
+  ::stat(d.ckpt.c_str(), &st);
+  const uint64_t cap = (uint64_t(st.st_size) + 4095) / 4096 * 4096;
+  void* ready = nullptr;  // a destination faulted in beforehand (a trainer's staging buffer)
+  if (::posix_memalign(&ready, 4096, cap) != 0) throw Error("no memory for the destination");
+  std::memset(ready, 0, cap);
+  for (int i = 0; i < reps; ++i) {
+    for (unsigned t : {1u, 4u})
+      for (uint64_t req : {8ull << 20, 16ull << 20}) {
+        drop(d.ckpt);
+        r["odirect_" + std::to_string(t) + "t_" + std::to_string(req >> 20) + "m"].push_back(odirect_read(d.ckpt, t, req));
+      }
+    drop(d.ckpt);
+    r["buffered_sequential"].push_back(buffered_read(d.ckpt));
+    for (unsigned s : {2u, 4u, 8u}) {
+      drop(d.ckpt);
+      LoadOptions o;
+      o.stripes = s;
+      LoadedFile f = load_file(d.ckpt, o);
+      r["striped_" + std::to_string(s)].push_back(double(f.size) / f.seconds / 1e9);
+    }
+    drop(d.ckpt);
+    LoadOptions o;
+    o.stripes = 8;
+    o.destination = ready;
+    o.capacity = cap;
+    LoadedFile f = load_file(d.ckpt, o);
+    r["striped_8_ready_dst"].push_back(double(f.size) / f.seconds / 1e9);
+  }
+  std::free(ready);
+  double ceiling = 0;
+  for (auto& [k, v] : r) {
+    double m = median(v);
+    emit("ckpt_read", k, m, "GB/s");
+    if (k.rfind("odirect_", 0) == 0) ceiling = std::max(ceiling, m);
+  }
+  const double seq = median(r["buffered_sequential"]);
+  emit("ckpt_read", "device_ceiling", ceiling, "GB/s");
+  for (const char* k : {"striped_8", "striped_8_ready_dst"}) {
+    emit("ckpt_read", std::string(k) + "_vs_ceiling", median(r[k]) / ceiling, "ratio");
+    emit("ckpt_read", std::string(k) + "_vs_buffered_sequential", median(r[k]) / seq, "ratio");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (k == "--dir") c.dir = val();
+    else if (k == "--reps") c.reps = std::stoi(val());
+    else if (k == "--ckpt-mib") c.ckpt_mib = std::stoull(val());
+    else if (k == "--tree-mib") c.tree_mib = std::stoull(val());
+    else if (k == "--files") c.files = std::stoull(val());
+    else if (k == "--keep") c.keep = true;
+    else {
+      std::fprintf(stderr, "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep]\n");
+      return 2;
+    }
+  }
+  try {
+    Data d = setup(c);
+    bench_reads(d, c.reps);
+    const std::vector<std::string> cases = {"plain", "snapshot", "prefetch", "striped", "all", "prefetch_wrong",
+                                            "prefetch_stale"};
+    std::map<std::string, std::vector<Run>> runs;
+    std::map<std::string, std::vector<double>> times;
+    double worst_resident = 0;
+    for (int r = 0; r < c.reps; ++r)
+      for (const auto& cs : cases) {  // interleaved, so that drift hits every case alike
+        Run run = start_once(d, cs);
+        runs[cs].push_back(run);
+        times[cs].push_back(run.total);
+        worst_resident = std::max(worst_resident, run.resident);
+      }
+    emit("cold", "max_resident_after_drop", 100 * worst_resident, "%");
+    const double plain = median(times["plain"]);
+    for (const auto& cs : cases) {
+      double m = median(times[cs]);
+      emit(cs, "end_to_end_s", m, "s");
+      std::vector<double> env, imp, ck;
+      for (const auto& run : runs[cs]) {
+        env.push_back(run.env);
+        imp.push_back(run.imports);
+        ck.push_back(run.ckpt);
+      }
+      emit(cs, "environment_s", median(env), "s");
+      emit(cs, "imports_s", median(imp), "s");
+      emit(cs, "checkpoint_load_s", median(ck), "s");
+      if (cs != "plain") emit(cs, "vs_plain", m / plain, "ratio");
+    }
+    emit("all", "startup_cut", 1 - median(times["all"]) / plain, "fraction");
+    if (!c.keep) fs::remove_all(d.root);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_startup: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
