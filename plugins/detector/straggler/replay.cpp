@@ -71,10 +71,31 @@ Replay::Replay(const Model& model) : m_(model), lanes_(model.lanes()) {
   }
 }
 
-void Replay::run(const double* cost, const double* delay, double* start, double* end) const {
+std::vector<double> Replay::run(const double* cost, const double* delay, double* start, double* end) const {
+  // Whole steps at a time, about 64 lanes: the rows of every op for a block
+  // stay in cache while the graph is walked and the step times are taken.
+  const size_t dp = static_cast<size_t>(m_.dp);
+  const size_t block = std::max<size_t>(1, 64 / dp) * dp;
+  std::vector<double> times(m_.steps.size());
+  for (size_t l0 = 0; l0 < lanes_; l0 += block) {
+    size_t l1 = std::min(lanes_, l0 + block);
+    run_lanes(cost, delay, start, end, l0, l1);
+    step_times(start, end, l0, l1, times);
+  }
+  return times;
+}
+
+void Replay::run_lanes(const double* cost, const double* delay, double* start, double* end, size_t l0,
+                       size_t l1) const {
   const size_t L = lanes_;
   const size_t dp = static_cast<size_t>(m_.dp);
-  std::vector<double> group_start(L);
+  double group_start[128];  // a block has at most 64 lanes, or dp when dp > 64
+  std::vector<double> big;
+  double* gs = group_start;
+  if (l1 - l0 > std::size(group_start)) {
+    big.resize(l1 - l0);
+    gs = big.data();
+  }
   for (const Node& node : order_) {
     for (int32_t i = 0; i < node.count; ++i) {
       const size_t op = static_cast<size_t>(members_[node.first + i]);
@@ -82,69 +103,73 @@ void Replay::run(const double* cost, const double* delay, double* start, double*
       const int32_t* d = deps_.data() + dep_begin_[op];
       const int32_t nd = dep_begin_[op + 1] - dep_begin_[op];
       if (nd == 0) {
-        std::fill(s, s + L, 0.0);
+        std::fill(s + l0, s + l1, 0.0);
       } else {
         const double* e0 = end + static_cast<size_t>(d[0]) * L;
-        std::copy(e0, e0 + L, s);
+        std::copy(e0 + l0, e0 + l1, s + l0);
         for (int32_t k = 1; k < nd; ++k) {
           const double* e = end + static_cast<size_t>(d[k]) * L;
-          for (size_t l = 0; l < L; ++l) s[l] = std::max(s[l], e[l]);
+          for (size_t l = l0; l < l1; ++l) s[l] = std::max(s[l], e[l]);
         }
       }
       if (delay) {
         const double* dl = delay + op * L;
-        for (size_t l = 0; l < L; ++l) s[l] += dl[l];
+        for (size_t l = l0; l < l1; ++l) s[l] += dl[l];
       }
       if (!node.comm) {
         const double* c = cost + op * L;
         double* e = end + op * L;
-        for (size_t l = 0; l < L; ++l) e[l] = s[l] + c[l];
+        for (size_t l = l0; l < l1; ++l) e[l] = s[l] + c[l];
       }
     }
     if (!node.comm) continue;
     const double* s0 = start + static_cast<size_t>(members_[node.first]) * L;
-    std::copy(s0, s0 + L, group_start.begin());
+    std::copy(s0 + l0, s0 + l1, gs);
     for (int32_t i = 1; i < node.count; ++i) {
       const double* s = start + static_cast<size_t>(members_[node.first + i]) * L;
-      for (size_t l = 0; l < L; ++l) group_start[l] = std::max(group_start[l], s[l]);
+      for (size_t l = l0; l < l1; ++l) gs[l - l0] = std::max(gs[l - l0], s[l]);
     }
     if (node.dp_sync) {
-      for (size_t base = 0; base < L; base += dp) {
-        double latest = *std::max_element(group_start.begin() + base, group_start.begin() + base + dp);
-        std::fill(group_start.begin() + base, group_start.begin() + base + dp, latest);
+      for (size_t b = 0; b < l1 - l0; b += dp) {
+        double latest = *std::max_element(gs + b, gs + b + dp);
+        std::fill(gs + b, gs + b + dp, latest);
       }
     }
     for (int32_t i = 0; i < node.count; ++i) {
       const size_t op = static_cast<size_t>(members_[node.first + i]);
       const double* c = cost + op * L;
       double* e = end + op * L;
-      for (size_t l = 0; l < L; ++l) e[l] = group_start[l] + c[l];
+      for (size_t l = l0; l < l1; ++l) e[l] = gs[l - l0] + c[l];
     }
   }
 }
 
-std::vector<double> Replay::step_times(const double* start, const double* end) const {
+void Replay::step_times(const double* start, const double* end, size_t l0, size_t l1,
+                        std::vector<double>& times) const {
   const size_t L = lanes_;
   const size_t dp = static_cast<size_t>(m_.dp);
-  std::vector<double> first(L, 1e300), last(L, -1e300);
+  double first[128], last[128];  // a block's lanes, see run()
+  std::vector<double> big;
+  double* lo = first;
+  double* hi = last;
+  if (l1 - l0 > std::size(first)) {
+    big.resize(2 * (l1 - l0));
+    lo = big.data();
+    hi = lo + (l1 - l0);
+  }
+  std::fill(lo, lo + (l1 - l0), 1e300);
+  std::fill(hi, hi + (l1 - l0), -1e300);
   for (size_t op = 0; op < m_.ops.size(); ++op) {
     const double* s = start + op * L;
     const double* e = end + op * L;
-    for (size_t l = 0; l < L; ++l) {
-      first[l] = std::min(first[l], s[l]);
-      last[l] = std::max(last[l], e[l]);
+    for (size_t l = l0; l < l1; ++l) {
+      lo[l - l0] = std::min(lo[l - l0], s[l]);
+      hi[l - l0] = std::max(hi[l - l0], e[l]);
     }
   }
-  std::vector<double> t(m_.steps.size());
-  for (size_t si = 0; si < t.size(); ++si) {
-    double lo = 1e300, hi = -1e300;
-    for (size_t d = 0; d < dp; ++d) {
-      lo = std::min(lo, first[si * dp + d]);
-      hi = std::max(hi, last[si * dp + d]);
-    }
-    t[si] = hi - lo;
+  for (size_t b = 0; b < l1 - l0; b += dp) {
+    times[(l0 + b) / dp] = *std::max_element(hi + b, hi + b + dp) - *std::min_element(lo + b, lo + b + dp);
   }
-  return t;
 }
 
 double mean(const std::vector<double>& v) {

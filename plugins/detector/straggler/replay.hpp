@@ -18,13 +18,16 @@ class Replay {
 
   // cost[op * lanes + lane]: the duration of a local op or the transfer time
   // of a communication op. delay may be null (no launch delays). Writes
-  // start and end (relative to the step's start) of every op and lane.
-  void run(const double* cost, const double* delay, double* start, double* end) const;
-
-  // Per step: latest end minus earliest start over its ops and DP ranks.
-  std::vector<double> step_times(const double* start, const double* end) const;
+  // start and end (relative to the step's start) of every op and lane, and
+  // returns each step's time: latest end minus earliest start over its ops
+  // and DP ranks.
+  std::vector<double> run(const double* cost, const double* delay, double* start, double* end) const;
 
  private:
+  // The replay of lanes [l0, l1), whole steps.
+  void run_lanes(const double* cost, const double* delay, double* start, double* end, size_t l0, size_t l1) const;
+  void step_times(const double* start, const double* end, size_t l0, size_t l1, std::vector<double>& times) const;
+
   struct Node {
     int32_t first, count;  // members in members_
     bool comm, dp_sync;

@@ -50,7 +50,7 @@ class Analysis {
     r.t_nodelay = replay(cost_, nullptr);
     ideal_costs();
     r.t_ideal = replay(ideal_, nullptr);
-    if (timeline) timelines(*timeline);
+    if (timeline) timelines(*timeline, r);
 
     t_nodelay_ = mean(r.t_nodelay);
     t_ideal_ = mean(r.t_ideal);
@@ -154,23 +154,30 @@ class Analysis {
   }
 
   std::vector<double> replay(const std::vector<double>& cost, const double* delay) {
-    replay_.run(cost.data(), delay, start_.data(), end_.data());
-    return replay_.step_times(start_.data(), end_.data());
+    return replay_.run(cost.data(), delay, start_.data(), end_.data());
   }
 
   // Mean step time of `base` with some ops taken from `other`: lanes(op)
-  // gives the lanes (a mask) where op is taken, or null for none.
+  // gives the lanes (a mask) where op is taken, or null for none. The picked
+  // values are swapped between the two, replayed, and swapped back: no copy
+  // of the whole arrays, and both are left as they were.
   template <class Lanes>
-  double mixed(const std::vector<double>& base, const std::vector<double>& other, Lanes lanes) {
-    mix_ = base;
-    for (size_t op = 0; op < m_.ops.size(); ++op) {
-      const char* pick = lanes(op);
-      if (!pick) continue;
-      for (size_t l = 0; l < L_; ++l) {
-        if (pick[l]) mix_[op * L_ + l] = other[op * L_ + l];
+  double mixed(std::vector<double>& base, std::vector<double>& other, Lanes lanes) {
+    auto swap_picked = [&] {
+      for (size_t op = 0; op < m_.ops.size(); ++op) {
+        const char* pick = lanes(op);
+        if (!pick) continue;
+        double* b = base.data() + op * L_;
+        double* o = other.data() + op * L_;
+        for (size_t l = 0; l < L_; ++l) {
+          if (pick[l]) std::swap(b[l], o[l]);
+        }
       }
-    }
-    return mean(replay(mix_, nullptr));
+    };
+    swap_picked();
+    double t = mean(replay(base, nullptr));
+    swap_picked();
+    return t;
   }
 
   template <class Lanes>
@@ -251,7 +258,14 @@ class Analysis {
 
   void classify(WhatIfResult& r) const { r.kind = classify_kind(r.slowdown, r.mw.removed, r.ms.removed, opt_); }
 
-  void timelines(Timeline& tl) {
+  // Steps are laid end to end (traces often restart the clock each step),
+  // each as long as the longer of its recorded and ideal runs.
+  void timelines(Timeline& tl, const WhatIfResult& r) {
+    std::vector<double> offset(m_.steps.size(), 0);
+    double longest = 0;
+    for (size_t si = 0; si < offset.size(); ++si) longest = std::max(longest, std::max(r.t_base[si], r.t_ideal[si]));
+    for (size_t si = 1; si < offset.size(); ++si)
+      offset[si] = offset[si - 1] + std::max(r.t_base[si - 1], r.t_ideal[si - 1]) + 0.02 * longest;
     tl.original.clear();
     tl.ideal.clear();
     tl.original.reserve(N_);
@@ -261,8 +275,8 @@ class Analysis {
       for (size_t l = 0; l < L_; ++l) {
         const TraceRow& x = row(op, l);
         size_t i = op * L_ + l;
-        double base = step_start_[step_of(l)];
-        tl.original.push_back({x.rank, x.step, o.type, o.seq, x.start, x.duration});
+        double base = offset[step_of(l)];
+        tl.original.push_back({x.rank, x.step, o.type, o.seq, base + rec_start_[i], x.duration});
         tl.ideal.push_back({x.rank, x.step, o.type, o.seq, base + start_[i], end_[i] - start_[i]});
       }
     }
@@ -273,7 +287,7 @@ class Analysis {
   Model m_;
   Replay replay_;
   size_t L_, N_;
-  std::vector<double> start_, end_, mix_;
+  std::vector<double> start_, end_;
   std::vector<char> all_lanes_;                // every lane
   std::vector<std::vector<char>> dp_lanes_;    // the lanes of each DP rank
   std::vector<double> step_start_, rec_start_, rec_end_, delay_, cost_, ideal_;

@@ -66,7 +66,7 @@ struct Timeline {
     int64_t step;
     OpType type;
     int32_t seq;
-    double start, duration;  // seconds; ideal steps start where the recorded ones did
+    double start, duration;  // seconds; steps laid end to end, a step at the same place in both runs
   };
   std::vector<Event> original, ideal;
 };
