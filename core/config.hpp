@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 
 namespace ballast {
@@ -27,10 +28,19 @@ namespace ballast {
 // in the sandbox, and convert it to JSON (arrays for sequences, objects for
 // string keys; functions and userdata are errors naming the key path).
 // Status; the message names the file, the line or the key.
+// Runs under ConfigLimits{} (1 s, 32 MiB).
 int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann::json* out);
 
+struct ConfigLimits {
+  uint32_t deadline_ms = 1000;             // wall clock for the whole file
+  uint64_t memory_limit_bytes = 32u << 20; // cap of its Lua state
+};
+int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann::json* out,
+                   const ConfigLimits& limits);
+
 // The value at a dotted key ("window.seconds") of a config object, or
-// nullptr. Array elements by index ("plugins.2").
+// nullptr. Array elements by index, from 1 as in the Lua table ("plugins.2"
+// is the second plugin).
 const nlohmann::json* config_lookup(const nlohmann::json& config, const std::string& key);
 
 // A config value as the text handed to plugins (ballast_host_api.config_get):

@@ -1,0 +1,341 @@
+#include "lua_event.hpp"
+
+#include <cstring>
+
+namespace ballast {
+
+namespace {
+
+// The well-known struct behind the payload, or nullptr when the payload is
+// shorter than the struct (every field of events.h is there since v1.0).
+template <typename T>
+const T* well_known(const ballast_event& e) {
+  if (e.payload == nullptr || e.payload_size < sizeof(T)) return nullptr;
+  const T* p = static_cast<const T*>(e.payload);
+  return p->size >= sizeof(T) ? p : nullptr;
+}
+
+bool payload_is_valid(const ballast_event& e) {
+  switch (e.schema) {
+    case BALLAST_SCHEMA_METRIC_BATCH: {
+      auto* b = well_known<ballast_metric_batch>(e);
+      return b != nullptr && (b->count == 0 || b->samples != nullptr);
+    }
+    case BALLAST_SCHEMA_OP_TIMING_BATCH: {
+      auto* b = well_known<ballast_op_timing_batch>(e);
+      return b != nullptr && (b->count == 0 || b->ops != nullptr);
+    }
+    case BALLAST_SCHEMA_COLLECTIVE_RECORD: return well_known<ballast_collective_record>(e) != nullptr;
+    case BALLAST_SCHEMA_FAULT_REPORT: return well_known<ballast_fault_report>(e) != nullptr;
+    case BALLAST_SCHEMA_PLACEMENT_PLAN: {
+      auto* p = well_known<ballast_placement_plan>(e);
+      return p != nullptr && (p->count == 0 || p->nodes != nullptr);
+    }
+    case BALLAST_SCHEMA_RECOVERY_ACTION: return well_known<ballast_recovery_action>(e) != nullptr;
+    case BALLAST_SCHEMA_STARTUP_STAGE: return well_known<ballast_startup_stage>(e) != nullptr;
+    case BALLAST_SCHEMA_STRAGGLER_REPORT: {
+      auto* r = well_known<ballast_straggler_report>(e);
+      return r != nullptr && (r->count == 0 || r->culprits != nullptr);
+    }
+    default: return true;
+  }
+}
+
+// Parse a JSON string field; on failure it is delivered as text.
+int parse_part(EventConversion* c, const char* text, const char* what) {
+  if (text == nullptr) return -1;
+  std::string error;
+  int root = c->tape.parse(text, &error);
+  if (root < 0) c->warning = std::string(what) + " is not valid JSON, delivered as text: " + error;
+  return root;
+}
+
+// ---- table builders (protected mode: these allocate Lua objects) ----------
+
+void set_s(lua_State* L, const char* key, const char* value) {
+  if (value == nullptr) return;
+  lua_pushstring(L, value);
+  lua_setfield(L, -2, key);
+}
+
+void set_i(lua_State* L, const char* key, int64_t value) {
+  lua_pushinteger(L, lua_Integer(value));
+  lua_setfield(L, -2, key);
+}
+
+void set_u(lua_State* L, const char* key, uint64_t value) {
+  lua_pushinteger(L, lua_Integer(value));  // ids keep their bits
+  lua_setfield(L, -2, key);
+}
+
+void set_n(lua_State* L, const char* key, double value) {
+  lua_pushnumber(L, value);
+  lua_setfield(L, -2, key);
+}
+
+// A JSON text field: its table when it parsed, else the text.
+void set_json(lua_State* L, const EventConversion& c, const char* key, const char* text, int root) {
+  if (text == nullptr) return;
+  if (root >= 0) {
+    c.tape.push(L, root);
+  } else {
+    lua_pushstring(L, text);
+  }
+  lua_setfield(L, -2, key);
+}
+
+const char* collective_state(uint32_t s) {
+  switch (s) {
+    case BALLAST_COLL_ISSUED: return "issued";
+    case BALLAST_COLL_STARTED: return "started";
+    case BALLAST_COLL_DONE: return "done";
+    case BALLAST_COLL_FAILED: return "failed";
+    default: return nullptr;
+  }
+}
+
+void push_metric_batch(lua_State* L, const ballast_metric_batch& b) {
+  lua_createtable(L, 0, 2);
+  set_i(L, "count", b.count);
+  lua_createtable(L, int(b.count), 0);
+  for (uint32_t i = 0; i < b.count; ++i) {
+    const ballast_metric_sample& s = b.samples[i];
+    lua_createtable(L, 0, 5);
+    set_s(L, "node", s.node);
+    set_s(L, "metric", s.metric);
+    set_i(L, "ts_ns", s.ts_ns);
+    set_n(L, "value", s.value);
+    set_i(L, "flags", s.flags);
+    lua_rawseti(L, -2, lua_Integer(i) + 1);
+  }
+  lua_setfield(L, -2, "samples");
+}
+
+void push_op_timing_batch(lua_State* L, const ballast_op_timing_batch& b) {
+  lua_createtable(L, 0, 2);
+  set_i(L, "count", b.count);
+  lua_createtable(L, int(b.count), 0);
+  for (uint32_t i = 0; i < b.count; ++i) {
+    const ballast_op_timing& o = b.ops[i];
+    lua_createtable(L, 0, 11);
+    set_i(L, "dp_rank", o.dp_rank);
+    set_i(L, "stage", o.stage);
+    set_i(L, "rank", o.rank);
+    set_i(L, "step", o.step);
+    set_s(L, "optype", o.optype);
+    set_n(L, "start_s", o.start_s);
+    set_n(L, "duration_s", o.duration_s);
+    set_i(L, "seq_id", o.seq_id);
+    set_i(L, "mc", o.mc);
+    set_i(L, "mb_id", o.mb_id);
+    set_i(L, "gmc", o.gmc);
+    lua_rawseti(L, -2, lua_Integer(i) + 1);
+  }
+  lua_setfield(L, -2, "ops");
+}
+
+void push_collective_record(lua_State* L, const ballast_collective_record& r) {
+  lua_createtable(L, 0, 20);
+  if (const char* s = collective_state(r.state)) {
+    set_s(L, "state", s);
+  } else {
+    set_i(L, "state", r.state);
+  }
+  set_u(L, "comm_id", r.comm_id);
+  set_u(L, "seq", r.seq);
+  set_s(L, "op", r.op);
+  set_s(L, "dtype", r.dtype);
+  set_s(L, "algorithm", r.algorithm);
+  set_u(L, "count", r.count);
+  set_u(L, "bytes", r.bytes);
+  set_i(L, "rank", r.rank);
+  set_i(L, "nranks", r.nranks);
+  set_i(L, "peer", r.peer);
+  set_i(L, "status", r.status);
+  set_i(L, "issue_ns", r.issue_ns);
+  set_i(L, "start_ns", r.start_ns);
+  set_i(L, "end_ns", r.end_ns);
+  set_u(L, "chunks_posted", r.chunks_posted);
+  set_u(L, "chunks_sent", r.chunks_sent);
+  set_u(L, "chunks_received", r.chunks_received);
+  set_u(L, "chunks_reduced", r.chunks_reduced);
+}
+
+void push_fault_report(lua_State* L, const EventConversion& c, const ballast_fault_report& f) {
+  lua_createtable(L, 0, 11);
+  if (f.stage == BALLAST_FAULT_SUSPECTED || f.stage == BALLAST_FAULT_CONFIRMED) {
+    set_s(L, "stage", f.stage == BALLAST_FAULT_SUSPECTED ? "suspected" : "confirmed");
+  } else {
+    set_i(L, "stage", f.stage);
+  }
+  set_s(L, "subject", f.subject);
+  set_i(L, "rank", f.rank);
+  set_s(L, "kind", f.kind);
+  set_s(L, "metric", f.metric);
+  set_n(L, "score", f.score);
+  set_n(L, "confidence", f.confidence);
+  set_i(L, "since_ns", f.since_ns);
+  set_i(L, "detected_ns", f.detected_ns);
+  set_json(L, c, "evidence", f.evidence, c.evidence_root);
+  set_s(L, "detector", f.detector);
+}
+
+void push_placement_plan(lua_State* L, const ballast_placement_plan& p) {
+  lua_createtable(L, 0, 8);
+  set_i(L, "count", p.count);
+  set_s(L, "job", p.job);
+  set_s(L, "algorithm", p.algorithm);
+  lua_createtable(L, int(p.count), 0);
+  for (uint32_t i = 0; i < p.count; ++i) {
+    const ballast_placement_node& n = p.nodes[i];
+    lua_createtable(L, 0, 4);
+    set_s(L, "name", n.name);
+    set_i(L, "pp_stage", n.pp_stage);
+    set_i(L, "dp_row", n.dp_row);
+    set_i(L, "first_rank", n.first_rank);
+    lua_rawseti(L, -2, lua_Integer(i) + 1);
+  }
+  lua_setfield(L, -2, "nodes");
+  set_i(L, "max_dp_spread", p.max_dp_spread);
+  set_i(L, "max_pp_spread", p.max_pp_spread);
+  set_n(L, "objective", p.objective);
+  set_n(L, "lower_bound", p.lower_bound);
+}
+
+void push_recovery_action(lua_State* L, const EventConversion& c, const ballast_recovery_action& a) {
+  lua_createtable(L, 0, 6);
+  set_s(L, "action", a.action);
+  set_s(L, "subject", a.subject);
+  set_s(L, "reason", a.reason);
+  set_json(L, c, "args", a.args, c.args_root);
+  set_s(L, "policy", a.policy);
+  set_s(L, "cause_topic", a.cause_topic);
+}
+
+void push_startup_stage(lua_State* L, const ballast_startup_stage& s) {
+  lua_createtable(L, 0, 7);
+  set_i(L, "status", s.status);
+  set_s(L, "stage", s.stage);
+  set_s(L, "node", s.node);
+  set_i(L, "rank", s.rank);
+  set_i(L, "start_ns", s.start_ns);
+  set_i(L, "end_ns", s.end_ns);
+  set_u(L, "bytes", s.bytes);
+}
+
+void push_straggler_report(lua_State* L, const ballast_straggler_report& r) {
+  lua_createtable(L, 0, 7);
+  set_i(L, "count", r.count);
+  set_n(L, "slowdown", r.slowdown);
+  set_n(L, "launch_slowdown", r.launch_slowdown);
+  set_s(L, "kind", r.kind);
+  lua_createtable(L, int(r.count), 0);
+  for (uint32_t i = 0; i < r.count; ++i) {
+    const ballast_straggler_culprit& k = r.culprits[i];
+    lua_createtable(L, 0, 3);
+    set_s(L, "dimension", k.dimension);
+    set_s(L, "name", k.name);
+    set_n(L, "slowdown", k.slowdown);
+    lua_rawseti(L, -2, lua_Integer(i) + 1);
+  }
+  lua_setfield(L, -2, "culprits");
+  set_i(L, "first_step", r.first_step);
+  set_i(L, "last_step", r.last_step);
+}
+
+// Pushes the payload, or nothing; returns whether it pushed.
+bool push_payload(lua_State* L, const EventConversion& c) {
+  const ballast_event& e = *c.event;
+  const void* p = e.payload;
+  switch (e.schema) {
+    case BALLAST_SCHEMA_NONE: return false;
+    case BALLAST_SCHEMA_JSON:
+      if (c.payload_root >= 0) {
+        c.tape.push(L, c.payload_root);
+        return true;
+      }
+      break;  // invalid JSON: the bytes as text
+    case BALLAST_SCHEMA_METRIC_BATCH:
+      push_metric_batch(L, *static_cast<const ballast_metric_batch*>(p));
+      return true;
+    case BALLAST_SCHEMA_OP_TIMING_BATCH:
+      push_op_timing_batch(L, *static_cast<const ballast_op_timing_batch*>(p));
+      return true;
+    case BALLAST_SCHEMA_COLLECTIVE_RECORD:
+      push_collective_record(L, *static_cast<const ballast_collective_record*>(p));
+      return true;
+    case BALLAST_SCHEMA_FAULT_REPORT:
+      push_fault_report(L, c, *static_cast<const ballast_fault_report*>(p));
+      return true;
+    case BALLAST_SCHEMA_PLACEMENT_PLAN:
+      push_placement_plan(L, *static_cast<const ballast_placement_plan*>(p));
+      return true;
+    case BALLAST_SCHEMA_RECOVERY_ACTION:
+      push_recovery_action(L, c, *static_cast<const ballast_recovery_action*>(p));
+      return true;
+    case BALLAST_SCHEMA_STARTUP_STAGE:
+      push_startup_stage(L, *static_cast<const ballast_startup_stage*>(p));
+      return true;
+    case BALLAST_SCHEMA_STRAGGLER_REPORT:
+      push_straggler_report(L, *static_cast<const ballast_straggler_report*>(p));
+      return true;
+    default: break;
+  }
+  if (p == nullptr || e.payload_size == 0) return false;
+  lua_pushlstring(L, static_cast<const char*>(p), size_t(e.payload_size));
+  return true;
+}
+
+}  // namespace
+
+void prepare_event(const ballast_event& event, EventConversion* c) {
+  c->event = &event;
+  c->tape.clear();
+  c->payload_root = c->evidence_root = c->args_root = -1;
+  c->drop_payload = false;
+  c->warning.clear();
+  if (!payload_is_valid(event)) {
+    c->drop_payload = true;
+    c->warning = "event '" + std::string(event.topic != nullptr ? event.topic : "") +
+                 "': payload of schema " + std::to_string(event.schema) +
+                 " is shorter than its struct or lacks its array; delivered without payload";
+    return;
+  }
+  switch (event.schema) {
+    case BALLAST_SCHEMA_JSON:
+      if (event.payload != nullptr && event.payload_size > 0) {
+        std::string error;
+        c->payload_root = c->tape.parse(
+            std::string_view(static_cast<const char*>(event.payload), size_t(event.payload_size)), &error);
+        if (c->payload_root < 0) c->warning = "JSON payload is not valid JSON, delivered as text: " + error;
+      }
+      break;
+    case BALLAST_SCHEMA_FAULT_REPORT:
+      c->evidence_root =
+          parse_part(c, static_cast<const ballast_fault_report*>(event.payload)->evidence, "evidence");
+      break;
+    case BALLAST_SCHEMA_RECOVERY_ACTION:
+      c->args_root = parse_part(c, static_cast<const ballast_recovery_action*>(event.payload)->args, "args");
+      break;
+    default: break;
+  }
+}
+
+int push_event(lua_State* L) {
+  const auto* c = static_cast<const EventConversion*>(lua_touserdata(L, 1));
+  const ballast_event& e = *c->event;
+  lua_createtable(L, 0, 6);
+  set_s(L, "topic", e.topic != nullptr ? e.topic : "");
+  set_n(L, "ts", double(e.ts_ns) / 1e9);
+  set_i(L, "ts_ns", e.ts_ns);
+  set_i(L, "schema", e.schema);
+  lua_createtable(L, 0, 3);
+  set_s(L, "node", e.source.node);
+  set_i(L, "rank", e.source.rank);
+  set_s(L, "plugin", e.source.plugin);
+  lua_setfield(L, -2, "source");
+  if (!c->drop_payload && push_payload(L, *c)) lua_setfield(L, -2, "payload");
+  return 1;
+}
+
+}  // namespace ballast

@@ -1,0 +1,72 @@
+// JSON <-> Lua values, bounded both ways.
+//
+// Lua -> JSON (lua_to_json): sequences 1..n become arrays, tables with
+// string keys objects, an empty table an empty object, ballast.null null.
+// Functions, userdata, threads, non-finite numbers, mixed or sparse keys and
+// cycles are errors that name the key path ("plugins[2].config.cb"). The walk
+// uses raw access only (no metamethod runs, nothing is allocated in Lua), so
+// it never raises a Lua error, and it stops at a depth, a number of values
+// and a number of string bytes.
+//
+// JSON -> Lua (JsonTape): the text is parsed first, in C++, into a flat tape
+// (no Lua call, so no longjmp can cross the parser); push() then builds the
+// tables from the tape in a protected call. null becomes ballast.null.
+#pragma once
+
+#include <lua.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ballast {
+
+struct JsonLimits {
+  size_t max_depth = 64;
+  size_t max_values = 100000;
+  size_t max_bytes = 4u << 20;  // string bytes, keys included
+};
+
+// Convert the value at `idx`. On failure *error is "<path>: <why>" (path
+// starting with `root`, e.g. "args"). Never raises a Lua error.
+bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimits& limits,
+                 nlohmann::json* out, std::string* error);
+
+// Parsed JSON values, ready to be pushed as Lua values. Reused across calls:
+// clear() keeps the capacity.
+class JsonTape {
+ public:
+  static constexpr size_t kMaxDepth = 64;
+
+  void clear();
+  // Parse `text` and append it; returns the root's index, or -1 with *error.
+  int parse(std::string_view text, std::string* error);
+  // Push the value whose root index is `root`. Allocates Lua objects: call
+  // in protected mode. Needs kMaxDepth + 4 free stack slots.
+  void push(lua_State* L, int root) const;
+
+ private:
+  enum Kind : uint8_t { kNull, kFalse, kTrue, kInteger, kFloat, kString, kObject, kArray };
+  struct Token {
+    Kind kind;
+    uint32_t count;   // kObject: members, kArray: elements
+    union {
+      int64_t integer;
+      double number;
+      struct {
+        uint32_t offset, length;  // kString, and object keys, in chars_
+      } text;
+    };
+  };
+  struct Sax;
+  size_t push_value(lua_State* L, size_t i) const;
+
+  std::vector<Token> tokens_;  // an object's members are (key string, value) pairs
+  std::string chars_;
+};
+
+}  // namespace ballast

@@ -1,0 +1,111 @@
+// The Lua sandbox shared by policies and configuration files.
+//
+// One LuaSandbox owns one lua_State and runs one script in it:
+// - Text-only chunks (mode "t"): bytecode is refused, also through `load`.
+// - An allow-listed base environment: assert, error, getmetatable, ipairs,
+//   next, pairs, pcall, rawequal, rawget, rawlen, select, tonumber, tostring,
+//   type, _VERSION, and wrapped load (text, default env = the script's),
+//   setmetatable (no __gc: finalizers run with hooks off), xpcall and
+//   coroutine.wrap/close (no Lua code after the deadline's error, which
+//   leaves hooks off until a pcall catches it),
+//   rawset (refused on protected tables), collectgarbage ("count" only);
+//   libraries string (no dump; pattern functions and rep bounded), table
+//   (insert/remove/move bounded), math, utf8, coroutine, os (time, clock,
+//   date, difftime). No io, os.execute/exit/getenv, require, dofile,
+//   loadfile, debug, package, print.
+// - Every library table is a read-only proxy; the base is reached through
+//   the script's own global table, whose writes to protected names fail.
+//   getmetatable("") and getmetatable(<protected>) give "protected".
+// - A count hook every kHookEvery instructions checks a wall-clock deadline
+//   per call; once it has passed the hook fires on every instruction, so a
+//   script cannot swallow the error with pcall.
+// - A custom allocator refuses to grow the state past its memory limit.
+//
+// Lua raises errors with longjmp: a function that runs under lua_pcall and
+// may raise (any allocating Lua API call) must have no live C++ object with
+// a destructor in its frames. C++ work happens outside protected calls, or
+// in a scope closed before the next raising call.
+//
+// Thread-safety: one thread at a time.
+#pragma once
+
+#include <lua.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace ballast {
+
+struct LuaLimits {
+  uint32_t deadline_ms = 100;              // wall clock per call()
+  uint64_t memory_limit_bytes = 64u << 20; // cap of the whole state
+};
+
+// Why a protected call failed.
+enum class LuaFailure { none, syntax, runtime, deadline, memory };
+
+// The BALLAST_E* status for a failure (EFORMAT, EINVAL, ETIMEDOUT, ENOMEM).
+int lua_failure_status(LuaFailure failure);
+
+// Read a script file whole. Status; the message (fail()) starts with `what`
+// and names the file.
+int read_script_file(const std::string& path, const std::string& what, std::string* out);
+
+class LuaSandbox {
+ public:
+  static constexpr int kHookEvery = 1000;  // instructions between deadline checks
+
+  // Create the state, open and wrap the allowed libraries. Status; the
+  // message (fail()) says why.
+  static int create(const LuaLimits& limits, std::unique_ptr<LuaSandbox>* out);
+  ~LuaSandbox();
+  LuaSandbox(const LuaSandbox&) = delete;
+  LuaSandbox& operator=(const LuaSandbox&) = delete;
+
+  lua_State* state() const { return L_; }
+  const LuaLimits& limits() const { return limits_; }
+  uint64_t memory_in_use() const { return used_; }
+  // The deadline of the running call has passed.
+  bool timed_out() const { return timed_out_; }
+
+  // Run fn(L) with a light userdata `ud` as its argument under lua_pcall
+  // (for our own C code that builds tables: no deadline). Leaves nresults
+  // values on the stack on success.
+  LuaFailure protect(lua_CFunction fn, void* ud, int nresults, std::string* error);
+
+  // Put the table pushed by builder(L, ud) into the base environment as a
+  // read-only library named `name` (e.g. "ballast").
+  LuaFailure add_library(const char* name, lua_CFunction builder, void* ud, std::string* error);
+
+  // Compile `source` as a text chunk named `chunkname` ("@file.lua" or
+  // "=name") whose _ENV is the script's global table; pushes the function.
+  LuaFailure load(std::string_view source, const std::string& chunkname, std::string* error);
+
+  // lua_pcall(nargs, nresults) with a traceback handler under the deadline.
+  // On failure the function and arguments are popped and *error has the
+  // message (with file:line and traceback when Lua gives them).
+  LuaFailure call(int nargs, int nresults, std::string* error);
+
+  // The value Lua scripts see as ballast.null (JSON null).
+  static void push_null(lua_State* L);
+  static bool is_null(lua_State* L, int idx);
+
+ private:
+  LuaSandbox() = default;
+  static void* allocate(void* ud, void* ptr, size_t osize, size_t nsize);
+  static void hook(lua_State* L, lua_Debug* ar);
+  LuaFailure classify(int status);
+  void describe(LuaFailure failure, std::string* error);
+
+  lua_State* L_ = nullptr;
+  LuaLimits limits_;
+  uint64_t used_ = 0;
+  bool refused_ = false;    // the allocator refused a block during this call
+  bool timed_out_ = false;  // the deadline passed during this call
+  bool fast_hook_ = false;  // the hook fires on every instruction
+  int64_t deadline_ns_ = 0; // steady clock; INT64_MAX when no call runs
+};
+
+}  // namespace ballast
