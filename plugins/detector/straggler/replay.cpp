@@ -6,7 +6,12 @@
 
 namespace ballast::straggler {
 
-Replay::Replay(const Model& model) : m_(model), lanes_(model.lanes()) {
+Replay::Replay(const Model& model)
+    : m_(model), lanes_(model.lanes()), nops_(model.ops.size()),
+      block_(std::max<size_t>(1, 64 / static_cast<size_t>(model.dp)) * static_cast<size_t>(model.dp)),
+      nblocks_((lanes_ + block_ - 1) / block_) {
+  lane_base_.resize(lanes_);
+  for (size_t l = 0; l < lanes_; ++l) lane_base_[l] = (l / block_) * nops_ * block_ + l % block_;
   const size_t n = m_.ops.size();
   dep_begin_.assign(n + 1, 0);
   for (size_t op = 0; op < n; ++op) {
@@ -72,104 +77,86 @@ Replay::Replay(const Model& model) : m_(model), lanes_(model.lanes()) {
 }
 
 std::vector<double> Replay::run(const double* cost, const double* delay, double* start, double* end) const {
-  // Whole steps at a time, about 64 lanes: the rows of every op for a block
-  // stay in cache while the graph is walked and the step times are taken.
-  const size_t dp = static_cast<size_t>(m_.dp);
-  const size_t block = std::max<size_t>(1, 64 / dp) * dp;
   std::vector<double> times(m_.steps.size());
-  for (size_t l0 = 0; l0 < lanes_; l0 += block) {
-    size_t l1 = std::min(lanes_, l0 + block);
-    run_lanes(cost, delay, start, end, l0, l1);
-    step_times(start, end, l0, l1, times);
+  const size_t stride = nops_ * block_;
+  for (size_t k = 0; k < nblocks_; ++k) {
+    size_t o = k * stride;
+    size_t n = std::min(block_, lanes_ - k * block_);
+    run_block(cost + o, delay ? delay + o : nullptr, start + o, end + o, n);
+    step_times(start + o, end + o, k * block_, n, times);
   }
   return times;
 }
 
-void Replay::run_lanes(const double* cost, const double* delay, double* start, double* end, size_t l0,
-                       size_t l1) const {
-  const size_t L = lanes_;
+void Replay::run_block(const double* cost, const double* delay, double* start, double* end, size_t n) const {
+  const size_t B = block_;
   const size_t dp = static_cast<size_t>(m_.dp);
-  double group_start[128];  // a block has at most 64 lanes, or dp when dp > 64
-  std::vector<double> big;
-  double* gs = group_start;
-  if (l1 - l0 > std::size(group_start)) {
-    big.resize(l1 - l0);
-    gs = big.data();
-  }
+  std::vector<double> group_start(n);
+  double* gs = group_start.data();
   for (const Node& node : order_) {
     for (int32_t i = 0; i < node.count; ++i) {
       const size_t op = static_cast<size_t>(members_[node.first + i]);
-      double* s = start + op * L;
+      double* s = start + op * B;
       const int32_t* d = deps_.data() + dep_begin_[op];
       const int32_t nd = dep_begin_[op + 1] - dep_begin_[op];
       if (nd == 0) {
-        std::fill(s + l0, s + l1, 0.0);
+        std::fill(s, s + n, 0.0);
       } else {
-        const double* e0 = end + static_cast<size_t>(d[0]) * L;
-        std::copy(e0 + l0, e0 + l1, s + l0);
+        const double* e0 = end + static_cast<size_t>(d[0]) * B;
+        std::copy(e0, e0 + n, s);
         for (int32_t k = 1; k < nd; ++k) {
-          const double* e = end + static_cast<size_t>(d[k]) * L;
-          for (size_t l = l0; l < l1; ++l) s[l] = std::max(s[l], e[l]);
+          const double* e = end + static_cast<size_t>(d[k]) * B;
+          for (size_t l = 0; l < n; ++l) s[l] = s[l] < e[l] ? e[l] : s[l];
         }
       }
       if (delay) {
-        const double* dl = delay + op * L;
-        for (size_t l = l0; l < l1; ++l) s[l] += dl[l];
+        const double* dl = delay + op * B;
+        for (size_t l = 0; l < n; ++l) s[l] += dl[l];
       }
       if (!node.comm) {
-        const double* c = cost + op * L;
-        double* e = end + op * L;
-        for (size_t l = l0; l < l1; ++l) e[l] = s[l] + c[l];
+        const double* c = cost + op * B;
+        double* e = end + op * B;
+        for (size_t l = 0; l < n; ++l) e[l] = s[l] + c[l];
       }
     }
     if (!node.comm) continue;
-    const double* s0 = start + static_cast<size_t>(members_[node.first]) * L;
-    std::copy(s0 + l0, s0 + l1, gs);
+    const double* s0 = start + static_cast<size_t>(members_[node.first]) * B;
+    std::copy(s0, s0 + n, gs);
     for (int32_t i = 1; i < node.count; ++i) {
-      const double* s = start + static_cast<size_t>(members_[node.first + i]) * L;
-      for (size_t l = l0; l < l1; ++l) gs[l - l0] = std::max(gs[l - l0], s[l]);
+      const double* s = start + static_cast<size_t>(members_[node.first + i]) * B;
+      for (size_t l = 0; l < n; ++l) gs[l] = gs[l] < s[l] ? s[l] : gs[l];
     }
     if (node.dp_sync) {
-      for (size_t b = 0; b < l1 - l0; b += dp) {
+      for (size_t b = 0; b < n; b += dp) {
         double latest = *std::max_element(gs + b, gs + b + dp);
         std::fill(gs + b, gs + b + dp, latest);
       }
     }
     for (int32_t i = 0; i < node.count; ++i) {
       const size_t op = static_cast<size_t>(members_[node.first + i]);
-      const double* c = cost + op * L;
-      double* e = end + op * L;
-      for (size_t l = l0; l < l1; ++l) e[l] = gs[l - l0] + c[l];
+      const double* c = cost + op * B;
+      double* e = end + op * B;
+      for (size_t l = 0; l < n; ++l) e[l] = gs[l] + c[l];
     }
   }
 }
 
-void Replay::step_times(const double* start, const double* end, size_t l0, size_t l1,
+void Replay::step_times(const double* start, const double* end, size_t first_lane, size_t n,
                         std::vector<double>& times) const {
-  const size_t L = lanes_;
+  const size_t B = block_;
   const size_t dp = static_cast<size_t>(m_.dp);
-  double first[128], last[128];  // a block's lanes, see run()
-  std::vector<double> big;
-  double* lo = first;
-  double* hi = last;
-  if (l1 - l0 > std::size(first)) {
-    big.resize(2 * (l1 - l0));
-    lo = big.data();
-    hi = lo + (l1 - l0);
-  }
-  std::fill(lo, lo + (l1 - l0), 1e300);
-  std::fill(hi, hi + (l1 - l0), -1e300);
-  for (size_t op = 0; op < m_.ops.size(); ++op) {
-    const double* s = start + op * L;
-    const double* e = end + op * L;
-    for (size_t l = l0; l < l1; ++l) {
-      lo[l - l0] = std::min(lo[l - l0], s[l]);
-      hi[l - l0] = std::max(hi[l - l0], e[l]);
+  std::vector<double> lo(n, 1e300), hi(n, -1e300);
+  for (size_t op = 0; op < nops_; ++op) {
+    const double* s = start + op * B;
+    const double* e = end + op * B;
+    for (size_t l = 0; l < n; ++l) {
+      lo[l] = lo[l] < s[l] ? lo[l] : s[l];
+      hi[l] = hi[l] < e[l] ? e[l] : hi[l];
     }
   }
-  for (size_t b = 0; b < l1 - l0; b += dp) {
-    times[(l0 + b) / dp] = *std::max_element(hi + b, hi + b + dp) - *std::min_element(lo + b, lo + b + dp);
-  }
+  for (size_t b = 0; b < n; b += dp)
+    times[(first_lane + b) / dp] = *std::max_element(hi.begin() + b, hi.begin() + b + dp) -
+                                   *std::min_element(lo.begin() + b, lo.begin() + b + dp);
 }
 
 double mean(const std::vector<double>& v) {

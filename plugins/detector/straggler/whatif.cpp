@@ -26,7 +26,7 @@ class Analysis {
  public:
   Analysis(const Trace& trace, const Meta& meta, const WhatIfOptions& opt)
       : t_(trace), opt_(opt), m_(build_model(trace, meta, {opt.drop_bad_steps})), replay_(m_),
-        L_(m_.lanes()), N_(m_.ops.size() * L_), start_(N_), end_(N_), all_lanes_(L_, 1) {
+        L_(m_.lanes()), N_(replay_.size()), start_(N_), end_(N_), all_lanes_(L_, 1) {
     dp_lanes_.assign(m_.dp, std::vector<char>(L_, 0));
     for (size_t l = 0; l < L_; ++l) dp_lanes_[dp_of(l)][l] = 1;
   }
@@ -37,7 +37,7 @@ class Analysis {
     r.dp = m_.dp;
     r.pp = m_.pp;
     r.ranks = m_.ranks();
-    r.rows = N_;
+    r.rows = m_.ops.size() * L_;
     r.ops_per_step = m_.ops.size();
     r.ignored_rows = m_.ignored_rows;
     r.steps = m_.steps;
@@ -67,6 +67,7 @@ class Analysis {
 
  private:
   const TraceRow& row(size_t op, size_t lane) const { return t_.rows[m_.row[op * L_ + lane]]; }
+  size_t at(size_t op, size_t lane) const { return replay_.index(op, lane); }
   size_t step_of(size_t lane) const { return lane / static_cast<size_t>(m_.dp); }
   int dp_of(size_t lane) const { return static_cast<int>(lane % static_cast<size_t>(m_.dp)); }
 
@@ -82,7 +83,7 @@ class Analysis {
     for (size_t op = 0; op < m_.ops.size(); ++op) {
       for (size_t l = 0; l < L_; ++l) {
         const TraceRow& x = row(op, l);
-        size_t i = op * L_ + l;
+        size_t i = at(op, l);
         rec_start_[i] = x.start - step_start_[step_of(l)];
         rec_end_[i] = rec_start_[i] + x.duration;
         r.t_base[step_of(l)] = std::max(r.t_base[step_of(l)], rec_end_[i]);
@@ -99,11 +100,11 @@ class Analysis {
       for (size_t l = 0; l < L_; ++l) {
         double ready = 0;
         for (size_t k = 0; k < deps.size(); ++k) {
-          double e = rec_end_[static_cast<size_t>(deps[k]) * L_ + l];
+          double e = rec_end_[at(static_cast<size_t>(deps[k]), l)];
           ready = k == 0 ? e : std::max(ready, e);
         }
-        double d = rec_start_[op * L_ + l] - ready;
-        delay_[op * L_ + l] = d <= -kClockNoise ? 0 : d;
+        double d = rec_start_[at(op, l)] - ready;
+        delay_[at(op, l)] = d <= -kClockNoise ? 0 : d;
       }
     }
   }
@@ -119,7 +120,7 @@ class Analysis {
     for (const CommGroup& g : m_.groups) {
       std::fill(latest.begin(), latest.end(), -1e300);
       for (int32_t op : g.members) {
-        for (size_t l = 0; l < L_; ++l) latest[l] = std::max(latest[l], rec_start_[op * L_ + l]);
+        for (size_t l = 0; l < L_; ++l) latest[l] = std::max(latest[l], rec_start_[at(op, l)]);
       }
       if (g.dp_sync) {
         for (size_t b = 0; b < L_; b += dp) std::fill(latest.begin() + b, latest.begin() + b + dp,
@@ -127,8 +128,8 @@ class Analysis {
       }
       for (int32_t op : g.members) {
         for (size_t l = 0; l < L_; ++l) {
-          double x = rec_end_[op * L_ + l] - latest[l];
-          cost_[op * L_ + l] = x <= -kClockNoise ? 0 : x;
+          double x = rec_end_[at(op, l)] - latest[l];
+          cost_[at(op, l)] = x <= -kClockNoise ? 0 : x;
         }
       }
     }
@@ -140,7 +141,7 @@ class Analysis {
     std::map<std::pair<int, bool>, std::vector<double>> samples;
     for (size_t op = 0; op < m_.ops.size(); ++op) {
       auto& v = samples[{static_cast<int>(m_.ops[op].type), m_.ops[op].group >= 0}];
-      v.insert(v.end(), cost_.begin() + op * L_, cost_.begin() + (op + 1) * L_);
+      for (size_t l = 0; l < L_; ++l) v.push_back(cost_[at(op, l)]);
     }
     std::map<std::pair<int, bool>, double> value;
     for (auto& [k, v] : samples) {
@@ -149,7 +150,7 @@ class Analysis {
     ideal_.resize(N_);
     for (size_t op = 0; op < m_.ops.size(); ++op) {
       double c = value[{static_cast<int>(m_.ops[op].type), m_.ops[op].group >= 0}];
-      std::fill(ideal_.begin() + op * L_, ideal_.begin() + (op + 1) * L_, c);
+      for (size_t l = 0; l < L_; ++l) ideal_[at(op, l)] = c;
     }
   }
 
@@ -167,10 +168,8 @@ class Analysis {
       for (size_t op = 0; op < m_.ops.size(); ++op) {
         const char* pick = lanes(op);
         if (!pick) continue;
-        double* b = base.data() + op * L_;
-        double* o = other.data() + op * L_;
         for (size_t l = 0; l < L_; ++l) {
-          if (pick[l]) std::swap(b[l], o[l]);
+          if (pick[l]) std::swap(base[at(op, l)], other[at(op, l)]);
         }
       }
     };
@@ -274,7 +273,7 @@ class Analysis {
       const ModelOp& o = m_.ops[op];
       for (size_t l = 0; l < L_; ++l) {
         const TraceRow& x = row(op, l);
-        size_t i = op * L_ + l;
+        size_t i = at(op, l);
         double base = offset[step_of(l)];
         tl.original.push_back({x.rank, x.step, o.type, o.seq, base + rec_start_[i], x.duration});
         tl.ideal.push_back({x.rank, x.step, o.type, o.seq, base + start_[i], end_[i] - start_[i]});
