@@ -9,7 +9,8 @@
 // figures. --fault injects a failure on --fault-rank at --fault-iter (for
 // tests and demonstrations of the hang detector): kill (SIGKILL itself),
 // stop (SIGSTOP itself), skip (leave the collective out), other (call a
-// broadcast instead), exit (exit 3 without a word).
+// broadcast instead), exit (exit 3 without a word), slow (sleep 50 ms before
+// every collective from that iteration on).
 #include <ballast/comm.h>
 #include <ballast/plugin.h>
 
@@ -52,7 +53,7 @@ int usage(const char* why) {
                "usage: comm_loop [--plugin PATH] [--op allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall|barrier]\n"
                "                 [--bytes N] [--dtype f32|f64|f16|bf16|i32|i64|u8] [--redop sum|prod|min|max]\n"
                "                 [--iters N] [--warmup N] [--timeout-ms N] [--check] [--no-trace]\n"
-               "                 [--fault kill|stop|skip|other|exit --fault-rank R --fault-iter I]\n",
+               "                 [--fault kill|stop|skip|other|exit|slow --fault-rank R --fault-iter I]\n",
                why);
   return 2;
 }
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
   if (op <= 0 || op == BALLAST_OP_SEND || op == BALLAST_OP_RECV) return usage(("unknown --op " + op_name).c_str());
   if (dtype < 0) return usage(("unknown --dtype " + dtype_name).c_str());
   if (redop < 0) return usage(("unknown --redop " + redop_name).c_str());
-  if (!fault.empty() && fault != "kill" && fault != "stop" && fault != "skip" && fault != "other" && fault != "exit")
+  if (!fault.empty() && fault != "kill" && fault != "stop" && fault != "skip" && fault != "other" && fault != "exit" &&
+      fault != "slow")
     return usage(("unknown --fault " + fault).c_str());
   if (plugin.empty()) return usage("no plugin: give --plugin PATH or BALLAST_COMM_PLUGIN");
 
@@ -228,6 +230,7 @@ int main(int argc, char** argv) {
       if (fault == "exit") _exit(3);
       if (fault == "skip") continue;
     }
+    if (fault == "slow" && rank == fault_rank && it >= fault_iter) usleep(50000);
     ballast_comm_args a = args;
     if (fault == "other" && rank == fault_rank && it == fault_iter) {
       a.op = BALLAST_OP_BROADCAST;

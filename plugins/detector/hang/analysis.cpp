@@ -1,0 +1,337 @@
+#include "analysis.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+
+namespace ballast::hang {
+
+namespace {
+
+int64_t wall_now() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+std::string hex(uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%016" PRIx64, v);
+  return b;
+}
+
+bool unfinished(const ballast_trace_slot& s) { return s.state == BALLAST_TRACE_STARTED || s.state == BALLAST_TRACE_ISSUED; }
+
+std::string call(const ballast_trace_slot& s) {
+  std::string t = std::string(ballast_op_name(s.op)) + "(" + std::to_string(s.count) + " x " + ballast_dtype_name(s.dtype);
+  if (s.op == BALLAST_OP_ALLREDUCE || s.op == BALLAST_OP_REDUCE || s.op == BALLAST_OP_REDUCE_SCATTER)
+    t += std::string(", ") + ballast_redop_name(s.redop);
+  if (s.peer >= 0) t += ", root " + std::to_string(s.peer);
+  return t + ")";
+}
+
+std::string ranks_list(const std::vector<int>& v) {
+  std::string s;
+  for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+std::string seconds(int64_t ns) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", double(ns) / 1e9);
+  return b;
+}
+
+struct Member {
+  const RankRing* ring;
+  const ballast_trace_slot* last;  // last collective record of the communicator
+  int64_t progress_ns;             // wall time of its last progress in it
+};
+
+int64_t last_progress(const RankRing& r, const ballast_trace_slot& s) {
+  uint64_t t = std::max(s.start_tick, s.progress_tick);
+  if (s.end_tick) t = std::max(t, s.end_tick);
+  return r.wall_ns(t);
+}
+
+std::string progress_words(const ballast_trace_slot& s) {
+  std::string w = "step " + std::to_string(s.step) + " of " + std::to_string(s.steps) + ", chunks sent " +
+                  std::to_string(s.chunks_sent) + " received " + std::to_string(s.chunks_received) + " of " +
+                  std::to_string(s.chunks_total);
+  if (s.wait_peer >= 0) w += ", waiting for data from comm rank " + std::to_string(s.wait_peer);
+  return w;
+}
+
+Cause lagging_cause(const Member& m, uint64_t seq, const std::string& op, int64_t now) {
+  Cause c;
+  c.rank = m.ring->header.rank;
+  const ProcState st = m.ring->state;
+  const std::string where = m.last ? "its last collective here is seq " + std::to_string(m.last->seq) + " (" +
+                                         ballast_op_name(m.last->op) + ")"
+                                   : "it never entered a collective of this communicator";
+  const std::string pid = "pid " + std::to_string(m.ring->header.pid);
+  if (st == ProcState::gone && !m.ring->header.closed) {
+    c.kind = "crashed";
+    c.evidence = "process " + pid + " is gone without shutting down; " + where + ", the others wait in seq " +
+                 std::to_string(seq) + " (" + op + ")";
+  } else if (st == ProcState::stopped) {
+    c.kind = "stuck";
+    c.evidence = "process " + pid + " is stopped (SIGSTOP or a debugger); " + where + ", the others wait in seq " +
+                 std::to_string(seq) + " (" + op + ") for " + seconds(now - m.progress_ns);
+  } else {
+    c.kind = "not_joined";
+    c.evidence = "process " + pid + " is " + proc_state_name(st) + (m.ring->header.closed ? " (shut down)" : "") +
+                 " but did not join seq " + std::to_string(seq) + " (" + op + "): " + where;
+  }
+  return c;
+}
+
+// A rank that enters the collectives of a communicator late, again and again.
+bool find_slow(const std::vector<RankRing>& rings, const Options& opt, Verdict* v) {
+  // comm -> seq -> (world rank -> start wall ns)
+  std::map<uint64_t, std::map<uint64_t, std::map<int, int64_t>>> starts;
+  std::map<uint64_t, int> nranks;
+  for (const auto& r : rings)
+    for (const auto& s : r.records) {
+      if ((s.flags & BALLAST_TRACE_P2P) || s.state != BALLAST_TRACE_DONE) continue;
+      starts[s.comm_id][s.seq][r.header.rank] = r.wall_ns(s.start_tick);
+      nranks[s.comm_id] = s.nranks;
+    }
+  for (const auto& [comm, seqs] : starts) {
+    std::map<int, int> late;  // rank -> times it was last by more than slow_ms
+    std::map<int, double> lag;
+    int complete = 0;
+    for (const auto& [seq, by_rank] : seqs) {
+      if (int(by_rank.size()) != nranks[comm] || by_rank.size() < 2) continue;
+      ++complete;
+      std::vector<int64_t> t;
+      for (const auto& [rank, ns] : by_rank) t.push_back(ns);
+      std::sort(t.begin(), t.end());
+      const int64_t median = t[t.size() / 2];
+      for (const auto& [rank, ns] : by_rank)
+        if (double(ns - median) / 1e6 > opt.slow_ms) {
+          ++late[rank];
+          lag[rank] += double(ns - median) / 1e6;
+        }
+    }
+    for (const auto& [rank, times] : late)
+      if (complete >= 3 && times * 2 > complete) {
+        v->verdict = "slow";
+        v->comm_id = comm;
+        v->causes.push_back({rank, "slow",
+                             "entered " + std::to_string(times) + " of the last " + std::to_string(complete) +
+                                 " collectives on average " + std::to_string(int64_t(lag[rank] / times)) +
+                                 " ms after the median rank"});
+      }
+    if (!v->causes.empty()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool in_flight(const std::vector<RankRing>& rings) {
+  for (const auto& r : rings)
+    for (const auto& s : r.records)
+      if (unfinished(s)) return true;
+  return false;
+}
+
+bool any_failed(const std::vector<RankRing>& rings) {
+  for (const auto& r : rings)
+    for (const auto& s : r.records)
+      if (s.state == BALLAST_TRACE_FAILED) return true;
+  return false;
+}
+
+uint64_t progress_signature(const std::vector<RankRing>& rings) {
+  uint64_t h = 1469598103934665603ULL;
+  auto add = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ULL; };
+  for (const auto& r : rings) {
+    add(r.header.head);
+    for (const auto& s : r.records)
+      if (unfinished(s)) {
+        add(s.chunks_sent);
+        add(s.chunks_received);
+        add(s.step);
+      }
+  }
+  return h;
+}
+
+Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
+  Verdict v;
+  v.ranks = int(rings.size());
+  const int64_t now = wall_now();
+  for (const auto& r : rings)
+    if (r.overflow)
+      v.warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
+
+  // The last collective record of every rank on every communicator.
+  std::map<uint64_t, std::map<int, Member>> comms;
+  for (const auto& r : rings)
+    for (const auto& s : r.records) {
+      if (s.flags & BALLAST_TRACE_P2P) continue;
+      comms[s.comm_id][r.header.rank] = Member{&r, &s, last_progress(r, s)};
+    }
+
+  // The communicator in trouble: the one whose oldest unfinished or failed
+  // operation started first.
+  uint64_t bad = 0;
+  int64_t oldest = INT64_MAX;
+  for (const auto& [id, members] : comms)
+    for (const auto& [rank, m] : members)
+      if (unfinished(*m.last) || m.last->state == BALLAST_TRACE_FAILED) {
+        const int64_t t = m.ring->wall_ns(m.last->start_tick);
+        if (t < oldest) {
+          oldest = t;
+          bad = id;
+        }
+      }
+
+  if (!bad) {
+    for (const auto& r : rings)
+      if (r.state == ProcState::gone && !r.header.closed) {
+        v.verdict = "hang";
+        v.causes.push_back({r.header.rank, "crashed",
+                            "process pid " + std::to_string(r.header.pid) +
+                                " is gone without shutting down its communicators (outside any collective)"});
+      }
+    if (v.causes.empty()) find_slow(rings, opt, &v);
+    return v;
+  }
+
+  auto& members = comms[bad];
+  uint64_t max_seq = 0;
+  int nranks = 0;
+  for (const auto& [rank, m] : members) {
+    max_seq = std::max(max_seq, m.last->seq);
+    nranks = std::max(nranks, int(m.last->nranks));
+  }
+  const Member* ref = nullptr;
+  for (const auto& [rank, m] : members)
+    if (m.last->seq == max_seq && (!ref || unfinished(*m.last))) ref = &m;
+  v.comm_id = bad;
+  v.seq = max_seq;
+  v.op = ballast_op_name(ref->last->op);
+  for (const auto& [rank, m] : members) v.last_progress_ns = std::max(v.last_progress_ns, m.progress_ns);
+
+  // 1. Ranks in different operations at the same sequence number.
+  std::map<std::string, std::vector<int>> calls;
+  for (const auto& [rank, m] : members)
+    if (m.last->seq == max_seq) calls[call(*m.last)].push_back(rank);
+  if (calls.size() > 1) {
+    v.verdict = "mismatch";
+    // The culprits are the smaller group (on a tie, the one without the lowest rank).
+    auto majority = calls.begin();
+    for (auto it = calls.begin(); it != calls.end(); ++it)
+      if (it->second.size() > majority->second.size() ||
+          (it->second.size() == majority->second.size() && it->second.front() < majority->second.front()))
+        majority = it;
+    for (const auto& [c, ranks] : calls) {
+      if (c == majority->first) continue;
+      for (int r : ranks)
+        v.causes.push_back({r, "mismatch",
+                            "called " + c + " at seq " + std::to_string(max_seq) + " where rank(s) " +
+                                ranks_list(majority->second) + " called " + majority->first});
+    }
+    return v;
+  }
+
+  v.verdict = "hang";
+  const std::string op = ref ? call(*ref->last) : "?";
+  // 2. Ranks that never entered the operation the others wait in.
+  for (const auto& r : rings) {
+    auto it = members.find(r.header.rank);
+    const bool member_world = int(rings.size()) == nranks;  // rings without a record count only for the world
+    if (it == members.end()) {
+      if (member_world) v.causes.push_back(lagging_cause(Member{&r, nullptr, 0}, max_seq, op, now));
+      continue;
+    }
+    if (it->second.last->seq < max_seq) v.causes.push_back(lagging_cause(it->second, max_seq, op, now));
+  }
+  if (!v.causes.empty()) {
+    v.last_progress_ns = 0;
+    for (const auto& [rank, m] : members)
+      if (m.last->seq == max_seq) v.last_progress_ns = std::max(v.last_progress_ns, m.ring->wall_ns(m.last->start_tick));
+    return v;
+  }
+  // 3. Everyone entered: a process that died or stopped in it, else the rank
+  // whose progress stopped first.
+  for (const auto& [rank, m] : members) {
+    const std::string pid = "pid " + std::to_string(m.ring->header.pid);
+    if (m.ring->state == ProcState::gone && !m.ring->header.closed)
+      v.causes.push_back({rank, "crashed",
+                          "process " + pid + " is gone in the middle of seq " + std::to_string(max_seq) + " (" + op +
+                              "): " + progress_words(*m.last)});
+    else if (m.ring->state == ProcState::stopped)
+      v.causes.push_back({rank, "stuck",
+                          "process " + pid + " is stopped in the middle of seq " + std::to_string(max_seq) + " (" + op +
+                              "): " + progress_words(*m.last)});
+  }
+  if (!v.causes.empty()) return v;
+  const Member* first = nullptr;
+  for (const auto& [rank, m] : members)
+    if (!first || m.progress_ns < first->progress_ns) first = &m;
+  v.causes.push_back({first->ring->header.rank, "slow",
+                      "its progress in seq " + std::to_string(max_seq) + " (" + op + ") stopped first, " +
+                          seconds(now - first->progress_ns) + " ago, while its process is " +
+                          proc_state_name(first->ring->state) + ": " + progress_words(*first->last)});
+  return v;
+}
+
+std::string Verdict::to_json() const {
+  nlohmann::json j;
+  j["verdict"] = verdict;
+  j["communicator"] = comm_id ? nlohmann::json(hex(comm_id)) : nlohmann::json(nullptr);
+  j["seq"] = seq;
+  j["op"] = op.empty() ? nlohmann::json(nullptr) : nlohmann::json(op);
+  j["ranks"] = ranks;
+  j["root_cause"] = nlohmann::json::array();
+  for (const auto& c : causes) j["root_cause"].push_back({{"rank", c.rank}, {"kind", c.kind}, {"evidence", c.evidence}});
+  if (last_progress_ns) j["stalled_for_s"] = double(wall_now() - last_progress_ns) / 1e9;
+  j["warnings"] = warnings;
+  return j.dump();
+}
+
+std::string Verdict::to_text() const {
+  std::string t = "verdict: " + verdict;
+  if (comm_id) t += " in communicator " + hex(comm_id) + " at seq " + std::to_string(seq) + " (" + op + ")";
+  t += "\n";
+  for (const auto& c : causes) t += "  rank " + std::to_string(c.rank) + ": " + c.kind + ": " + c.evidence + "\n";
+  for (const auto& w : warnings) t += "  warning: " + w + "\n";
+  return t;
+}
+
+std::string chrome_trace(const std::vector<RankRing>& rings) {
+  nlohmann::json events = nlohmann::json::array();
+  const int64_t now = wall_now();
+  for (const auto& r : rings) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r.header.rank},
+                      {"args", {{"name", "rank " + std::to_string(r.header.rank) + " (pid " + std::to_string(r.header.pid) + ")"}}}});
+    for (const auto& s : r.records) {
+      const int64_t start = r.wall_ns(s.start_tick);
+      const int64_t end = s.end_tick ? r.wall_ns(s.end_tick) : std::max(start, now);
+      events.push_back({{"name", ballast_op_name(s.op)},
+                        {"cat", ballast_algorithm_name(s.algorithm)},
+                        {"ph", "X"},
+                        {"ts", double(start) / 1e3},
+                        {"dur", double(end - start) / 1e3},
+                        {"pid", r.header.rank},
+                        {"tid", hex(s.comm_id)},
+                        {"args",
+                         {{"seq", s.seq}, {"bytes", s.bytes}, {"count", s.count}, {"dtype", ballast_dtype_name(s.dtype)},
+                          {"state", s.state == BALLAST_TRACE_DONE ? "done" : s.state == BALLAST_TRACE_FAILED ? "failed" : "in flight"},
+                          {"status", s.status}, {"peer", s.peer}, {"chunks_sent", s.chunks_sent},
+                          {"chunks_received", s.chunks_received}, {"chunks_total", s.chunks_total}}}});
+    }
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump();
+}
+
+}  // namespace ballast::hang

@@ -1,0 +1,189 @@
+#include "analysis.hpp"
+#include "commands.hpp"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ballast::hang {
+
+namespace {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int usage(const char* prog, const std::string& why) {
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n",
+               prog, why.c_str(), prog);
+  return 2;
+}
+
+}  // namespace
+
+int launch_main(int argc, char** argv) {
+  int n = 0, port = 0;
+  double stall_s = 10;
+  bool json = false;
+  std::string dir;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    const char* v = nullptr;
+    if (a == "--json") json = true;
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n"
+                  "Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
+                  "their collective traces; on a failure or a hang print the root cause and stop the job.\n",
+                  argv[0]);
+      return 0;
+    } else if ((a == "-n" || a == "--nproc" || a == "--trace-dir" || a == "--stall" || a == "--port") && (v = value())) {
+      if (a == "--trace-dir") dir = v;
+      else if (a == "--stall") stall_s = std::atof(v);
+      else if (a == "--port") port = std::atoi(v);
+      else n = std::atoi(v);
+    } else return usage(argv[0], "unexpected argument '" + a + "'");
+  }
+  if (n <= 0 || n > 4096) return usage(argv[0], "-n N (1..4096) is required");
+  if (i >= argc) return usage(argv[0], "missing the command after --");
+  if (stall_s <= 0) return usage(argv[0], "--stall must be positive");
+  if (dir.empty()) {
+    char tmpl[] = "/tmp/ballast-launch-XXXXXX";
+    if (!mkdtemp(tmpl)) return usage(argv[0], "cannot create a trace folder in /tmp");
+    dir = tmpl;
+  } else {
+    mkdir(dir.c_str(), 0755);
+  }
+  if (port == 0) port = free_port();
+
+  std::vector<pid_t> pids(size_t(n), -1);
+  std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("ballast launch: fork");
+      for (int k = 0; k < r; ++k) kill(pids[size_t(k)], SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      const std::string rs = std::to_string(r), ns = std::to_string(n), ps = std::to_string(port);
+      setenv("RANK", rs.c_str(), 1);
+      setenv("LOCAL_RANK", rs.c_str(), 1);
+      setenv("GROUP_RANK", "0", 1);
+      setenv("WORLD_SIZE", ns.c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", ns.c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", ps.c_str(), 1);
+      setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
+      execvp(argv[i], argv + i);
+      std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));
+      _exit(127);
+    }
+    pids[size_t(r)] = pid;
+  }
+  std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", n, argv[i], port,
+               dir.c_str());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_change = t0;
+  uint64_t signature = 0;
+  int running = n, failed_rank = -1;
+  std::string why;
+  auto next_scan = t0;
+  while (running > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (codes[size_t(r)] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
+      codes[size_t(r)] = st;
+      --running;
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && failed_rank < 0) {
+        failed_rank = r;
+        why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
+                            : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+      }
+    }
+    if (failed_rank >= 0) break;
+    if (std::chrono::steady_clock::now() >= next_scan) {
+      next_scan = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      std::vector<std::string> errors;
+      const auto rings = read_dir(dir, &errors);
+      const uint64_t sig = progress_signature(rings);
+      if (sig != signature) {
+        signature = sig;
+        last_change = std::chrono::steady_clock::now();
+      } else if (in_flight(rings) && since(last_change) >= stall_s) {
+        why = "no collective progress for " + std::to_string(int(since(last_change))) + " s";
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (running == 0 && failed_rank < 0) return 0;
+
+  // Something went wrong: find the root cause while the processes are as
+  // they were, then stop the job.
+  std::vector<std::string> errors;
+  const auto rings = read_dir(dir, &errors);
+  Verdict v = analyze(rings, Options{});
+  if (failed_rank >= 0)
+    std::fprintf(stderr, "ballast launch: rank %d (pid %d) %s\n", failed_rank, int(pids[size_t(failed_rank)]), why.c_str());
+  else
+    std::fprintf(stderr, "ballast launch: the job hangs: %s\n", why.c_str());
+  if (json) {
+    std::printf("%s\n", v.to_json().c_str());
+  } else {
+    std::fputs(v.to_text().c_str(), stderr);
+  }
+  for (int r = 0; r < n; ++r)
+    if (codes[size_t(r)] == -1) {
+      kill(-pids[size_t(r)], SIGTERM);
+      kill(pids[size_t(r)], SIGCONT);  // a stopped rank must run to die of SIGTERM
+    }
+  const auto t_term = std::chrono::steady_clock::now();
+  while (running > 0 && since(t_term) < 3) {
+    for (int r = 0; r < n; ++r)
+      if (codes[size_t(r)] == -1 && waitpid(pids[size_t(r)], &codes[size_t(r)], WNOHANG) == pids[size_t(r)]) --running;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < n; ++r)
+    if (codes[size_t(r)] == -1) {
+      kill(-pids[size_t(r)], SIGKILL);
+      waitpid(pids[size_t(r)], &codes[size_t(r)], 0);
+    }
+  std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());
+  return 1;
+}
+
+}  // namespace ballast::hang

@@ -1,0 +1,146 @@
+// ballast-hang: the collective hang detector as a plugin (watches the trace
+// rings of a folder and publishes fault.confirmed), and the commands
+// `ballast analyze` and `ballast launch`.
+#include "analysis.hpp"
+#include "commands.hpp"
+
+#include <ballast/command.h>
+#include <ballast/events.h>
+#include <ballast/plugin.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+
+namespace {
+
+using namespace ballast::hang;
+
+int64_t wall_now() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+struct State {
+  const ballast_host_api* host = nullptr;
+  std::string dir;
+  double stall_s = 10;
+  double period_s = 0.5;
+  uint64_t timer = 0;
+  bool timing = false;
+  std::mutex mu;  // the timer thread and stop()
+  uint64_t signature = 0;
+  int64_t last_change_ns = 0;
+  std::set<std::pair<uint64_t, uint64_t>> reported;  // (comm, seq) already published
+};
+
+void publish(State* s, const Verdict& v, int64_t since_ns) {
+  const int64_t now = wall_now();
+  for (const auto& c : v.causes) {
+    const std::string subject = "rank:" + std::to_string(c.rank);
+    const std::string evidence = v.to_json();
+    ballast_fault_report f{};
+    f.size = sizeof f;
+    f.stage = BALLAST_FAULT_CONFIRMED;
+    f.subject = subject.c_str();
+    f.rank = c.rank;
+    f.kind = c.kind.c_str();
+    f.metric = "collective.progress";
+    f.score = double(now - since_ns) / 1e9;  // seconds without progress when detected
+    f.confidence = 1.0;
+    f.since_ns = since_ns;
+    f.detected_ns = now;
+    f.evidence = evidence.c_str();
+    f.detector = "hang";
+    ballast_event e{};
+    e.size = sizeof e;
+    e.schema = BALLAST_SCHEMA_FAULT_REPORT;
+    e.topic = "fault.confirmed";
+    e.source.rank = c.rank;
+    e.payload = &f;
+    e.payload_size = sizeof f;
+    s->host->publish(s->host, &e);
+  }
+}
+
+void on_tick(void* user) {
+  auto* s = static_cast<State*>(user);
+  std::lock_guard<std::mutex> lock(s->mu);
+  std::vector<std::string> errors;
+  const auto rings = read_dir(s->dir, &errors);
+  const uint64_t sig = progress_signature(rings);
+  const int64_t now = wall_now();
+  if (sig != s->signature) {
+    s->signature = sig;
+    s->last_change_ns = now;
+    if (!any_failed(rings)) return;
+  }
+  const bool stalled = in_flight(rings) && double(now - s->last_change_ns) / 1e9 >= s->stall_s;
+  if (!stalled && !any_failed(rings)) return;
+  const Verdict v = analyze(rings, Options{});
+  if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({v.comm_id, v.seq}).second) return;
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns);
+}
+
+int create(const ballast_host_api* host, void** state) {
+  auto* s = new (std::nothrow) State();
+  if (!s) return BALLAST_ENOMEM;
+  s->host = host;
+  const char* env = std::getenv("BALLAST_TRACE_DIR");
+  s->dir = env && *env ? env : "/dev/shm";
+  const char* v = nullptr;
+  if (host->config_get && host->config_get(host, "trace_dir", &v) == BALLAST_OK) s->dir = v;
+  if (host->config_get && host->config_get(host, "stall_seconds", &v) == BALLAST_OK) s->stall_s = std::atof(v);
+  if (host->config_get && host->config_get(host, "period_seconds", &v) == BALLAST_OK) s->period_s = std::atof(v);
+  if (s->stall_s <= 0 || s->period_s <= 0) {
+    host->set_error(host, "hang: stall_seconds and period_seconds must be positive");
+    delete s;
+    return BALLAST_EINVAL;
+  }
+  *state = s;
+  return BALLAST_OK;
+}
+
+int start(void* state) {
+  auto* s = static_cast<State*>(state);
+  s->last_change_ns = wall_now();
+  const int rc = s->host->timer_start(s->host, uint64_t(s->period_s * 1e9), on_tick, s, &s->timer);
+  s->timing = rc == BALLAST_OK;
+  return rc;
+}
+
+void stop(void* state) {
+  auto* s = static_cast<State*>(state);
+  if (s->timing) s->host->timer_cancel(s->host, s->timer);
+  s->timing = false;
+}
+
+void destroy(void* state) { delete static_cast<State*>(state); }
+
+int run_analyze(void*, int argc, char** argv) { return analyze_main(argc, argv); }
+int run_launch(void*, int argc, char** argv) { return launch_main(argc, argv); }
+
+const ballast_command kCommands[] = {
+    {"analyze", "root cause of a hung or failed collective from trace rings (DIR)", run_analyze},
+    {"launch", "start N local ranks (torchrun environment), watch them, explain a failure or hang", run_launch}};
+const ballast_command_table kCommandTable = {sizeof(ballast_command_table), 2, kCommands};
+
+const void* get_interface(void*, const char* name, uint32_t version) {
+  if (name && std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION) return &kCommandTable;
+  return nullptr;
+}
+
+const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION}, {nullptr, 0}};
+
+const ballast_plugin_descriptor kDescriptor = {
+    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "hang", "0.1.0", "detector",
+    "collective hang detector: root cause (crashed, stuck, not_joined, slow, mismatch) from trace rings (after Mycroft)",
+    create, start, stop, destroy, get_interface, kInterfaces};
+
+}  // namespace
+
+extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) { return &kDescriptor; }

@@ -1,0 +1,134 @@
+#include "rings.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+namespace ballast::hang {
+
+const char* proc_state_name(ProcState s) {
+  switch (s) {
+    case ProcState::alive: return "alive";
+    case ProcState::stopped: return "stopped";
+    case ProcState::gone: return "gone";
+    default: return "unknown";
+  }
+}
+
+ProcState probe(int32_t pid, const char* host) {
+  char me[256] = {0};
+  gethostname(me, sizeof me - 1);
+  if (!host || std::strncmp(me, host, 63) != 0 || pid <= 0) return ProcState::unknown;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return ProcState::gone;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  const char st = p && p[1] == ' ' ? p[2] : 0;
+  if (st == 'Z' || st == 'X' || st == 0) return ProcState::gone;
+  if (st == 'T' || st == 't') return ProcState::stopped;
+  return ProcState::alive;
+}
+
+bool read_ring(const std::string& path, RankRing* out, std::string* err) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *err = path + ": cannot open: " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  fstat(fd, &st);
+  const size_t size = size_t(st.st_size);
+  if (size < sizeof(ballast_trace_header)) {
+    close(fd);
+    *err = path + ": " + std::to_string(size) + " bytes is shorter than a trace header (256)";
+    return false;
+  }
+  void* mem = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mem == MAP_FAILED) {
+    *err = path + ": cannot map: " + std::strerror(errno);
+    return false;
+  }
+  const auto* h = static_cast<const ballast_trace_header*>(mem);
+  out->path = path;
+  out->header = *h;
+  const ballast_trace_header& hd = out->header;
+  std::string bad;
+  if (hd.magic != BALLAST_TRACE_MAGIC) bad = "field magic is not a Ballast trace ring";
+  else if (hd.version != BALLAST_TRACE_VERSION) bad = "field version is " + std::to_string(hd.version) + ", this reader knows 1";
+  else if (hd.slot_size != sizeof(ballast_trace_slot)) bad = "field slot_size is " + std::to_string(hd.slot_size) + ", expected 192";
+  else if (hd.header_size < sizeof(ballast_trace_header)) bad = "field header_size is " + std::to_string(hd.header_size);
+  else if (hd.slot_count == 0 || (hd.slot_count & (hd.slot_count - 1)) != 0) bad = "field slot_count " + std::to_string(hd.slot_count) + " is not a power of two";
+  else if (size < size_t(hd.header_size) + size_t(hd.slot_count) * hd.slot_size)
+    bad = "the file (" + std::to_string(size) + " bytes) is shorter than its " + std::to_string(hd.slot_count) + " slots";
+  if (!bad.empty()) {
+    munmap(mem, size);
+    *err = path + ": " + bad;
+    return false;
+  }
+  const auto* slots = reinterpret_cast<const ballast_trace_slot*>(static_cast<const char*>(mem) + hd.header_size);
+  const uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+  const uint64_t first = head > hd.slot_count ? head - hd.slot_count : 0;
+  out->overflow = first;
+  out->records.clear();
+  out->records.reserve(size_t(head - first));
+  for (uint64_t i = first; i < head; ++i) {
+    const ballast_trace_slot* s = slots + (i & (hd.slot_count - 1));
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const uint64_t g1 = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
+      if (g1 != i + 1) break;  // overwritten meanwhile, or being written
+      ballast_trace_slot copy;
+      std::memcpy(&copy, s, sizeof copy);
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      if (__atomic_load_n(&s->gen, __ATOMIC_RELAXED) == g1) {
+        out->records.push_back(copy);
+        break;
+      }
+    }
+  }
+  munmap(mem, size);
+  out->header.host[sizeof out->header.host - 1] = '\0';
+  out->state = probe(hd.pid, out->header.host);
+  return true;
+}
+
+std::vector<RankRing> read_dir(const std::string& dir, std::vector<std::string>* errors) {
+  std::map<int32_t, RankRing> by_rank;
+  DIR* d = opendir(dir.c_str());
+  if (!d) {
+    errors->push_back(dir + ": cannot open the directory: " + std::strerror(errno));
+    return {};
+  }
+  const std::string suffix = BALLAST_TRACE_SUFFIX;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    RankRing r;
+    std::string err;
+    if (!read_ring(dir + "/" + name, &r, &err)) {
+      errors->push_back(err);
+      continue;
+    }
+    auto it = by_rank.find(r.header.rank);
+    if (it == by_rank.end() || it->second.header.clock_wall_ns < r.header.clock_wall_ns) by_rank[r.header.rank] = std::move(r);
+  }
+  closedir(d);
+  std::vector<RankRing> out;
+  for (auto& [rank, r] : by_rank) out.push_back(std::move(r));
+  return out;
+}
+
+}  // namespace ballast::hang

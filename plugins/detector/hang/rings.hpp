@@ -1,0 +1,40 @@
+// Reading trace rings (abi/ballast/trace.h) from outside the writing
+// process: a consistent copy of each record, while the writer runs, is
+// stopped, or is gone.
+#pragma once
+
+#include <ballast/trace.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ballast::hang {
+
+enum class ProcState { unknown, alive, stopped, gone };
+const char* proc_state_name(ProcState s);
+
+struct RankRing {
+  std::string path;
+  ballast_trace_header header{};
+  std::vector<ballast_trace_slot> records;  // oldest first, only consistent copies
+  uint64_t overflow = 0;                    // records overwritten before this read
+  ProcState state = ProcState::unknown;     // of the writing process, when on this host
+  int64_t wall_ns(uint64_t tick) const {
+    return header.clock_wall_ns + int64_t(double(int64_t(tick - header.clock_tick)) * header.ns_per_tick);
+  }
+};
+
+// Read one ring file. false with *err naming the file and the field when the
+// file is not a ring of this version.
+bool read_ring(const std::string& path, RankRing* out, std::string* err);
+
+// Read every *.btrace file of dir; when a rank wrote several (restarts), the
+// newest file (highest clock) wins. Files that fail to read are reported in
+// *errors and skipped.
+std::vector<RankRing> read_dir(const std::string& dir, std::vector<std::string>* errors);
+
+// The state of pid on this host, when host is this host's name.
+ProcState probe(int32_t pid, const char* host);
+
+}  // namespace ballast::hang

@@ -1,0 +1,200 @@
+// The hang detector names the right rank and kind for each fault, through
+// `ballast launch` (launch_main) running real ranks of comm_loop over the
+// UCX plugin, and `ballast analyze` (analyze_main) on the rings they leave.
+#include <doctest/doctest.h>
+
+#include <analysis.hpp>
+#include <commands.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kLoop = std::string(BALLAST_BINARY_DIR) + "/bin/comm_loop";
+
+struct Run {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs fn in a child with stdout and stderr captured.
+template <class F>
+Run capture(F fn) {
+  const std::string o = "hang-test.out", e = "hang-test.err";
+  std::fflush(stdout);  // or the child would write the parent's pending output again
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fo = open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    const int rc = fn();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  Run r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  std::stringstream so, se;
+  so << std::ifstream(o).rdbuf();
+  se << std::ifstream(e).rdbuf();
+  r.out = so.str();
+  r.err = se.str();
+  return r;
+}
+
+int call(int (*main_fn)(int, char**), std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return main_fn(int(args.size()), argv.data());
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = fs::absolute("hang-" + name).string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Launch 3 ranks of comm_loop with a fault; returns the launcher's run.
+Run launch(const std::string& dir, const std::vector<std::string>& fault, const std::string& bytes = "4096") {
+  setenv("UCX_TLS", "sm,self", 1);
+  std::vector<std::string> args = {"ballast launch", "-n", "3", "--trace-dir", dir, "--stall", "1.5", "--json", "--",
+                                   kLoop, "--bytes", bytes, "--iters", "300", "--warmup", "0", "--timeout-ms", "60000"};
+  args.insert(args.end(), fault.begin(), fault.end());
+  return capture([&] { return call(ballast::hang::launch_main, args); });
+}
+
+nlohmann::json verdict(const Run& r) {
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(!r.out.empty());
+  // The verdict is the last line (the ranks' own output comes before it).
+  std::string last, line;
+  std::istringstream in(r.out);
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return nlohmann::json::parse(last);
+}
+
+void expect_cause(const nlohmann::json& v, const std::string& verdict_word, int rank, const std::string& kind) {
+  INFO(v.dump(2));
+  CHECK(v["verdict"] == verdict_word);
+  REQUIRE(v["root_cause"].size() >= 1);
+  CHECK(v["root_cause"][0]["rank"] == rank);
+  CHECK(v["root_cause"][0]["kind"] == kind);
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed during the job is named crashed") {
+  const auto r = launch(fresh_dir("kill"), {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "100"});
+  CHECK(r.code == 1);
+  CHECK(r.err.find("rank 1") != std::string::npos);
+  expect_cause(verdict(r), "hang", 1, "crashed");
+}
+
+TEST_CASE("a stopped rank is named stuck, found by the stall watch") {
+  const auto r = launch(fresh_dir("stop"), {"--fault", "stop", "--fault-rank", "2", "--fault-iter", "100"});
+  CHECK(r.code == 1);
+  CHECK(r.err.find("no collective progress") != std::string::npos);
+  expect_cause(verdict(r), "hang", 2, "stuck");
+}
+
+TEST_CASE("a rank that skips a collective is named not_joined") {
+  const auto r = launch(fresh_dir("skip"), {"--fault", "skip", "--fault-rank", "0", "--fault-iter", "100"});
+  CHECK(r.code == 1);
+  expect_cause(verdict(r), "hang", 0, "not_joined");
+}
+
+TEST_CASE("a rank in another collective is named mismatch") {
+  const auto r = launch(fresh_dir("other"), {"--fault", "other", "--fault-rank", "1", "--fault-iter", "100"});
+  CHECK(r.code == 1);
+  expect_cause(verdict(r), "mismatch", 1, "mismatch");
+}
+
+TEST_CASE("a rank that enters every collective late is named slow by analyze") {
+  const std::string dir = fresh_dir("slow");
+  setenv("UCX_TLS", "sm,self", 1);
+  const auto l = capture([&] {
+    return call(ballast::hang::launch_main, {"ballast launch", "-n", "3", "--trace-dir", dir, "--", kLoop, "--iters",
+                                              "20", "--warmup", "0", "--fault", "slow", "--fault-rank", "2",
+                                              "--fault-iter", "5"});
+  });
+  REQUIRE(l.code == 0);
+  const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--slow-ms", "20"}); });
+  CHECK(a.code == 1);
+  expect_cause(verdict(a), "slow", 2, "slow");
+}
+
+TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chrome trace") {
+  const std::string dir = fresh_dir("ok");
+  setenv("UCX_TLS", "sm,self", 1);
+  const auto l = capture([&] {
+    return call(ballast::hang::launch_main, {"ballast launch", "-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "50", "--check"});
+  });
+  CHECK(l.code == 0);
+  const auto a = capture([&] {
+    return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--chrome", dir + "/trace.json"});
+  });
+  CHECK(a.code == 0);
+  CHECK(verdict(a)["verdict"] == "healthy");
+  std::ifstream f(dir + "/trace.json");
+  const auto trace = nlohmann::json::parse(f);
+  size_t ops = 0;
+  for (const auto& e : trace["traceEvents"]) ops += e["ph"] == "X" ? 1 : 0;
+  CHECK(ops == 2 * (50 + 10));  // two ranks, 10 warm-up iterations + 50
+}
+
+TEST_CASE("bad input: a missing folder, a corrupt ring, a missing command") {
+  auto a = capture([] { return call(ballast::hang::analyze_main, {"ballast analyze", "/nonexistent/dir"}); });
+  CHECK(a.code == 2);
+  CHECK(a.err.find("/nonexistent/dir") != std::string::npos);
+  const std::string dir = fresh_dir("corrupt");
+  std::ofstream(dir + "/rank-0.1.btrace") << std::string(300, 'x');
+  a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir}); });
+  CHECK(a.code == 2);
+  CHECK(a.err.find("rank-0.1.btrace: field magic") != std::string::npos);
+  a = capture([] { return call(ballast::hang::launch_main, {"ballast launch", "-n", "2"}); });
+  CHECK(a.code == 2);
+  CHECK(a.err.find("missing the command") != std::string::npos);
+}
+
+TEST_CASE("end to end: the real `ballast launch` and `ballast analyze` name a killed rank") {
+  if (!fs::exists(BALLAST_EXE)) {
+    MESSAGE("skipped: " << BALLAST_EXE << " is not built");
+    return;
+  }
+  const std::string dir = fresh_dir("e2e");
+  const std::string cmd = std::string("UCX_TLS=sm,self ") + BALLAST_EXE + " launch -n 2 --trace-dir " + dir +
+                          " --json -- " + kLoop + " --iters 300 --fault exit --fault-rank 1 --fault-iter 20" +
+                          " > " + dir + "/launch.out 2> " + dir + "/launch.err";
+  const int st = std::system(cmd.c_str());
+  CHECK(WEXITSTATUS(st) == 1);
+  std::stringstream err;
+  err << std::ifstream(dir + "/launch.err").rdbuf();
+  CHECK(err.str().find("rank 1 (pid") != std::string::npos);
+  CHECK(err.str().find("exited with code 3") != std::string::npos);
+  const auto a = capture([&] {
+    return std::system((std::string(BALLAST_EXE) + " analyze " + dir + " --json").c_str()) == 0 ? 0 : 1;
+  });
+  CHECK(a.code == 1);
+  expect_cause(verdict(a), "hang", 1, "crashed");
+}
