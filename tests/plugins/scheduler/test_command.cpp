@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <sys/wait.h>
 
 #include "plan_command.hpp"
 #include "topology.hpp"
@@ -335,4 +336,36 @@ TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placem
   CHECK(h.errors[0].find("dp*tp=44 is not a multiple of gpus_per_node=8") != std::string::npos);
   d->stop(state);
   d->destroy(state);
+}
+
+// ---- end to end: the real `ballast` executable ------------------------------
+
+namespace {
+
+// Run a shell command, returning its exit status and stdout (+ stderr).
+Output shell(const std::string& cmd) {
+  Output o{-1, "", ""};
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(f != nullptr);
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) o.out.append(buf, got);
+  int status = ::pclose(f);
+  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("`ballast plan` through the real executable") {
+  Output o = shell(std::string(BALLAST_EXE) + " plan --topology " + kData + "tree.yaml --job " + kData +
+                   "job.json --state " + kData + "state.json --json");
+  REQUIRE(o.rc == 0);
+  auto j = nlohmann::json::parse(o.out);
+  CHECK(j["algorithm"] == "arnold");
+  CHECK(j["nodes"].size() == 12);
+  CHECK(j["optimal"] == true);
+  Output bad = shell(std::string(BALLAST_EXE) + " plan --topology " + kData + "job.json --job " + kData + "job.json");
+  CHECK(bad.rc == 1);
+  CHECK(bad.out.find(kData + "job.json:1: expected Key=Value") != std::string::npos);
 }
