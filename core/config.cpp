@@ -39,7 +39,7 @@ int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann:
   }
   lua_State* L = sandbox->state();
   if (!lua_istable(L, -1)) {
-    return fail(BALLAST_EINVAL, "config " + display + ": the file must return a table, not " +
+    return fail(BALLAST_EINVAL, "config " + display + ": the file must return a table; it returns " +
                                     (lua_isnil(L, -1) ? std::string("nothing") : std::string("a ") + luaL_typename(L, -1)));
   }
   nlohmann::json result;
