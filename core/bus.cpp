@@ -397,14 +397,17 @@ struct Bus::Impl {
   // Free what was retired, after a grace period. Not from inside a section
   // (a handler): its own section may still use them; the next writer frees.
   void reclaim() {
-    if (rcu::in_section()) return;
+    // From a handler (in a section, or on a dispatcher that publishers may be
+    // blocked on) a grace period may skip parked threads: leave it to the
+    // next writer outside, or to shutdown.
+    if (rcu::in_section() || t_dispatcher != nullptr) return;
     std::vector<std::unique_ptr<Retired>> done;
     {
       std::lock_guard<std::mutex> lock(mu);
       done.swap(retired);
     }
     if (done.empty()) return;
-    rcu::synchronize(help_if_dispatcher);
+    rcu::synchronize();
   }
 
   // Copy `ev` into `s`'s queue; blocks while a lossless queue is full.
@@ -439,7 +442,13 @@ struct Bus::Impl {
       if (!s.alive.load(std::memory_order_acquire)) continue;
       s.space_waiters.fetch_add(1, std::memory_order_seq_cst);
       slot = s.ring->claim(&pos);
-      if (slot == nullptr) s.space_epoch.wait(epoch, std::memory_order_acquire);
+      if (slot == nullptr) {
+        // Parked while blocked: no handler runs here, so writers in handlers
+        // (whose dispatcher we may be waiting for) need not wait for us.
+        rcu::park();
+        s.space_epoch.wait(epoch, std::memory_order_acquire);
+        rcu::unpark();
+      }
       s.space_waiters.fetch_sub(1, std::memory_order_relaxed);
       if (slot != nullptr) break;
     }
@@ -583,7 +592,7 @@ int Bus::unsubscribe(uint64_t id) {
     s->dispatcher->wake();
   }
   // No inline call of the handler is running or can start after this...
-  rcu::synchronize(help_if_dispatcher);
+  rcu::synchronize(help_if_dispatcher, t_dispatcher != nullptr);
   if (s->queued) {
     // ...and its dispatcher is out of it.
     unsigned round = 0;
@@ -657,7 +666,7 @@ void Bus::shutdown() {
   m.closed.store(true, std::memory_order_seq_cst);
   // Publishers already inside publish() finish (those blocked on a full
   // queue are unblocked by the dispatchers, which still run).
-  rcu::synchronize(help_if_dispatcher);
+  rcu::synchronize(help_if_dispatcher, t_dispatcher != nullptr);
   for (auto& d : m.dispatchers) {
     d->stopping.store(true, std::memory_order_release);
     d->wake();

@@ -78,10 +78,23 @@ void backoff(unsigned& round) {
   std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
-void synchronize(const std::function<bool()>& help) {
+void park() {
+  if (in_section()) g_slots[t_state.index_plus_one - 1].parked.store(1, std::memory_order_seq_cst);
+}
+
+void unpark() {
+  if (!in_section()) return;
+  // The exchange orders this against the loads of the section that follow
+  // (a writer that skipped us saw parked = 1).
+  g_slots[t_state.index_plus_one - 1].parked.exchange(0, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void synchronize(const std::function<bool()>& help, bool skip_parked) {
   const bool nested = in_section();
+  skip_parked = skip_parked || nested;
   const int self = t_state.index_plus_one == 0 ? -1 : static_cast<int>(t_state.index_plus_one) - 1;
-  if (nested) g_slots[self].parked.store(1, std::memory_order_seq_cst);
+  park();
   full_barrier();
   const uint32_t used = g_used.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < used; ++i) {
@@ -91,16 +104,12 @@ void synchronize(const std::function<bool()>& help) {
     if ((seen & 1) == 0) continue;
     unsigned round = 0;
     while (s.ctr.load(std::memory_order_acquire) == seen) {
-      if (nested && s.parked.load(std::memory_order_seq_cst) != 0) break;
+      if (skip_parked && s.parked.load(std::memory_order_seq_cst) != 0) break;
       if (help && help()) continue;
       backoff(round);
     }
   }
-  if (nested) {
-    // Back to a plain reader: the exchange orders this against the loads of
-    // the section that follow (a writer that skipped us saw parked = 1).
-    g_slots[self].parked.exchange(0, std::memory_order_seq_cst);
-  }
+  unpark();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

@@ -68,13 +68,21 @@ inline void leave() {
   }
 }
 
+// A thread inside a section that waits for something else (a writer in
+// synchronize(), a publisher blocked on a full queue) "parks": it runs no
+// handler and reads no list while parked. park() and unpark() do nothing
+// outside a section.
+void park();
+void unpark();
+
 // Wait until every section open at the call has closed, except this
-// thread's own. Called from inside a section (a handler that unsubscribes),
-// it does not wait for threads that are themselves waiting here (so two
-// such writers cannot wait for each other); the caller must then not free
-// what it retired (see Bus). `help`, when given, is called while waiting
-// and returns whether it did some work (a dispatcher draining its queues).
-void synchronize(const std::function<bool()>& help = {});
+// thread's own. With skip_parked (implied when called from inside a
+// section: a handler that unsubscribes), parked threads are not waited for,
+// so that two waiters cannot wait for each other; a parked thread may still
+// hold a list, so such a caller must not free what it retired (see Bus).
+// `help`, when given, is called while waiting and returns whether it did
+// some work (a dispatcher draining its queues).
+void synchronize(const std::function<bool()>& help = {}, bool skip_parked = false);
 
 // The two sides of an asymmetric fence, for any store-then-load handshake
 // where one side is rare (a dispatcher going to sleep) and the other hot (a

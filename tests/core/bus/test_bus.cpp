@@ -411,6 +411,52 @@ TEST_CASE("shutdown delivers everything already queued, then refuses") {
 }
 
 namespace {
+// A queued handler that, while a publisher is blocked on its (full) queue,
+// removes another subscription: unsubscribe must not wait for the blocked
+// publisher, which waits for this very handler.
+struct Unsubscriber {
+  Bus* bus = nullptr;
+  uint64_t other = 0;
+  std::atomic<int>* returned = nullptr;
+  std::atomic<int> status{1};
+  int calls = 0;
+  static int handler(void* user, const ballast_event*) {
+    auto* u = static_cast<Unsubscriber*>(user);
+    if (u->calls++ == 0) {
+      wait_until([u] { return u->returned->load() == 2; });  // the queue is full now
+      settle();                                            // and the third publish waits
+      u->status.store(u->bus->unsubscribe(u->other));
+    }
+    return 0;
+  }
+};
+}  // namespace
+
+TEST_CASE("a queued handler can unsubscribe while a publisher is blocked on its full queue") {
+  Bus bus;
+  Recorder other;
+  Unsubscriber u;
+  std::atomic<int> returned{0};
+  u.bus = &bus;
+  u.returned = &returned;
+  uint64_t id = 0;
+  auto o = queued(2);
+  REQUIRE(bus.subscribe("a.b", nullptr, Recorder::handler, &other, "t", &u.other) == BALLAST_OK);
+  REQUIRE(bus.subscribe("a.b", &o, Unsubscriber::handler, &u, "t", &id) == BALLAST_OK);
+  std::thread publisher([&] {
+    for (int i = 0; i < 10; ++i) {
+      CHECK(bus.publish(make("a.b", 0, i)) == BALLAST_OK);
+      returned.fetch_add(1);
+    }
+  });
+  publisher.join();
+  bus.shutdown();
+  CHECK(u.status.load() == BALLAST_OK);
+  CHECK(u.calls == 10);
+  CHECK(other.calls.load() == 3);  // the events published before it was removed
+}
+
+namespace {
 int failing(void*, const ballast_event*) { return BALLAST_EPLUGIN; }
 int throwing(void*, const ballast_event*) { throw std::runtime_error("a C++ handler that throws anyway"); }
 }  // namespace
