@@ -185,41 +185,47 @@ uint64_t mem_available_bytes() {
   return 0;
 }
 
-Prefetcher::Prefetcher(const HotProfile& profile, const PrefetchOptions& options) : options_(options) {
+namespace {
+
+// Why a file no longer matches its profile entry, or "" when it does.
+std::string mismatch(const FileId& want, const struct stat& st) {
+  int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (!S_ISREG(st.st_mode)) return "no longer a regular file";
+  if (uint64_t(st.st_size) != want.size)
+    return "size " + std::to_string(want.size) + " -> " + std::to_string(st.st_size);
+  if (mtime != want.mtime_ns) return "modified since the profile (mtime differs)";
+  if (uint64_t(st.st_ino) != want.ino || uint64_t(st.st_dev) != want.dev) return "replaced (inode differs)";
+  return "";
+}
+
+}  // namespace
+
+// Files are checked here with stat() and opened by the workers one at a
+// time, so that a profile of many thousand files needs no more descriptors
+// than there are workers.
+Prefetcher::Prefetcher(const HotProfile& profile, const PrefetchOptions& options)
+    : options_(options), files_(profile.files) {
   if (options_.threads == 0) options_.threads = 1;
   if (options_.io_bytes == 0) options_.io_bytes = 1 << 20;
   uint64_t budget = options_.budget_bytes;
   if (budget == 0) budget = mem_available_bytes() / 2;
-  fds_.assign(profile.files.size(), -1);
-  for (size_t i = 0; i < profile.files.size(); ++i) {
-    const HotFile& f = profile.files[i];
-    int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      stats_.files_skipped++;
-      stats_.messages.push_back("skip " + f.path + ": " + errno_text(errno) + " (vanished since the profile)");
-      continue;
-    }
+  std::vector<bool> ok(files_.size(), false);
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const HotFile& f = files_[i];
     struct stat st{};
-    ::fstat(fd, &st);
-    int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    std::string why;
-    if (!S_ISREG(st.st_mode)) why = "no longer a regular file";
-    else if (uint64_t(st.st_size) != f.id.size)
-      why = "size " + std::to_string(f.id.size) + " -> " + std::to_string(st.st_size);
-    else if (mtime != f.id.mtime_ns) why = "modified since the profile (mtime differs)";
-    else if (uint64_t(st.st_ino) != f.id.ino || uint64_t(st.st_dev) != f.id.dev) why = "replaced (inode differs)";
+    std::string why = ::stat(f.path.c_str(), &st) != 0 ? errno_text(errno) + " (vanished since the profile)"
+                                                       : mismatch(f.id, st);
     if (!why.empty()) {
-      ::close(fd);
       stats_.files_skipped++;
       stats_.messages.push_back("skip " + f.path + ": " + why);
       continue;
     }
-    fds_[i] = fd;
+    ok[i] = true;
     stats_.files_ok++;
   }
   uint64_t planned = 0;
   for (const auto& e : profile.extents) {
-    if (fds_[e.file] < 0) continue;
+    if (!ok[e.file]) continue;
     if (planned >= budget) {
       stats_.budget_cut_bytes += e.length;
       continue;
@@ -227,7 +233,7 @@ Prefetcher::Prefetcher(const HotProfile& profile, const PrefetchOptions& options
     uint64_t len = std::min(e.length, budget - planned);
     stats_.budget_cut_bytes += e.length - len;
     for (uint64_t off = 0; off < len; off += options_.io_bytes)
-      pieces_.push_back({fds_[e.file], e.offset + off, std::min(options_.io_bytes, len - off)});
+      pieces_.push_back({e.file, e.offset + off, std::min(options_.io_bytes, len - off)});
     planned += len;
   }
   stats_.planned_bytes = planned;
@@ -236,8 +242,6 @@ Prefetcher::Prefetcher(const HotProfile& profile, const PrefetchOptions& options
 Prefetcher::~Prefetcher() {
   stop();
   wait();
-  for (int fd : fds_)
-    if (fd >= 0) ::close(fd);
 }
 
 void Prefetcher::start() {
@@ -257,16 +261,34 @@ void Prefetcher::wait() {
 
 void Prefetcher::worker() {
   std::unique_ptr<char[]> buf(new char[options_.io_bytes]);
+  int64_t open_file = -1;  // the file fd belongs to (fd is -1 when it failed to open)
+  int fd = -1;
   while (!stop_.load(std::memory_order_relaxed)) {
     size_t i = next_.fetch_add(1);
-    if (i >= pieces_.size()) return;
+    if (i >= pieces_.size()) break;
     const Piece& p = pieces_[i];
+    if (open_file != int64_t(p.file)) {
+      if (fd >= 0) ::close(fd);
+      fd = ::open(files_[p.file].path.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st{};
+      // Checked again on the descriptor: the file may change after the plan.
+      if (fd >= 0 && (::fstat(fd, &st) != 0 || !mismatch(files_[p.file].id, st).empty())) {
+        ::close(fd);
+        fd = -1;
+      }
+      open_file = p.file;
+    }
+    if (fd < 0) {
+      errors_.fetch_add(1);
+      continue;
+    }
     // A plain pread puts the pages in the page cache and, unlike readahead(2)
     // or WILLNEED, returns only when they are there: first-need order holds.
-    ssize_t n = ::pread(p.fd, buf.get(), p.length, off_t(p.offset));
+    ssize_t n = ::pread(fd, buf.get(), p.length, off_t(p.offset));
     if (n < 0) errors_.fetch_add(1);
     else done_bytes_.fetch_add(uint64_t(n));
   }
+  if (fd >= 0) ::close(fd);
 }
 
 }  // namespace ballast::startup

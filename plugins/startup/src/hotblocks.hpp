@@ -77,13 +77,13 @@ class Prefetcher {
 
  private:
   struct Piece {
-    int fd;
+    uint32_t file;
     uint64_t offset, length;
   };
   void worker();
 
   PrefetchOptions options_;
-  std::vector<int> fds_;
+  std::vector<HotFile> files_;  // as recorded; opened by the workers as they go
   std::vector<Piece> pieces_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> stop_{false};
