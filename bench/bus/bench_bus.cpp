@@ -156,6 +156,53 @@ Queued queued(unsigned subs, uint64_t events, unsigned dispatchers) {
           (c1 - c0) * 1e9 / static_cast<double>(events)};
 }
 
+// CPU cost of each side of a queue, apart: the producer publishes `events`
+// into a queue large enough for all of them while the dispatcher is held at
+// the first event, then the dispatcher drains them all. Neither waits for
+// the other, so their CPU times are the work itself; one producer and one
+// dispatcher on cores of their own could move 1e9 / max(both) events/s.
+struct Gated {
+  std::atomic<bool> open{false};
+  uint64_t n = 0;
+  uint64_t total = 0;
+  double first_cpu = 0, last_cpu = 0, sum = 0;
+  static int handler(void* user, const ballast_event* ev) {
+    auto* g = static_cast<Gated*>(user);
+    if (g->n == 0) {
+      g->open.wait(false);
+      g->first_cpu = thread_cpu();
+    }
+    g->sum += static_cast<const ballast_metric_batch*>(ev->payload)->samples[0].value;
+    if (++g->n == g->total) g->last_cpu = thread_cpu();
+    return 0;
+  }
+};
+
+struct Sides {
+  double producer_ns;    // CPU per publish
+  double dispatcher_ns;  // CPU per delivery
+};
+
+Sides queued_sides(uint64_t events) {
+  Bus bus;
+  Gated g;
+  g.total = events;
+  uint32_t capacity = 2;
+  while (capacity < events) capacity *= 2;
+  ballast_subscribe_options o = {sizeof o, BALLAST_DELIVER_QUEUED, 0, capacity};
+  uint64_t id = 0;
+  bus.subscribe("metric.sample", &o, Gated::handler, &g, "bench", &id);
+  const ballast_event ev = event();
+  const double c0 = thread_cpu();
+  for (uint64_t i = 0; i < events; ++i) bus.publish(ev);
+  const double c1 = thread_cpu();
+  g.open.store(true);
+  g.open.notify_all();
+  bus.shutdown();
+  return {(c1 - c0) * 1e9 / static_cast<double>(events),
+          (g.last_cpu - g.first_cpu) * 1e9 / static_cast<double>(events - 1)};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -206,6 +253,19 @@ int main(int argc, char** argv) {
     emit("inline" + sfx, "wall_ns_per_delivery", median(inl_wall), "ns");
     emit("inline" + sfx, "events_per_cpu_s", 1e9 / (median(inl_cpu) * subs), "1/s");
     emit("inline" + sfx, "ratio_to_plain_call", median(ratio), "x");
+  }
+
+  {
+    std::vector<double> prod, disp, rate;
+    for (int r = 0; r < runs; ++r) {
+      const Sides c = queued_sides(500000 / scale);
+      prod.push_back(c.producer_ns);
+      disp.push_back(c.dispatcher_ns);
+      rate.push_back(1e9 / std::max(c.producer_ns, c.dispatcher_ns));
+    }
+    emit("queued_1sub_sides", "producer_cpu_ns_per_event", median(prod), "ns");
+    emit("queued_1sub_sides", "dispatcher_cpu_ns_per_delivery", median(disp), "ns");
+    emit("queued_1sub_sides", "events_per_s_with_two_free_cores", median(rate), "1/s");
   }
 
   for (unsigned subs : {1u, 4u, 16u}) {
