@@ -52,36 +52,51 @@ int parse_part(EventConversion* c, const char* text, const char* what) {
 
 // ---- table builders (protected mode: these allocate Lua objects) ----------
 
-void set_s(lua_State* L, const char* key, const char* value) {
+// Field names are interned once per state and set with lua_rawset: no
+// hashing or lookup of C strings per field.
+enum Key : int { K_count, K_node, K_metric, K_ts_ns, K_value, K_flags, K_dp_rank, K_stage, K_rank, K_step, K_optype, K_start_s, K_duration_s, K_seq_id, K_mc, K_mb_id, K_gmc, K_state, K_comm_id, K_seq, K_op, K_dtype, K_algorithm, K_bytes, K_nranks, K_peer, K_status, K_issue_ns, K_start_ns, K_end_ns, K_chunks_posted, K_chunks_sent, K_chunks_received, K_chunks_reduced, K_subject, K_kind, K_score, K_confidence, K_since_ns, K_detected_ns, K_evidence, K_detector, K_job, K_name, K_pp_stage, K_dp_row, K_first_rank, K_max_dp_spread, K_max_pp_spread, K_objective, K_lower_bound, K_action, K_reason, K_args, K_policy, K_cause_topic, K_slowdown, K_launch_slowdown, K_dimension, K_first_step, K_last_step, K_topic, K_ts, K_schema, K_plugin, K_samples, K_ops, K_nodes, K_culprits, K_source, K_payload, kKeyCount };
+const char* const kKeyNames[] = {"count", "node", "metric", "ts_ns", "value", "flags", "dp_rank", "stage", "rank", "step", "optype", "start_s", "duration_s", "seq_id", "mc", "mb_id", "gmc", "state", "comm_id", "seq", "op", "dtype", "algorithm", "bytes", "nranks", "peer", "status", "issue_ns", "start_ns", "end_ns", "chunks_posted", "chunks_sent", "chunks_received", "chunks_reduced", "subject", "kind", "score", "confidence", "since_ns", "detected_ns", "evidence", "detector", "job", "name", "pp_stage", "dp_row", "first_rank", "max_dp_spread", "max_pp_spread", "objective", "lower_bound", "action", "reason", "args", "policy", "cause_topic", "slowdown", "launch_slowdown", "dimension", "first_step", "last_step", "topic", "ts", "schema", "plugin", "samples", "ops", "nodes", "culprits", "source", "payload"};
+char kKeysKey;             // registry: the interned names, a list indexed by Key + 1
+constexpr int kKeysIndex = 2;  // their stack slot in push_event
+
+// t[key] = value, with t below the value at the top.
+void set_top(lua_State* L, Key key) {
+  lua_rawgeti(L, kKeysIndex, key + 1);
+  lua_insert(L, -2);
+  lua_rawset(L, -3);
+}
+
+
+void set_s(lua_State* L, Key key, const char* value) {
   if (value == nullptr) return;
   lua_pushstring(L, value);
-  lua_setfield(L, -2, key);
+  set_top(L, key);
 }
 
-void set_i(lua_State* L, const char* key, int64_t value) {
+void set_i(lua_State* L, Key key, int64_t value) {
   lua_pushinteger(L, lua_Integer(value));
-  lua_setfield(L, -2, key);
+  set_top(L, key);
 }
 
-void set_u(lua_State* L, const char* key, uint64_t value) {
+void set_u(lua_State* L, Key key, uint64_t value) {
   lua_pushinteger(L, lua_Integer(value));  // ids keep their bits
-  lua_setfield(L, -2, key);
+  set_top(L, key);
 }
 
-void set_n(lua_State* L, const char* key, double value) {
+void set_n(lua_State* L, Key key, double value) {
   lua_pushnumber(L, value);
-  lua_setfield(L, -2, key);
+  set_top(L, key);
 }
 
 // A JSON text field: its table when it parsed, else the text.
-void set_json(lua_State* L, const EventConversion& c, const char* key, const char* text, int root) {
+void set_json(lua_State* L, const EventConversion& c, Key key, const char* text, int root) {
   if (text == nullptr) return;
   if (root >= 0) {
     c.tape.push(L, root);
   } else {
     lua_pushstring(L, text);
   }
-  lua_setfield(L, -2, key);
+  set_top(L, key);
 }
 
 const char* collective_state(uint32_t s) {
@@ -96,151 +111,151 @@ const char* collective_state(uint32_t s) {
 
 void push_metric_batch(lua_State* L, const ballast_metric_batch& b) {
   lua_createtable(L, 0, 2);
-  set_i(L, "count", b.count);
+  set_i(L, K_count, b.count);
   lua_createtable(L, int(b.count), 0);
   for (uint32_t i = 0; i < b.count; ++i) {
     const ballast_metric_sample& s = b.samples[i];
     lua_createtable(L, 0, 5);
-    set_s(L, "node", s.node);
-    set_s(L, "metric", s.metric);
-    set_i(L, "ts_ns", s.ts_ns);
-    set_n(L, "value", s.value);
-    set_i(L, "flags", s.flags);
+    set_s(L, K_node, s.node);
+    set_s(L, K_metric, s.metric);
+    set_i(L, K_ts_ns, s.ts_ns);
+    set_n(L, K_value, s.value);
+    set_i(L, K_flags, s.flags);
     lua_rawseti(L, -2, lua_Integer(i) + 1);
   }
-  lua_setfield(L, -2, "samples");
+  set_top(L, K_samples);
 }
 
 void push_op_timing_batch(lua_State* L, const ballast_op_timing_batch& b) {
   lua_createtable(L, 0, 2);
-  set_i(L, "count", b.count);
+  set_i(L, K_count, b.count);
   lua_createtable(L, int(b.count), 0);
   for (uint32_t i = 0; i < b.count; ++i) {
     const ballast_op_timing& o = b.ops[i];
     lua_createtable(L, 0, 11);
-    set_i(L, "dp_rank", o.dp_rank);
-    set_i(L, "stage", o.stage);
-    set_i(L, "rank", o.rank);
-    set_i(L, "step", o.step);
-    set_s(L, "optype", o.optype);
-    set_n(L, "start_s", o.start_s);
-    set_n(L, "duration_s", o.duration_s);
-    set_i(L, "seq_id", o.seq_id);
-    set_i(L, "mc", o.mc);
-    set_i(L, "mb_id", o.mb_id);
-    set_i(L, "gmc", o.gmc);
+    set_i(L, K_dp_rank, o.dp_rank);
+    set_i(L, K_stage, o.stage);
+    set_i(L, K_rank, o.rank);
+    set_i(L, K_step, o.step);
+    set_s(L, K_optype, o.optype);
+    set_n(L, K_start_s, o.start_s);
+    set_n(L, K_duration_s, o.duration_s);
+    set_i(L, K_seq_id, o.seq_id);
+    set_i(L, K_mc, o.mc);
+    set_i(L, K_mb_id, o.mb_id);
+    set_i(L, K_gmc, o.gmc);
     lua_rawseti(L, -2, lua_Integer(i) + 1);
   }
-  lua_setfield(L, -2, "ops");
+  set_top(L, K_ops);
 }
 
 void push_collective_record(lua_State* L, const ballast_collective_record& r) {
   lua_createtable(L, 0, 20);
   if (const char* s = collective_state(r.state)) {
-    set_s(L, "state", s);
+    set_s(L, K_state, s);
   } else {
-    set_i(L, "state", r.state);
+    set_i(L, K_state, r.state);
   }
-  set_u(L, "comm_id", r.comm_id);
-  set_u(L, "seq", r.seq);
-  set_s(L, "op", r.op);
-  set_s(L, "dtype", r.dtype);
-  set_s(L, "algorithm", r.algorithm);
-  set_u(L, "count", r.count);
-  set_u(L, "bytes", r.bytes);
-  set_i(L, "rank", r.rank);
-  set_i(L, "nranks", r.nranks);
-  set_i(L, "peer", r.peer);
-  set_i(L, "status", r.status);
-  set_i(L, "issue_ns", r.issue_ns);
-  set_i(L, "start_ns", r.start_ns);
-  set_i(L, "end_ns", r.end_ns);
-  set_u(L, "chunks_posted", r.chunks_posted);
-  set_u(L, "chunks_sent", r.chunks_sent);
-  set_u(L, "chunks_received", r.chunks_received);
-  set_u(L, "chunks_reduced", r.chunks_reduced);
+  set_u(L, K_comm_id, r.comm_id);
+  set_u(L, K_seq, r.seq);
+  set_s(L, K_op, r.op);
+  set_s(L, K_dtype, r.dtype);
+  set_s(L, K_algorithm, r.algorithm);
+  set_u(L, K_count, r.count);
+  set_u(L, K_bytes, r.bytes);
+  set_i(L, K_rank, r.rank);
+  set_i(L, K_nranks, r.nranks);
+  set_i(L, K_peer, r.peer);
+  set_i(L, K_status, r.status);
+  set_i(L, K_issue_ns, r.issue_ns);
+  set_i(L, K_start_ns, r.start_ns);
+  set_i(L, K_end_ns, r.end_ns);
+  set_u(L, K_chunks_posted, r.chunks_posted);
+  set_u(L, K_chunks_sent, r.chunks_sent);
+  set_u(L, K_chunks_received, r.chunks_received);
+  set_u(L, K_chunks_reduced, r.chunks_reduced);
 }
 
 void push_fault_report(lua_State* L, const EventConversion& c, const ballast_fault_report& f) {
   lua_createtable(L, 0, 11);
   if (f.stage == BALLAST_FAULT_SUSPECTED || f.stage == BALLAST_FAULT_CONFIRMED) {
-    set_s(L, "stage", f.stage == BALLAST_FAULT_SUSPECTED ? "suspected" : "confirmed");
+    set_s(L, K_stage, f.stage == BALLAST_FAULT_SUSPECTED ? "suspected" : "confirmed");
   } else {
-    set_i(L, "stage", f.stage);
+    set_i(L, K_stage, f.stage);
   }
-  set_s(L, "subject", f.subject);
-  set_i(L, "rank", f.rank);
-  set_s(L, "kind", f.kind);
-  set_s(L, "metric", f.metric);
-  set_n(L, "score", f.score);
-  set_n(L, "confidence", f.confidence);
-  set_i(L, "since_ns", f.since_ns);
-  set_i(L, "detected_ns", f.detected_ns);
-  set_json(L, c, "evidence", f.evidence, c.evidence_root);
-  set_s(L, "detector", f.detector);
+  set_s(L, K_subject, f.subject);
+  set_i(L, K_rank, f.rank);
+  set_s(L, K_kind, f.kind);
+  set_s(L, K_metric, f.metric);
+  set_n(L, K_score, f.score);
+  set_n(L, K_confidence, f.confidence);
+  set_i(L, K_since_ns, f.since_ns);
+  set_i(L, K_detected_ns, f.detected_ns);
+  set_json(L, c, K_evidence, f.evidence, c.evidence_root);
+  set_s(L, K_detector, f.detector);
 }
 
 void push_placement_plan(lua_State* L, const ballast_placement_plan& p) {
   lua_createtable(L, 0, 8);
-  set_i(L, "count", p.count);
-  set_s(L, "job", p.job);
-  set_s(L, "algorithm", p.algorithm);
+  set_i(L, K_count, p.count);
+  set_s(L, K_job, p.job);
+  set_s(L, K_algorithm, p.algorithm);
   lua_createtable(L, int(p.count), 0);
   for (uint32_t i = 0; i < p.count; ++i) {
     const ballast_placement_node& n = p.nodes[i];
     lua_createtable(L, 0, 4);
-    set_s(L, "name", n.name);
-    set_i(L, "pp_stage", n.pp_stage);
-    set_i(L, "dp_row", n.dp_row);
-    set_i(L, "first_rank", n.first_rank);
+    set_s(L, K_name, n.name);
+    set_i(L, K_pp_stage, n.pp_stage);
+    set_i(L, K_dp_row, n.dp_row);
+    set_i(L, K_first_rank, n.first_rank);
     lua_rawseti(L, -2, lua_Integer(i) + 1);
   }
-  lua_setfield(L, -2, "nodes");
-  set_i(L, "max_dp_spread", p.max_dp_spread);
-  set_i(L, "max_pp_spread", p.max_pp_spread);
-  set_n(L, "objective", p.objective);
-  set_n(L, "lower_bound", p.lower_bound);
+  set_top(L, K_nodes);
+  set_i(L, K_max_dp_spread, p.max_dp_spread);
+  set_i(L, K_max_pp_spread, p.max_pp_spread);
+  set_n(L, K_objective, p.objective);
+  set_n(L, K_lower_bound, p.lower_bound);
 }
 
 void push_recovery_action(lua_State* L, const EventConversion& c, const ballast_recovery_action& a) {
   lua_createtable(L, 0, 6);
-  set_s(L, "action", a.action);
-  set_s(L, "subject", a.subject);
-  set_s(L, "reason", a.reason);
-  set_json(L, c, "args", a.args, c.args_root);
-  set_s(L, "policy", a.policy);
-  set_s(L, "cause_topic", a.cause_topic);
+  set_s(L, K_action, a.action);
+  set_s(L, K_subject, a.subject);
+  set_s(L, K_reason, a.reason);
+  set_json(L, c, K_args, a.args, c.args_root);
+  set_s(L, K_policy, a.policy);
+  set_s(L, K_cause_topic, a.cause_topic);
 }
 
 void push_startup_stage(lua_State* L, const ballast_startup_stage& s) {
   lua_createtable(L, 0, 7);
-  set_i(L, "status", s.status);
-  set_s(L, "stage", s.stage);
-  set_s(L, "node", s.node);
-  set_i(L, "rank", s.rank);
-  set_i(L, "start_ns", s.start_ns);
-  set_i(L, "end_ns", s.end_ns);
-  set_u(L, "bytes", s.bytes);
+  set_i(L, K_status, s.status);
+  set_s(L, K_stage, s.stage);
+  set_s(L, K_node, s.node);
+  set_i(L, K_rank, s.rank);
+  set_i(L, K_start_ns, s.start_ns);
+  set_i(L, K_end_ns, s.end_ns);
+  set_u(L, K_bytes, s.bytes);
 }
 
 void push_straggler_report(lua_State* L, const ballast_straggler_report& r) {
   lua_createtable(L, 0, 7);
-  set_i(L, "count", r.count);
-  set_n(L, "slowdown", r.slowdown);
-  set_n(L, "launch_slowdown", r.launch_slowdown);
-  set_s(L, "kind", r.kind);
+  set_i(L, K_count, r.count);
+  set_n(L, K_slowdown, r.slowdown);
+  set_n(L, K_launch_slowdown, r.launch_slowdown);
+  set_s(L, K_kind, r.kind);
   lua_createtable(L, int(r.count), 0);
   for (uint32_t i = 0; i < r.count; ++i) {
     const ballast_straggler_culprit& k = r.culprits[i];
     lua_createtable(L, 0, 3);
-    set_s(L, "dimension", k.dimension);
-    set_s(L, "name", k.name);
-    set_n(L, "slowdown", k.slowdown);
+    set_s(L, K_dimension, k.dimension);
+    set_s(L, K_name, k.name);
+    set_n(L, K_slowdown, k.slowdown);
     lua_rawseti(L, -2, lua_Integer(i) + 1);
   }
-  lua_setfield(L, -2, "culprits");
-  set_i(L, "first_step", r.first_step);
-  set_i(L, "last_step", r.last_step);
+  set_top(L, K_culprits);
+  set_i(L, K_first_step, r.first_step);
+  set_i(L, K_last_step, r.last_step);
 }
 
 // Pushes the payload, or nothing; returns whether it pushed.
@@ -324,17 +339,28 @@ void prepare_event(const ballast_event& event, EventConversion* c) {
 int push_event(lua_State* L) {
   const auto* c = static_cast<const EventConversion*>(lua_touserdata(L, 1));
   const ballast_event& e = *c->event;
+  lua_settop(L, 1);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &kKeysKey) == LUA_TNIL) {  // kKeysIndex
+    lua_pop(L, 1);
+    lua_createtable(L, kKeyCount, 0);
+    for (int k = 0; k < kKeyCount; ++k) {
+      lua_pushstring(L, kKeyNames[k]);
+      lua_rawseti(L, -2, k + 1);
+    }
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &kKeysKey);
+  }
   lua_createtable(L, 0, 6);
-  set_s(L, "topic", e.topic != nullptr ? e.topic : "");
-  set_n(L, "ts", double(e.ts_ns) / 1e9);
-  set_i(L, "ts_ns", e.ts_ns);
-  set_i(L, "schema", e.schema);
+  set_s(L, K_topic, e.topic != nullptr ? e.topic : "");
+  set_n(L, K_ts, double(e.ts_ns) / 1e9);
+  set_i(L, K_ts_ns, e.ts_ns);
+  set_i(L, K_schema, e.schema);
   lua_createtable(L, 0, 3);
-  set_s(L, "node", e.source.node);
-  set_i(L, "rank", e.source.rank);
-  set_s(L, "plugin", e.source.plugin);
-  lua_setfield(L, -2, "source");
-  if (!c->drop_payload && push_payload(L, *c)) lua_setfield(L, -2, "payload");
+  set_s(L, K_node, e.source.node);
+  set_i(L, K_rank, e.source.rank);
+  set_s(L, K_plugin, e.source.plugin);
+  set_top(L, K_source);
+  if (!c->drop_payload && push_payload(L, *c)) set_top(L, K_payload);
   return 1;
 }
 

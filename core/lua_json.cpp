@@ -2,7 +2,9 @@
 
 #include "lua_sandbox.hpp"
 
+#include <charconv>
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <new>
 
@@ -181,90 +183,233 @@ bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimit
 
 // ---- JSON text -> tape ------------------------------------------------------
 
-struct JsonTape::Sax {
-  using json = nlohmann::json;
-
-  JsonTape* tape;
+struct JsonTape::Parser {
+  JsonTape& tape;
+  const char* begin;
+  const char* p;
+  const char* end;
   std::string* error;
-  std::vector<size_t> open;  // tokens_ indices of the containers being filled
 
-  void counted() {
-    if (!open.empty() && tape->tokens_[open.back()].kind == kArray) ++tape->tokens_[open.back()].count;
+  bool fail(const char* what) {
+    int line = 1, column = 1;
+    for (const char* q = begin; q < p; ++q) {
+      if (*q == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    if (error != nullptr) {
+      *error = std::string("JSON: ") + what + " at line " + std::to_string(line) + ", column " +
+               std::to_string(column);
+    }
+    return false;
   }
-  bool add(Kind kind) {
-    counted();
+
+  void skip_space() {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) ++p;
+  }
+
+  bool push(Kind kind) {
     Token t{};
     t.kind = kind;
-    tape->tokens_.push_back(t);
+    tape.tokens_.push_back(t);
     return true;
   }
-  bool add_text(const std::string& s) {
-    if (tape->chars_.size() + s.size() > UINT32_MAX) {
-      *error = "JSON text too large";
-      return false;
+
+  bool value(size_t depth) {
+    skip_space();
+    if (p == end) return fail("unexpected end");
+    switch (*p) {
+      case '{': return container(depth, kObject, '}');
+      case '[': return container(depth, kArray, ']');
+      case '"': return string();
+      case 't': return literal("true", kTrue);
+      case 'f': return literal("false", kFalse);
+      case 'n': return literal("null", kNull);
+      default: return number();
     }
+  }
+
+  bool literal(const char* word, Kind kind) {
+    size_t n = std::strlen(word);
+    if (size_t(end - p) < n || std::memcmp(p, word, n) != 0) return fail("invalid literal");
+    p += n;
+    return push(kind);
+  }
+
+  // An object is (key string, value) pairs; an array values.
+  bool container(size_t depth, Kind kind, char close) {
+    if (depth >= kMaxDepth) return fail("nested deeper than 64 levels");
+    size_t at = tape.tokens_.size();
+    push(kind);
+    ++p;
+    skip_space();
+    if (p < end && *p == close) {
+      ++p;
+      return true;
+    }
+    for (;;) {
+      if (kind == kObject) {
+        skip_space();
+        if (p == end || *p != '"') return fail("expected a string key");
+        if (!string()) return false;
+        skip_space();
+        if (p == end || *p != ':') return fail("expected ':'");
+        ++p;
+      }
+      if (!value(depth + 1)) return false;
+      ++tape.tokens_[at].count;
+      skip_space();
+      if (p < end && *p == ',') {
+        ++p;
+        continue;
+      }
+      if (p < end && *p == close) {
+        ++p;
+        return true;
+      }
+      return fail(kind == kObject ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+  }
+
+  bool hex4(uint32_t* out) {
+    if (end - p < 4) return fail("truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      char c = *p++;
+      v <<= 4;
+      if (c >= '0' && c <= '9') {
+        v |= uint32_t(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        v |= uint32_t(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        v |= uint32_t(c - 'A' + 10);
+      } else {
+        return fail("invalid \\u escape");
+      }
+    }
+    *out = v;
+    return true;
+  }
+
+  void utf8(uint32_t cp) {
+    std::string& s = tape.chars_;
+    if (cp < 0x80) {
+      s += char(cp);
+    } else if (cp < 0x800) {
+      s += char(0xC0 | (cp >> 6));
+      s += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      s += char(0xE0 | (cp >> 12));
+      s += char(0x80 | ((cp >> 6) & 0x3F));
+      s += char(0x80 | (cp & 0x3F));
+    } else {
+      s += char(0xF0 | (cp >> 18));
+      s += char(0x80 | ((cp >> 12) & 0x3F));
+      s += char(0x80 | ((cp >> 6) & 0x3F));
+      s += char(0x80 | (cp & 0x3F));
+    }
+  }
+
+  bool string() {  // at the opening quote
+    ++p;
+    std::string& s = tape.chars_;
+    size_t start = s.size();
+    for (;;) {
+      const char* run = p;
+      while (p < end && *p != '"' && *p != '\\' && static_cast<unsigned char>(*p) >= 0x20) ++p;
+      s.append(run, size_t(p - run));
+      if (p == end) return fail("unterminated string");
+      if (*p == '"') {
+        ++p;
+        break;
+      }
+      if (*p != '\\') return fail("control character in a string");
+      if (++p == end) return fail("unterminated string");
+      switch (*p++) {
+        case '"': s += '"'; break;
+        case '\\': s += '\\'; break;
+        case '/': s += '/'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'n': s += '\n'; break;
+        case 'r': s += '\r'; break;
+        case 't': s += '\t'; break;
+        case 'u': {
+          uint32_t cp = 0;
+          if (!hex4(&cp)) return false;
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            uint32_t lo = 0;
+            if (end - p < 2 || p[0] != '\\' || p[1] != 'u') return fail("unpaired surrogate");
+            p += 2;
+            if (!hex4(&lo)) return false;
+            if (lo < 0xDC00 || lo > 0xDFFF) return fail("unpaired surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            return fail("unpaired surrogate");
+          }
+          utf8(cp);
+          break;
+        }
+        default: --p; return fail("invalid escape");
+      }
+    }
+    if (s.size() > UINT32_MAX) return fail("text too large");
     Token t{};
     t.kind = kString;
-    t.text.offset = uint32_t(tape->chars_.size());
-    t.text.length = uint32_t(s.size());
-    tape->chars_ += s;
-    tape->tokens_.push_back(t);
-    return true;
-  }
-  bool begin(Kind kind) {
-    if (open.size() >= kMaxDepth) {
-      *error = "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels";
-      return false;
-    }
-    counted();
-    open.push_back(tape->tokens_.size());
-    Token t{};
-    t.kind = kind;
-    tape->tokens_.push_back(t);
+    t.text.offset = uint32_t(start);
+    t.text.length = uint32_t(s.size() - start);
+    tape.tokens_.push_back(t);
     return true;
   }
 
-  bool null() { return add(kNull); }
-  bool boolean(bool v) { return add(v ? kTrue : kFalse); }
-  bool number_integer(json::number_integer_t v) {
-    add(kInteger);
-    tape->tokens_.back().integer = v;
+  bool digits() {
+    if (p == end || *p < '0' || *p > '9') return fail("invalid number");
+    while (p < end && *p >= '0' && *p <= '9') ++p;
     return true;
   }
-  bool number_unsigned(json::number_unsigned_t v) {
-    if (v > uint64_t(INT64_MAX)) return number_float(double(v), {});
-    return number_integer(int64_t(v));
-  }
-  bool number_float(json::number_float_t v, const json::string_t&) {
-    add(kFloat);
-    tape->tokens_.back().number = v;
+
+  bool number() {
+    const char* s = p;
+    if (*p == '-') ++p;
+    if (p == end || *p < '0' || *p > '9') return fail("invalid value");
+    if (*p == '0') {
+      ++p;
+    } else if (!digits()) {
+      return false;
+    }
+    bool is_float = false;
+    if (p < end && *p == '.') {
+      is_float = true;
+      ++p;
+      if (!digits()) return false;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+      is_float = true;
+      ++p;
+      if (p < end && (*p == '+' || *p == '-')) ++p;
+      if (!digits()) return false;
+    }
+    Token t{};
+    if (!is_float) {
+      int64_t v = 0;
+      auto r = std::from_chars(s, p, v);
+      if (r.ec == std::errc() && r.ptr == p) {
+        t.kind = kInteger;
+        t.integer = v;
+        tape.tokens_.push_back(t);
+        return true;
+      }  // too large for an integer: a float
+    }
+    double d = 0;
+    auto r = std::from_chars(s, p, d);
+    if (r.ec != std::errc() || r.ptr != p) return fail("number out of range");
+    t.kind = kFloat;
+    t.number = d;
+    tape.tokens_.push_back(t);
     return true;
-  }
-  bool string(json::string_t& v) {
-    counted();
-    return add_text(v);
-  }
-  bool binary(json::binary_t&) {
-    *error = "binary values are not JSON";
-    return false;
-  }
-  bool start_object(std::size_t) { return begin(kObject); }
-  bool key(json::string_t& v) {
-    ++tape->tokens_[open.back()].count;
-    return add_text(v);
-  }
-  bool end_object() {
-    open.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) { return begin(kArray); }
-  bool end_array() {
-    open.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    *error = e.what();
-    return false;
   }
 };
 
@@ -275,18 +420,22 @@ void JsonTape::clear() {
 
 int JsonTape::parse(std::string_view text, std::string* error) {
   size_t root = tokens_.size();
-  std::string why;
+  size_t chars = chars_.size();
   bool ok = false;
   try {
-    Sax sax{this, &why, {}};
-    ok = nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &sax);
+    Parser parser{*this, text.data(), text.data(), text.data() + text.size(), error};
+    ok = parser.value(0);
+    if (ok) {
+      parser.skip_space();
+      if (parser.p != parser.end) ok = parser.fail("unexpected text after the value");
+    }
   } catch (const std::exception& e) {
-    why = e.what();
+    if (error != nullptr) *error = std::string("JSON: ") + e.what();
     ok = false;
   }
   if (!ok || root > size_t(INT_MAX)) {
     tokens_.resize(root);
-    if (error != nullptr) *error = why.empty() ? "invalid JSON" : why;
+    chars_.resize(chars);
     return -1;
   }
   return int(root);

@@ -10,7 +10,10 @@
 //
 // JSON -> Lua (JsonTape): the text is parsed first, in C++, into a flat tape
 // (no Lua call, so no longjmp can cross the parser); push() then builds the
-// tables from the tape in a protected call. null becomes ballast.null.
+// tables from the tape in a protected call. null becomes ballast.null. The
+// parser is a small strict RFC 8259 one (nesting limited to 64 levels):
+// this runs once per event, and a general-purpose parser cost more than the
+// Lua call itself.
 #pragma once
 
 #include <lua.hpp>
@@ -62,7 +65,7 @@ class JsonTape {
       } text;
     };
   };
-  struct Sax;
+  struct Parser;
   size_t push_value(lua_State* L, size_t i) const;
 
   std::vector<Token> tokens_;  // an object's members are (key string, value) pairs
