@@ -295,7 +295,7 @@ bool Job::inject(Fault f, int k, std::string* error) {
       return true;
     case Fault::cpu_throttle:
       for (const auto& c : m.cgroups)
-        if (access((c + "/cpu.cfs_quota_us").c_str(), W_OK) == 0) return write_file(c + "/cpu.cfs_quota_us", "5000");
+        if (access((c + "/cpu.cfs_quota_us").c_str(), W_OK) == 0) return write_file(c + "/cpu.cfs_quota_us", "2000");  // 2% of one CPU
       *error = "no cpu controller";
       return false;
     case Fault::net_throttle:

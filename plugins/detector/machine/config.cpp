@@ -239,7 +239,7 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "period", "window", "threshold", "continuity", "silent_after", "rel_floor",
-      "abs_floor", "spread_memory", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics"};
+      "abs_floor", "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics", "min_deviation"};
   return keys;
 }
 
@@ -250,7 +250,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
     double* field;
     double min;
   };
-  double continuity = c->continuity, min_nodes = c->min_nodes;
+  double continuity = c->continuity, min_nodes = c->min_nodes, warmup = c->warmup;
   double max_metrics = static_cast<double>(c->max_metrics);
   Num nums[] = {{"period", &c->period_s, 1e-3},
                 {"window", &c->window_s, 1e-3},
@@ -260,6 +260,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
                 {"rel_floor", &c->rel_floor, 0},
                 {"abs_floor", &c->abs_floor, 0},
                 {"spread_memory", &c->spread_memory, 1},
+                {"warmup", &warmup, 0},
                 {"min_nodes", &min_nodes, 3},
                 {"max_outlier_fraction", &c->max_outlier_fraction, 0},
                 {"max_metrics", &max_metrics, 1}};
@@ -276,6 +277,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
   }
   c->continuity = static_cast<int>(continuity);
   c->min_nodes = static_cast<int>(min_nodes);
+  c->warmup = static_cast<int>(warmup);
   c->max_metrics = static_cast<size_t>(max_metrics);
   std::string text;
   if (get("metrics", &text)) {
@@ -295,6 +297,27 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
       list.push_back(e.get<std::string>());
     }
     c->metrics = std::move(list);
+  }
+  if (get("min_deviation", &text)) {
+    // A table { ["pattern"] = value, ... }, JSON text from the host.
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object()) {
+      *error = "config key 'min_deviation': expected a table of pattern = number, got '" + text + "'";
+      return false;
+    }
+    std::vector<std::pair<std::string, double>> list;
+    for (const auto& [pattern, v] : j.items()) {
+      double d = 0;
+      if (v.is_number()) d = v.get<double>();
+      else if (!v.is_string() || !to_number(v.get<std::string>(), &d)) d = -1;
+      if (!(d >= 0)) {
+        *error = "config key 'min_deviation." + pattern + "': expected a number >= 0, got " + v.dump();
+        return false;
+      }
+      list.emplace_back(pattern, d);
+    }
+    // The user's patterns are matched before the defaults.
+    c->min_deviation.insert(c->min_deviation.begin(), list.begin(), list.end());
   }
   return true;
 }

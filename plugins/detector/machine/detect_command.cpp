@@ -61,6 +61,17 @@ bool load_config(const std::string& path, DetectorConfig* config, std::string* e
   ss << in.rdbuf();
   ConfigText text;
   if (!parse_lua_table(ss.str(), path, &text, error)) return false;
+  // Nested `min_deviation = { ["pattern"] = n }` arrives as dotted keys.
+  nlohmann::json deviations = nlohmann::json::object();
+  for (auto it = text.begin(); it != text.end();) {
+    if (it->first.rfind("min_deviation.", 0) == 0) {
+      deviations[it->first.substr(14)] = it->second;
+      it = text.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!deviations.empty()) text["min_deviation"] = deviations.dump();
   const auto& known = config_keys();
   for (const auto& [key, value] : text) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {

@@ -16,7 +16,8 @@ std::vector<std::string> default_metrics() {
       // Accelerator duty cycle and power: they follow the job's progress
       // directly (Minder's most telling metrics).
       "gpu*.util", "gpu*.power", "gpu*.sm_clock", "gpu*.nvlink.*", "gpu*.pcie.*",
-      // The job's CPU: throttling and stalls first, then busy time.
+      // The job's CPU: throttling and stalls first, then busy time and
+      // wake-ups (a stopped process stops waking up while its peers poll).
       "cgroup.cpu.throttled", "cgroup.cpu.pressure", "proc.cpu", "cgroup.cpu.usage",
       "proc.ctxt_voluntary", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
       // Network: retransmits, drops and errors, then throughput.
@@ -25,6 +26,15 @@ std::vector<std::string> default_metrics() {
       // (a checkpoint writer, a cache), so they decide only when nothing else does.
       "cgroup.io.pressure", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
       "cgroup.memory.pressure", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
+}
+
+std::vector<std::pair<std::string, double>> default_min_deviation() {
+  return {{"gpu*.xid", 1},           {"gpu*.ecc.*", 1},
+          {"net.tcp.retrans", 20},   {"net.*_drops", 20},           {"net.*_errors", 20},
+          {"cgroup.cpu.throttled", 0.01}, {"cgroup.*.pressure", 0.05},
+          {"proc.cpu", 0.05},        {"cgroup.cpu.*", 0.05},        {"proc.ctxt_*", 50},
+          {"proc.write_bytes", 1e6}, {"proc.read_bytes", 1e6},      {"cgroup.io.*_bytes", 1e6},
+          {"disk.*_bytes", 1e6},     {"cgroup.io.*_ops", 50},       {"disk.*_ops", 50}};
 }
 
 bool glob_match(std::string_view p, std::string_view t) {
@@ -83,6 +93,7 @@ double finite(double x) { return std::isfinite(x) ? x : (x > 0 ? 1e300 : -1e300)
 
 Detector::Detector(DetectorConfig config) : config_(std::move(config)) {
   if (config_.metrics.empty()) config_.metrics = default_metrics();
+  for (auto& d : default_min_deviation()) config_.min_deviation.push_back(std::move(d));
   if (config_.continuity < 1) config_.continuity = 1;
   if (config_.min_nodes < 3) config_.min_nodes = 3;
 }
@@ -107,8 +118,15 @@ int Detector::metric_id(std::string_view name) {
       break;
     }
   }
+  double floor = config_.abs_floor;
+  for (const auto& [pattern, dev] : config_.min_deviation) {
+    if (glob_match(pattern, name)) {
+      floor = std::max(floor, dev / std::max(config_.threshold, 1e-9));
+      break;
+    }
+  }
   uint32_t id = static_cast<uint32_t>(metrics_.size());
-  metrics_.push_back(Metric{std::string(name), rank, -1, {}});
+  metrics_.push_back(Metric{std::string(name), rank, floor, 0, 0, 0, {}});
   metric_index_.emplace(std::string(name), id);
   if (rank >= 0) order_dirty_ = true;
   return static_cast<int>(id);
@@ -208,10 +226,14 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
     double med = median_of(scratch_);
     for (size_t k = 0; k < n; ++k) scratch_[k] = std::fabs(values_[k] - med);
     double mad = median_of(scratch_);
-    double robust = 1.4826 * mad;
-    if (met.spread < 0) met.spread = robust;
-    else met.spread += (robust - met.spread) / config_.spread_memory;
-    double scale = std::max({robust, met.spread, config_.rel_floor * std::fabs(med), config_.abs_floor});
+    double robust = 1.4826 * mad, level = std::fabs(med);
+    ++met.evaluations;
+    if (level > config_.abs_floor) {  // a metric that is usually 0 has no relative spread
+      ++met.usual_updates;
+      met.usual += (robust / level - met.usual) / std::min<double>(met.usual_updates, config_.spread_memory);
+    }
+    bool warm = met.evaluations > config_.warmup;
+    double scale = std::max({robust, met.usual * level, config_.rel_floor * level, met.floor});
     size_t outliers = 0;
     for (size_t k = 0; k < n; ++k)
       if (std::fabs(values_[k] - med) > config_.threshold * scale) ++outliers;
@@ -222,7 +244,7 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       uint32_t i = value_node_[k];
       Series& s = met.series[i];
       double z = finite((values_[k] - med) / scale);
-      if (split || std::fabs(z) <= config_.threshold) {
+      if (!warm || split || std::fabs(z) <= config_.threshold) {
         s.streak = 0;
         continue;
       }

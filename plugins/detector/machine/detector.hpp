@@ -5,12 +5,16 @@
 //   1. denoise: each machine's value is the median of its samples in the
 //      last `window` seconds (a one-sample spike never moves it);
 //   2. score: robust z-score of each machine against the peers' consensus,
-//      z = (x - median) / max(1.4826 * MAD, spread, rel_floor * |median|, abs_floor),
+//      z = (x - median) / max(1.4826 * MAD, usual * |median|, rel_floor * |median|, floor),
 //      O(N) per metric (two nth_element passes, no all-pairs distance), where
-//      `spread` is the metric's usual 1.4826 * MAD, averaged over the last
-//      `spread_memory` evaluations: with few machines the MAD of one
-//      evaluation can be near zero by chance, and normal jitter would then
-//      look like an outlier;
+//      `usual` is the metric's relative spread 1.4826 * MAD / |median|
+//      averaged over the last `spread_memory` evaluations: with few machines
+//      the MAD of one evaluation can be near zero by chance, and normal
+//      jitter would then look like an outlier. Relative, so that it follows
+//      a job-wide change of level. A metric flags no one in its first
+//      `warmup` evaluations, while its usual spread is learnt. `floor` is
+//      the metric's min_deviation / threshold (abs_floor when none is set):
+//      a retransmit now and then is no fault;
 //   3. continuity: a machine whose |z| exceeds `threshold` for `continuity`
 //      consecutive evaluations raises one "outlier" alert.
 // A job-wide change moves the median with every machine, so it scores zero.
@@ -37,12 +41,21 @@ struct DetectorConfig {
   double silent_after_s = 5.0;
   double rel_floor = 0.1;     // scale floor relative to |median|
   double abs_floor = 1e-6;    // scale floor in the metric's unit
-  double spread_memory = 10;  // evaluations averaged into the metric's usual spread
+  double spread_memory = 10;  // evaluations averaged into the metric's usual relative spread
+  int warmup = 5;             // evaluations of a metric before it can flag anyone
   int min_nodes = 3;          // fewer reporting machines: no verdict
   double max_outlier_fraction = 0.25;  // more outliers than this: a split, not a fault
   size_t max_metrics = 4096;  // distinct metric names kept; more are counted and dropped
   std::vector<std::string> metrics;    // priority order, '*' globs; default_metrics()
+  // The smallest deviation from the peers that counts, in the metric's unit,
+  // for metrics that are usually 0 on every machine (retransmits, throttled
+  // time, bytes written): the scale is at least min_deviation / threshold.
+  // First matching pattern wins; these come before default_min_deviation().
+  std::vector<std::pair<std::string, double>> min_deviation;
 };
+
+// The default minimum deviations and why, see README.md.
+std::vector<std::pair<std::string, double>> default_min_deviation();
 
 // The default priority order and why, see README.md.
 std::vector<std::string> default_metrics();
@@ -100,7 +113,10 @@ class Detector {
   struct Metric {
     std::string name;
     int rank;                   // index of the first matching pattern, -1 = ignored
-    double spread = -1;         // running mean of 1.4826 * MAD, -1 before the first evaluation
+    double floor;               // abs_floor, or min_deviation / threshold
+    double usual = 0;           // running mean of 1.4826 * MAD / |median|
+    int evaluations = 0;        // with enough machines reporting
+    int usual_updates = 0;
     std::vector<Series> series; // by node index (grown lazily)
   };
   struct Node {

@@ -172,6 +172,11 @@ TEST_CASE("detect reads its settings from --config and reports bad ones") {
   std::string bad = write_file("bad.lua", "return {\n  window = 3,\n  threshold = os.exit(),\n}\n");
   auto [code3, out3] = run_detect({"--metrics", csv, "--config", bad});
   CHECK(code3 == 1);
+  // A minimum deviation no machine reaches, as a nested table.
+  std::string dev = write_file("dev.lua", "return { min_deviation = { [\"proc.cpu\"] = 1000 } }");
+  auto [code4, out4] = run_detect({"--metrics", csv, "--config", dev});
+  CHECK(code4 == 0);
+  CHECK(out4.find("0 alert(s)") != std::string::npos);
   std::string typo = write_file("typo.lua", "return { windw = 3 }");
   CHECK(run_detect({"--metrics", csv, "--config", typo}).first == 1);
   CHECK(run_detect({"--config", typo}).first == 2);
@@ -202,6 +207,12 @@ TEST_CASE("the Lua subset parser") {
   t = {{"threshold", "-1"}};
   CHECK_FALSE(apply_config(get, &c, &error));
   CHECK(error.find("'threshold'") != std::string::npos);
+  t = {{"min_deviation", "{\"net.tcp.retrans\": 5}"}};
+  REQUIRE(apply_config(get, &c, &error));
+  CHECK(c.min_deviation.front() == std::make_pair(std::string("net.tcp.retrans"), 5.0));
+  t = {{"min_deviation", "{\"x\": -2}"}};
+  CHECK_FALSE(apply_config(get, &c, &error));
+  CHECK(error.find("min_deviation.x") != std::string::npos);
   t = {{"window", "5"}, {"metrics", "[\"gpu*.util\"]"}, {"continuity", "3"}};
   REQUIRE(apply_config(get, &c, &error));
   CHECK(c.window_s == 5);

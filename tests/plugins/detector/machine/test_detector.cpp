@@ -221,3 +221,33 @@ TEST_CASE("glob patterns") {
   CHECK(glob_match("*", "anything"));
   CHECK_FALSE(glob_match("proc.cpu", "proc.cpu2"));
 }
+
+TEST_CASE("a metric that is usually 0 needs its minimum deviation: retransmit blips are no fault") {
+  Detector d(DetectorConfig{});
+  std::vector<Alert> alerts;
+  std::mt19937 rng(11);
+  for (int t = 0; t < 40; ++t) {
+    for (int i = 0; i < 6; ++i) {
+      // A retransmit or two now and then on any machine; node4 loses packets from t=25.
+      double v = (rng() % 4 == 0) ? 1 + rng() % 3 : 0;
+      if (i == 4 && t >= 25) v = 150;
+      d.add("node" + std::to_string(i), "net.tcp.retrans", t * kSec, v, 0);
+    }
+    d.evaluate(t * kSec + 1, &alerts);
+  }
+  REQUIRE(alerts.size() == 1);
+  CHECK(alerts[0].node == "node4");
+  CHECK(alerts[0].ts_ns == 27 * kSec + 1);
+}
+
+TEST_CASE("no verdict while a metric warms up") {
+  DetectorConfig c;
+  c.warmup = 5;
+  Detector d(c);
+  Job job{6};
+  // node1 is off from the start: flagged only once the metric is warm.
+  std::vector<Alert> alerts = run(d, job, 0, 12, 80, 1, 10);
+  REQUIRE(alerts.size() == 1);
+  CHECK(alerts[0].node == "node1");
+  CHECK(alerts[0].ts_ns == 6 * kSec + 10000000);  // evaluations 6 and 7 (t = 5, 6) are warm
+}
