@@ -566,10 +566,11 @@ Plan place(const Topology& topo, const Cluster& cl, const Job& job, const PlaceO
         if (o < obj - 1e-12) { obj = o; color = c; }
       }
     }
-    if (opt.algorithm == "exact")
-      p.optimal = solve_exact(s, cl.free_count, std::numeric_limits<uint64_t>::max(), color);
-    else if (opt.algorithm == "arnold" && n <= opt.exact_max_cells &&
-             evaluate(s, color, k).objective > lower_bound(s, cl.free_count) + 1e-12)
+    // The search is only needed while the bound leaves room for better.
+    bool open = evaluate(s, color, k).objective > lower_bound(s, cl.free_count) + 1e-12;
+    if (opt.algorithm == "exact" && open)
+      p.optimal = solve_exact(s, cl.free_count, opt.exact_forced_node_limit, color);
+    else if (opt.algorithm == "arnold" && n <= opt.exact_max_cells && open)
       p.optimal = solve_exact(s, cl.free_count, opt.exact_node_limit, color);
     // Nodes of each minipod in rank order, so a minipod's ranks are contiguous.
     std::vector<size_t> next(k, 0);

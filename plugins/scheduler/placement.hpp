@@ -70,12 +70,15 @@ struct Plan {
 struct PlaceOptions {
   std::string algorithm = "arnold";
   uint64_t seed = 0;
-  uint64_t exact_node_limit = 3'000'000;
+  uint64_t exact_node_limit = 3'000'000;          // "arnold": search nodes before settling for the heuristic
+  uint64_t exact_forced_node_limit = 100'000'000;  // "exact": a bound, so a large job cannot hang it
   int exact_max_cells = 40;   // "arnold" tries the exact solver up to this many nodes
 };
 
 // Algorithms: "arnold" (exact when small enough to prove, else the heuristic;
-// never worse than the baselines, which it also evaluates), "exact",
+// never worse than the baselines, which it also evaluates), "exact" (branch
+// and bound from the heuristic's plan; "optimal" is false in the plan when
+// the node limit stopped it first),
 // "heuristic", and the baselines "best-fit" (fullest minipod first),
 // "random-fit" (minipods in seeded random order), "slurm-tree" (Slurm's
 // greedy leaf-switch best fit), each followed by Megatron's rank order.

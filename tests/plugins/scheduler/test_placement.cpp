@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <random>
@@ -254,4 +255,26 @@ TEST_CASE("a job that does not fit, or an unknown algorithm, is a clear error") 
                        "unknown algorithm \"first-fit\" (one of: arnold, exact, heuristic, best-fit, random-fit, "
                        "slurm-tree)",
                        InputError);
+}
+
+TEST_CASE("the branch and bound alone, from no incumbent, finds the brute-force optimum") {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    Shape s{1 + static_cast<int>(rng() % 4), 1 + static_cast<int>(rng() % 3), std::vector<double>{0, 0.3, 0.5, 1}[rng() % 4]};
+    if (s.cells() > 9) continue;
+    std::vector<int> cap(2 + rng() % 3);
+    int total = 0;
+    for (auto& c : cap) total += c = static_cast<int>(rng() % 6);
+    if (total < s.cells()) continue;
+    std::vector<int> color;
+    CHECK(solve_exact(s, cap, std::numeric_limits<uint64_t>::max(), color));
+    REQUIRE(color.size() == static_cast<size_t>(s.cells()));
+    std::vector<int> used(cap.size(), 0);
+    for (int c : color) ++used[c];
+    for (size_t m = 0; m < cap.size(); ++m) CHECK(used[m] <= cap[m]);
+    CHECK(evaluate(s, color, static_cast<int>(cap.size())).objective == doctest::Approx(brute_force(s, cap)));
+    // Stopped early, it says so.
+    std::vector<int> none;
+    if (s.cells() > 2) CHECK_FALSE(solve_exact(s, cap, 2, none));
+  }
 }
