@@ -2,7 +2,6 @@
 
 #include "error.hpp"
 
-#include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
 #include <dlfcn.h>
@@ -214,11 +213,19 @@ int load_plugin_file(const std::string& path_in, PluginFile* out) {
 
 std::string install_prefix() {
   // The folder holding this code (bin/ for the executable, lib/ for
-  // libballast), then its parent.
-  boost::dll::fs::error_code ec;
-  auto here = boost::dll::this_line_location(ec);
-  if (ec) return {};
-  return fs::path(here.string()).parent_path().parent_path().string();
+  // libballast), then its parent. For code in the main executable dladdr
+  // reports argv[0], which may be a bare name: use /proc/self/exe then.
+  Dl_info info{};
+  std::error_code ec;
+  fs::path here;
+  if (dladdr(reinterpret_cast<void*>(&install_prefix), &info) != 0 && info.dli_fname != nullptr &&
+      std::strchr(info.dli_fname, '/') != nullptr) {
+    here = fs::absolute(info.dli_fname, ec);
+  } else {
+    here = fs::read_symlink("/proc/self/exe", ec);
+  }
+  if (ec || here.empty()) return {};
+  return here.parent_path().parent_path().string();
 }
 
 std::vector<std::string> plugin_search_path() {
