@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -120,4 +123,25 @@ TEST_CASE("usage and input errors give exit codes 2 and 1 with a message") {
   Outcome help = run({"--help"});
   CHECK(help.rc == 0);
   CHECK(help.out.find("--timeline") != std::string::npos);
+}
+
+TEST_CASE("the real `ballast whatif` executable runs the plugin's command") {
+  Scratch tmp("exe");
+  std::string out = (tmp.dir / "out.json").string(), err = (tmp.dir / "err.txt").string();
+  std::string cmd = std::string(BALLAST_EXE) + " whatif --trace " + data("AR", "trace.csv.gz") + " --json > " + out +
+                    " 2> " + err;
+  int status = std::system(cmd.c_str());
+  INFO(straggler_test::slurp(err));
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  auto j = nlohmann::json::parse(straggler_test::slurp(out));
+  CHECK(j["slowdown"].get<double>() == doctest::Approx(1.9730).epsilon(0.01));
+  CHECK(j["mw"].get<double>() == doctest::Approx(1.0017).epsilon(0.02));
+  CHECK(j["kind"] == "worker");
+
+  std::string bad = tmp.write("bad.csv", "dp_rank,stage\n0,0\n");
+  status = std::system((std::string(BALLAST_EXE) + " whatif --trace " + bad + " > " + out + " 2> " + err).c_str());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(straggler_test::slurp(err).find(bad + ":1: column rank: missing from the header") != std::string::npos);
 }
