@@ -202,6 +202,29 @@ TEST_CASE("garbage between frames is reported once and skipped to the next frame
   CHECK(r.offsets[1] == offs[1] + junk.size());
 }
 
+TEST_CASE("a torn frame followed by frames appended later: reported, and the later frames kept") {
+  // A writer died halfway through a frame; the next run appended to the file.
+  TempFile f("torn");
+  const auto offs = write_events(f.path, 2);
+  auto bytes = slurp(f.path);
+  const size_t cut = offs[1] + (offs[2] - offs[1]) / 2;
+  bytes.resize(cut);
+  spit(f.path, bytes);
+  {
+    JournalWriter w;
+    REQUIRE(w.open(f.path.string()) == BALLAST_OK);
+    ballast_metric_batch b;
+    REQUIRE(w.append(metric(7, &b)) == BALLAST_OK);
+    REQUIRE(w.append(metric(8, &b)) == BALLAST_OK);
+  }
+  Read r = read(f.path, JournalMode::skip_bad);
+  CHECK(r.status == BALLAST_OK);
+  CHECK(r.ts == std::vector<int64_t>{1, 7, 8});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].offset == offs[1]);
+  CHECK(r.offsets[1] == cut);
+}
+
 TEST_CASE("an oversized length is refused without reading it, and skipped") {
   TempFile f("oversized");
   const auto offs = write_events(f.path, 3);
