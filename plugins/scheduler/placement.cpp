@@ -133,8 +133,9 @@ double lower_bound(const Shape& s, const std::vector<int>& f) {
   }
   double product = root_sum * root_sum / static_cast<double>(n) - 1e-9;
   double best = std::numeric_limits<double>::infinity();
-  for (long c = cl; c <= k; ++c)
-    for (long r = rl; r <= k; ++r) {
+  // A column touches at most R minipods, a row at most P.
+  for (long c = cl; c <= std::min<long>(k, s.R); ++c)
+    for (long r = rl; r <= std::min<long>(k, s.P); ++r) {
       if (c == 1 && r < rows_if_cols_whole) continue;
       if (r == 1 && c < cols_if_rows_whole) continue;
       if (static_cast<double>(c) * static_cast<double>(r) < product) continue;
