@@ -18,7 +18,7 @@ namespace ballast::comm {
 
 namespace {
 
-constexpr uint32_t kSlots = 8192;  // 1.5 MiB per process
+constexpr uint32_t kSlots = 1024;  // 192 KiB per process: stays in L2, so a record costs no cache miss
 
 int64_t clock_ns(clockid_t id) {
   timespec ts;
@@ -94,6 +94,20 @@ TraceRing* TraceRing::process_ring(const std::string& dir_in, int rank, int nran
   __atomic_store_n(&h->magic, BALLAST_TRACE_MAGIC, __ATOMIC_RELEASE);  // last: the file is valid
   g_ring = ring;
   return ring;
+}
+
+TraceRing* TraceRing::current() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_ring;
+}
+
+bool TraceRing::read(uint64_t i, ballast_trace_slot* out) const {
+  const ballast_trace_slot* s = slots_ + (i & mask_);
+  const uint64_t g = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
+  if (g != i + 1) return false;
+  std::memcpy(out, s, sizeof *out);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return __atomic_load_n(&s->gen, __ATOMIC_RELAXED) == g;
 }
 
 }  // namespace ballast::comm

@@ -49,6 +49,15 @@ class TraceRing {
   void heartbeat() { __atomic_store_n(&hdr_->heartbeat_tick, trace_tick(), __ATOMIC_RELAXED); }
   void set_closed(bool closed) { __atomic_store_n(&hdr_->closed, closed ? 1u : 0u, __ATOMIC_RELEASE); }
   const std::string& path() const { return path_; }
+  // The process's ring if one was created, else NULL. Any thread.
+  static TraceRing* current();
+  uint64_t head() const { return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE); }
+  // A consistent copy of record i; false when it was overwritten or is being written.
+  bool read(uint64_t i, ballast_trace_slot* out) const;
+  int64_t wall_ns(uint64_t tick) const {
+    return hdr_->clock_wall_ns + int64_t(double(int64_t(tick - hdr_->clock_tick)) * hdr_->ns_per_tick);
+  }
+  uint32_t capacity() const { return uint32_t(mask_ + 1); }
   double ns_per_tick() const { return hdr_->ns_per_tick; }
 
  private:
