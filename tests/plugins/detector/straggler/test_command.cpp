@@ -1,6 +1,5 @@
 // `ballast whatif`: JSON, the human report, the timeline export, usage and
 // input errors, through the command's run().
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>

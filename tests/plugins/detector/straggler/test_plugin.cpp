@@ -1,7 +1,6 @@
 // The plugin as the host sees it: loaded with dlopen, created with a host
 // table implemented here, fed the real traces as step.timing batches through
 // its subscription handler; checks the straggler.report events it publishes.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <ballast/command.h>
@@ -9,6 +8,7 @@
 #include <ballast/plugin.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>

@@ -1,6 +1,5 @@
 // Reading traces and meta files: the real traces, any column order, and
 // every kind of bad input naming the file, the line and the column.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <zlib.h>

@@ -1,7 +1,6 @@
 // The what-if analysis reproduces the reference results of the artifact
 // (arXiv 2505.05713) on its two real traces: S and every stage's and op
 // type's attributed slowdown within 1%, M_W and M_S within 2%.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
