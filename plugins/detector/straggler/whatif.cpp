@@ -230,7 +230,9 @@ class Analysis {
     e.t_ideal = t_ideal_;
     e.t_removed = mixed(cost_, ideal_, lanes);
     e.t_added = mixed(ideal_, cost_, lanes);
+    // With no slowdown there is nothing to explain: both shares are 0.
     double gap = e.t_original - e.t_ideal;
+    if (std::fabs(gap) <= 1e-12 * e.t_ideal) return e;
     e.removed = (e.t_original - e.t_removed) / gap;
     e.added = (e.t_added - e.t_ideal) / gap;
     return e;
