@@ -219,3 +219,26 @@ TEST_CASE("a well-known payload shorter than its struct is left out with a warni
   p = echo.payload(make_event("metric.sample", BALLAST_SCHEMA_METRIC_BATCH, &b, sizeof b));
   CHECK(p.is_null());
 }
+
+TEST_CASE("JSON payloads: escapes, unicode, numbers, and malformed text") {
+  Echo echo;
+  std::string text =
+      R"({"s": "a\"b\\c\/d\b\f\n\r\t", "u": "\u00e9\u4e2d\ud83d\ude00", "raw": "é中",)"
+      R"( "n": [0, -0, 1.5e3, -2E-2, 9223372036854775807, 9223372036854775808, -12],)"
+      R"( "e": {}, "l": [], "deep": [[[{"x": [true]}]]]})";
+  json p = echo.payload(json_event("custom.json", text));
+  json expected = json::parse(text);
+  expected["l"] = json::object();  // an empty Lua table has no way to say it was a list
+  expected["n"][5] = 9223372036854775808.0;  // past int64: a float
+  CHECK(p == expected);
+  CHECK(echo.r.logs.empty());
+  for (const char* bad : {"[1,]", "{\"a\" 1}", "\"\\x\"", "\"\\ud800\"", "01", "[1] x", "\"a\nb\"", "tru", "-",
+                          "1.", "[", "{\"a\":1,}", "1e999"}) {
+    INFO(std::string(bad));
+    p = echo.payload(json_event("custom.json", bad));
+    CHECK(p == bad);  // delivered as text
+    REQUIRE(echo.r.logs.size() == 1);
+    CHECK(echo.r.logs[0].second.find("not valid JSON") != std::string::npos);
+    CHECK(echo.r.logs[0].second.find("line 1, column") != std::string::npos);
+  }
+}
