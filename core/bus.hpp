@@ -30,6 +30,10 @@
 // - Handlers must not throw; one that does anyway counts as a failure.
 //   unsubscribe() from a queued subscription's own handler returns
 //   BALLAST_ESTATE; shutdown() and ~Bus() must not be called from a handler.
+//   A handler may subscribe and unsubscribe; an inline handler that
+//   unsubscribes waits for the handlers running in other threads, so two
+//   inline handlers that remove each other's subscriptions at the same
+//   moment wait for each other.
 // Thread-safety: every member function is thread-safe.
 #pragma once
 

@@ -78,12 +78,19 @@ void backoff(unsigned& round) {
   std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
+// Only a thread in its outermost section parks: deeper, a handler of an
+// outer publish is on its stack.
+thread_local bool t_parked = false;
+
 void park() {
-  if (in_section()) g_slots[t_state.index_plus_one - 1].parked.store(1, std::memory_order_seq_cst);
+  if (t_state.nesting != 1) return;
+  t_parked = true;
+  g_slots[t_state.index_plus_one - 1].parked.store(1, std::memory_order_seq_cst);
 }
 
 void unpark() {
-  if (!in_section()) return;
+  if (!t_parked) return;
+  t_parked = false;
   // The exchange orders this against the loads of the section that follow
   // (a writer that skipped us saw parked = 1).
   g_slots[t_state.index_plus_one - 1].parked.exchange(0, std::memory_order_seq_cst);
@@ -91,10 +98,8 @@ void unpark() {
 }
 
 void synchronize(const std::function<bool()>& help, bool skip_parked) {
-  const bool nested = in_section();
-  skip_parked = skip_parked || nested;
+  skip_parked = skip_parked || in_section();
   const int self = t_state.index_plus_one == 0 ? -1 : static_cast<int>(t_state.index_plus_one) - 1;
-  park();
   full_barrier();
   const uint32_t used = g_used.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < used; ++i) {
@@ -109,7 +114,6 @@ void synchronize(const std::function<bool()>& help, bool skip_parked) {
       backoff(round);
     }
   }
-  unpark();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

@@ -26,7 +26,7 @@ inline constexpr unsigned kMaxThreads = 1024;
 
 struct alignas(64) Slot {
   std::atomic<uint64_t> ctr{0};     // odd while the thread is inside a section
-  std::atomic<uint32_t> parked{0};  // inside a section but waiting in synchronize()
+  std::atomic<uint32_t> parked{0};  // in its outermost section, blocked on a full queue (park())
 };
 
 extern Slot g_slots[kMaxThreads];
@@ -68,20 +68,21 @@ inline void leave() {
   }
 }
 
-// A thread inside a section that waits for something else (a writer in
-// synchronize(), a publisher blocked on a full queue) "parks": it runs no
-// handler and reads no list while parked. park() and unpark() do nothing
+// A publisher blocked on a full queue in its outermost section "parks":
+// while parked it runs no handler and reads no list. park() and unpark() do
+// nothing deeper (a handler of the outer publish is on the stack) or
 // outside a section.
 void park();
 void unpark();
 
 // Wait until every section open at the call has closed, except this
 // thread's own. With skip_parked (implied when called from inside a
-// section: a handler that unsubscribes), parked threads are not waited for,
-// so that two waiters cannot wait for each other; a parked thread may still
-// hold a list, so such a caller must not free what it retired (see Bus).
-// `help`, when given, is called while waiting and returns whether it did
-// some work (a dispatcher draining its queues).
+// section), parked threads are not waited for: a writer running in a
+// handler must not wait for a publisher that waits for that handler's
+// dispatcher. A parked thread may still hold a list, so such a caller must
+// not free what it retired (see Bus). `help`, when given, is called while
+// waiting and returns whether it did some work (a dispatcher draining its
+// queues).
 void synchronize(const std::function<bool()>& help = {}, bool skip_parked = false);
 
 // The two sides of an asymmetric fence, for any store-then-load handshake

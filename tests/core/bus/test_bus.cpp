@@ -457,6 +457,52 @@ TEST_CASE("a queued handler can unsubscribe while a publisher is blocked on its 
 }
 
 namespace {
+// An inline handler that publishes three events into a queue of capacity 2
+// whose handler is stuck: the third publish blocks inside this handler.
+struct Feeder {
+  Bus* bus = nullptr;
+  std::atomic<int> done{0};
+  static int handler(void* user, const ballast_event*) {
+    auto* f = static_cast<Feeder*>(user);
+    for (int i = 0; i < 3; ++i) f->bus->publish(make("b.x", 0, i));
+    f->done.store(1);
+    return 0;
+  }
+};
+}  // namespace
+
+TEST_CASE("unsubscribe from a queued handler waits for the removed inline handler, even when it is blocked") {
+  BusOptions opts;
+  opts.dispatcher_threads = 2;
+  Bus bus(opts);
+  Gate stuck;
+  Feeder feeder;
+  feeder.bus = &bus;
+  SelfRemover remover;  // its handler unsubscribes remover.id: here the feeder's subscription
+  remover.bus = &bus;
+  uint64_t id = 0;
+  auto tiny = queued(2);
+  auto q = queued();
+  REQUIRE(bus.subscribe("b.x", &tiny, Gate::handler, &stuck, "stuck", &id) == BALLAST_OK);   // dispatcher 1
+  REQUIRE(bus.subscribe("y.go", &q, SelfRemover::handler, &remover, "rm", &id) == BALLAST_OK);  // dispatcher 2
+  REQUIRE(bus.subscribe("a.s", nullptr, Feeder::handler, &feeder, "feeder", &remover.id) == BALLAST_OK);
+  std::thread publisher([&] { CHECK(bus.publish(make("a.s")) == BALLAST_OK); });
+  stuck.wait_entered(1);
+  settle();  // the feeder's third publish is now blocked, inside the feeder's handler
+  REQUIRE(bus.publish(make("y.go")) == BALLAST_OK);
+  settle();
+  CHECK(remover.status.load() == 1);  // unsubscribe has not returned: the feeder's handler runs
+  CHECK(feeder.done.load() == 0);
+  stuck.release();
+  remover.status.wait(1);
+  CHECK(remover.status.load() == BALLAST_OK);
+  CHECK(feeder.done.load() == 1);
+  publisher.join();
+  bus.shutdown();
+  CHECK(stuck.done == 3);
+}
+
+namespace {
 int failing(void*, const ballast_event*) { return BALLAST_EPLUGIN; }
 int throwing(void*, const ballast_event*) { throw std::runtime_error("a C++ handler that throws anyway"); }
 }  // namespace
