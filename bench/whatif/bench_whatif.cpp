@@ -72,7 +72,8 @@ void real_trace(const std::string& dir, const std::string& name, int repeat) {
   emit(name, "mw", r.mw.removed, "share");
   emit(name, "ms", r.ms.removed, "share");
   if (name == "AR") {
-    emit(name, "python_reference_ms", 1800, "ms", ",\"note\":\"published figure of the artifact's tool, not run here\"");
+    emit(name, "python_reference_ms", 1800, "ms",
+         ",\"note\":\"published figure of the artifact's tool, not run here\"");
     emit(name, "speedup_vs_python", 1800 / median(total), "x");
   }
 }
@@ -143,8 +144,10 @@ int main(int argc, char** argv) {
   int repeat = 15;
   std::string dir = std::string(BALLAST_SOURCE_DIR) + "/tests/data/stragglers";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--data") && i + 1 < argc) dir = argv[++i];
+    if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc)
+      repeat = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--data") && i + 1 < argc)
+      dir = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--repeat N] [--data DIR]\n", argv[0]);
       return 2;

@@ -11,16 +11,19 @@
 namespace ballast::straggler {
 
 int run_whatif(int argc, char** argv, std::FILE* out, std::FILE* err) {
-  CLI::App app("Straggler what-if analysis of a job trace: the slowdown against the same job with no "
-               "stragglers, who causes it, and what kind of straggler it is.",
-               argc > 0 ? argv[0] : "ballast whatif");
+  CLI::App app(
+      "Straggler what-if analysis of a job trace: the slowdown against the same job with no "
+      "stragglers, who causes it, and what kind of straggler it is.",
+      argc > 0 ? argv[0] : "ballast whatif");
   std::string trace_path, meta_path, timeline_path;
   bool json = false;
-  app.add_option("--trace", trace_path, "per-op trace, CSV or gzip CSV (dp_rank,stage,rank,step,optype,start_ts,"
-                                        "duration,seq_id,mc,mb_id,gmc)")
+  app.add_option("--trace", trace_path,
+                 "per-op trace, CSV or gzip CSV (dp_rank,stage,rank,step,optype,start_ts,"
+                 "duration,seq_id,mc,mb_id,gmc)")
       ->required();
-  app.add_option("--meta", meta_path, "meta.yaml with dp_size, pp_size, ... (default: meta.yaml beside the trace, "
-                                      "else sizes from the trace)");
+  app.add_option("--meta", meta_path,
+                 "meta.yaml with dp_size, pp_size, ... (default: meta.yaml beside the trace, "
+                 "else sizes from the trace)");
   app.add_flag("--json", json, "print one JSON object");
   app.add_option("--timeline", timeline_path, "write a Chrome/Perfetto trace of the recorded and the ideal run");
   try {
@@ -52,7 +55,8 @@ int run_whatif(int argc, char** argv, std::FILE* out, std::FILE* err) {
     } else {
       std::fputs(human_report(result).c_str(), out);
       if (!timeline_path.empty())
-        std::fprintf(out, "timeline: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", timeline_path.c_str());
+        std::fprintf(out, "timeline: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+                     timeline_path.c_str());
     }
     return 0;
   } catch (const std::exception& e) {

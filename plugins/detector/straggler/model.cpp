@@ -119,8 +119,9 @@ class Builder {
       if (!keep_[i] || r.step != ref_step_ || r.dp_rank != 0) continue;
       int32_t& slot = key_to_op_[key(r.optype, r.seq_id, r.stage)];
       if (slot >= 0)
-        fail_row(i, "seq_id", op_label(r.optype, r.seq_id, r.stage) + " appears twice in step " +
-                                  std::to_string(r.step) + " (also " + t_.where(ref_row[slot]) + ")");
+        fail_row(i, "seq_id",
+                 op_label(r.optype, r.seq_id, r.stage) + " appears twice in step " + std::to_string(r.step) +
+                     " (also " + t_.where(ref_row[slot]) + ")");
       slot = static_cast<int32_t>(m_.ops.size());
       m_.ops.push_back({r.optype, r.seq_id, r.stage, r.mc, r.gmc, {}, -1});
       ref_row.push_back(static_cast<uint32_t>(i));
@@ -164,8 +165,9 @@ class Builder {
       }
       uint32_t& slot = m_.row[static_cast<size_t>(op) * lanes + si * m_.dp + r.dp_rank];
       if (slot != kNoRow) {
-        reject(si, i, "seq_id", op_label(r.optype, r.seq_id, r.stage) + " appears twice in step " +
-                                     std::to_string(r.step) + " (also " + t_.where(slot) + ")");
+        reject(si, i, "seq_id",
+               op_label(r.optype, r.seq_id, r.stage) + " appears twice in step " + std::to_string(r.step) + " (also " +
+                   t_.where(slot) + ")");
         continue;
       }
       slot = static_cast<uint32_t>(i);
@@ -199,10 +201,13 @@ class Builder {
     std::vector<int64_t> steps;
     std::vector<size_t> old_index;
     for (size_t si = 0; si < m_.steps.size(); ++si) {
-      if (bad[si]) m_.dropped_steps.push_back(m_.steps[si]);
-      else steps.push_back(m_.steps[si]), old_index.push_back(si);
+      if (bad[si])
+        m_.dropped_steps.push_back(m_.steps[si]);
+      else
+        steps.push_back(m_.steps[si]), old_index.push_back(si);
     }
-    if (steps.empty()) throw TraceError(t_.source + ": no step follows the schedule of step " + std::to_string(ref_step_));
+    if (steps.empty())
+      throw TraceError(t_.source + ": no step follows the schedule of step " + std::to_string(ref_step_));
     std::vector<uint32_t> rows(m_.ops.size() * steps.size() * m_.dp);
     const size_t new_lanes = steps.size() * m_.dp;
     for (size_t op = 0; op < m_.ops.size(); ++op) {
@@ -276,8 +281,8 @@ class Builder {
           if (!edge || !(inside == 0 || inside + 1 == comps.size()))
             throw TraceError(t_.source + ": stage " + std::to_string(s) + " has " + std::to_string(inside) + " " +
                              std::string(optype_name(type)) + " ops in its compute phase for " +
-                             std::to_string(comps.size()) + " " + std::string(optype_name(comp_type)) +
-                             " ops (step " + std::to_string(ref_step_) + ", dp_rank 0)");
+                             std::to_string(comps.size()) + " " + std::string(optype_name(comp_type)) + " ops (step " +
+                             std::to_string(ref_step_) + ", dp_rank 0)");
           // A first forward receive that was not recorded: skip its compute op.
           if (recv && inside + 1 == comps.size()) compute_id = 1;
         }
@@ -341,7 +346,8 @@ class Builder {
         if (std::find(done.begin(), done.end(), mc) != done.end()) continue;
         int32_t first = -1;
         for (int32_t c : comps) {
-          if (m_.ops[c].type == OpType::forward_compute && m_.ops[c].mc == mc && (first < 0 || start0_[c] < start0_[first]))
+          if (m_.ops[c].type == OpType::forward_compute && m_.ops[c].mc == mc &&
+              (first < 0 || start0_[c] < start0_[first]))
             first = c;
         }
         add_dep(first, ag);
@@ -351,13 +357,15 @@ class Builder {
       if (overlapped) {
         done.clear();
         std::vector<int32_t> scatters = of_type(s, OpType::grads_reduce_scatter);
-        std::sort(scatters.begin(), scatters.end(), [&](int32_t a, int32_t b) { return m_.ops[a].seq < m_.ops[b].seq; });
+        std::sort(scatters.begin(), scatters.end(),
+                  [&](int32_t a, int32_t b) { return m_.ops[a].seq < m_.ops[b].seq; });
         for (int32_t rs : scatters) {
           int32_t mc = m_.ops[rs].mc;
           if (std::find(done.begin(), done.end(), mc) != done.end()) continue;
           int32_t last = -1;
           for (int32_t c : comps) {
-            if (m_.ops[c].type == OpType::backward_compute && m_.ops[c].mc == mc && (last < 0 || end0_[c] > end0_[last]))
+            if (m_.ops[c].type == OpType::backward_compute && m_.ops[c].mc == mc &&
+                (last < 0 || end0_[c] > end0_[last]))
               last = c;
           }
           add_dep(rs, last);
@@ -452,7 +460,7 @@ class Builder {
   int64_t ref_step_ = 0;
   size_t nseq_ = 0;
   std::vector<int32_t> key_to_op_;
-  std::vector<double> start0_, end0_;  // of each op in the reference lane
+  std::vector<double> start0_, end0_;           // of each op in the reference lane
   std::vector<std::vector<int32_t>> by_stage_;  // ops of each stage in start order
   std::vector<char> no_op_;
   int vpp_ = 1;

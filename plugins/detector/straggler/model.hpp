@@ -13,7 +13,7 @@ namespace ballast::straggler {
 
 struct ModelOp {
   OpType type;
-  int32_t seq;    // seq_id: n-th op of its type on its rank in one step
+  int32_t seq;  // seq_id: n-th op of its type on its rank in one step
   int32_t stage;
   int32_t mc;
   int32_t gmc;
@@ -36,14 +36,14 @@ struct ModelOptions {
 // of the model has one row per lane.
 struct Model {
   int dp = 0, pp = 0;
-  bool use_dp = false;               // DP collectives present (dp * dsp > 1)
-  std::vector<int64_t> steps;        // analysed steps, ascending
+  bool use_dp = false;         // DP collectives present (dp * dsp > 1)
+  std::vector<int64_t> steps;  // analysed steps, ascending
   std::vector<int64_t> dropped_steps;
   std::vector<ModelOp> ops;
   std::vector<CommGroup> groups;
-  std::vector<int32_t> cell_rank;    // [stage * dp + dp_rank]: the rank recorded there
-  std::vector<uint32_t> row;         // [op * lanes() + lane]: the trace row
-  size_t ignored_rows = 0;           // rows of further ranks of one (dp_rank, stage): TP peers
+  std::vector<int32_t> cell_rank;  // [stage * dp + dp_rank]: the rank recorded there
+  std::vector<uint32_t> row;       // [op * lanes() + lane]: the trace row
+  size_t ignored_rows = 0;         // rows of further ranks of one (dp_rank, stage): TP peers
 
   size_t lanes() const { return steps.size() * static_cast<size_t>(dp); }
   int ranks() const;

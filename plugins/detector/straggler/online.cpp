@@ -21,8 +21,8 @@ void OnlineDetector::add(const ballast_op_timing* ops, size_t count) {
       ++counters_.rejected;
       continue;
     }
-    steps_[o.step].push_back({o.dp_rank, o.stage, o.rank, o.step, *type, o.start_s, o.duration_s, o.seq_id, o.mc,
-                              o.mb_id, o.gmc});
+    steps_[o.step].push_back(
+        {o.dp_rank, o.stage, o.rank, o.step, *type, o.start_s, o.duration_s, o.seq_id, o.mc, o.mb_id, o.gmc});
     int64_t& latest = latest_[o.rank];
     latest = std::max(latest, o.step);
     ++counters_.ops;
@@ -48,7 +48,8 @@ std::vector<int64_t> OnlineDetector::completed_steps() const {
 
 std::optional<WhatIfResult> OnlineDetector::poll() {
   std::vector<int64_t> done = completed_steps();
-  size_t fresh = static_cast<size_t>(std::count_if(done.begin(), done.end(), [&](int64_t s) { return s > last_analysed_; }));
+  size_t fresh =
+      static_cast<size_t>(std::count_if(done.begin(), done.end(), [&](int64_t s) { return s > last_analysed_; }));
   if (fresh < config_.report_every) return std::nullopt;
 
   // Forget what slid out of the window.

@@ -17,17 +17,17 @@
 namespace ballast::straggler {
 
 struct OnlineConfig {
-  size_t window_steps = 20;   // completed steps analysed together
-  size_t report_every = 10;   // analyse after this many newly completed steps
-  double min_slowdown = 1.03; // results below it are not reported
-  Meta meta;                  // sizes; 0 = from the ops
+  size_t window_steps = 20;    // completed steps analysed together
+  size_t report_every = 10;    // analyse after this many newly completed steps
+  double min_slowdown = 1.03;  // results below it are not reported
+  Meta meta;                   // sizes; 0 = from the ops
 };
 
 struct OnlineCounters {
-  uint64_t ops = 0;          // accepted
-  uint64_t rejected = 0;     // unknown op type, NaN, negative duration or index
+  uint64_t ops = 0;       // accepted
+  uint64_t rejected = 0;  // unknown op type, NaN, negative duration or index
   uint64_t analyses = 0;
-  uint64_t failures = 0;     // windows that could not be analysed
+  uint64_t failures = 0;  // windows that could not be analysed
 };
 
 class OnlineDetector {

@@ -33,9 +33,7 @@ std::optional<OpType> parse_optype(std::string_view name) {
   return std::nullopt;
 }
 
-bool is_compute_kernel(OpType t) {
-  return t == OpType::forward_compute || t == OpType::backward_compute;
-}
+bool is_compute_kernel(OpType t) { return t == OpType::forward_compute || t == OpType::backward_compute; }
 
 bool is_p2p(OpType t) {
   return t == OpType::forward_send || t == OpType::forward_recv || t == OpType::backward_send ||

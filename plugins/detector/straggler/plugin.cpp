@@ -59,7 +59,8 @@ void publish_report(State& st, const WhatIfResult& r) {
   for (const auto& a : r.by_stage) entries.push_back({"stage", a.name, a.slowdown});
   for (const auto& a : r.by_dp_rank) entries.push_back({"dp_rank", a.name, a.slowdown});
   for (const auto& a : r.by_optype) entries.push_back({"optype", a.name, a.slowdown});
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.slowdown > b.slowdown; });
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.slowdown > b.slowdown; });
   std::vector<ballast_straggler_culprit> culprits;
   for (const Entry& e : entries) culprits.push_back({e.dimension, e.name.c_str(), e.slowdown});
 
@@ -81,12 +82,14 @@ void publish_report(State& st, const WhatIfResult& r) {
   ev.payload = &report;
   ev.payload_size = sizeof report;
   int rc = st.host->publish(st.host, &ev);
-  if (rc != BALLAST_OK) log(st.host, BALLAST_LOG_WARN, std::string("publishing straggler.report failed: ") + st.host->last_error(st.host));
+  if (rc != BALLAST_OK)
+    log(st.host, BALLAST_LOG_WARN, std::string("publishing straggler.report failed: ") + st.host->last_error(st.host));
 }
 
 int on_step_timing(void* user, const ballast_event* ev) {
   auto& st = *static_cast<State*>(user);
-  if (ev->schema != BALLAST_SCHEMA_OP_TIMING_BATCH || !ev->payload || ev->payload_size < sizeof(ballast_op_timing_batch))
+  if (ev->schema != BALLAST_SCHEMA_OP_TIMING_BATCH || !ev->payload ||
+      ev->payload_size < sizeof(ballast_op_timing_batch))
     return BALLAST_EINVAL;
   const auto* batch = static_cast<const ballast_op_timing_batch*>(ev->payload);
   if (batch->size < sizeof(ballast_op_timing_batch) || (batch->count && !batch->ops)) return BALLAST_EINVAL;

@@ -7,7 +7,9 @@
 namespace ballast::straggler {
 
 Replay::Replay(const Model& model)
-    : m_(model), lanes_(model.lanes()), nops_(model.ops.size()),
+    : m_(model),
+      lanes_(model.lanes()),
+      nops_(model.ops.size()),
       block_(std::max<size_t>(1, 64 / static_cast<size_t>(model.dp)) * static_cast<size_t>(model.dp)),
       nblocks_((lanes_ + block_ - 1) / block_) {
   lane_base_.resize(lanes_);
@@ -155,8 +157,8 @@ void Replay::step_times(const double* start, const double* end, size_t first_lan
     }
   }
   for (size_t b = 0; b < n; b += dp)
-    times[(first_lane + b) / dp] = *std::max_element(hi.begin() + b, hi.begin() + b + dp) -
-                                   *std::min_element(lo.begin() + b, lo.begin() + b + dp);
+    times[(first_lane + b) / dp] =
+        *std::max_element(hi.begin() + b, hi.begin() + b + dp) - *std::min_element(lo.begin() + b, lo.begin() + b + dp);
 }
 
 double mean(const std::vector<double>& v) {

@@ -33,7 +33,8 @@ class Replay {
  private:
   // Replays block k (its first n lanes are real), then takes its step times.
   void run_block(const double* cost, const double* delay, double* start, double* end, size_t n) const;
-  void step_times(const double* start, const double* end, size_t first_lane, size_t n, std::vector<double>& times) const;
+  void step_times(const double* start, const double* end, size_t first_lane, size_t n,
+                  std::vector<double>& times) const;
 
   struct Node {
     int32_t first, count;  // members in members_

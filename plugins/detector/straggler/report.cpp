@@ -139,22 +139,24 @@ void write_timeline(const Timeline& timeline, const std::string& path) {
   for (int pid = 1; pid <= 2; ++pid) {
     std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"%s\"}},\n", pid,
                  names[pid - 1]);
-    std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n",
-                 pid, pid);
+    std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", pid,
+                 pid);
     for (int32_t rank : ranks)
-      std::fprintf(out, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}},\n",
+      std::fprintf(out,
+                   "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}},\n",
                    pid, rank, rank);
   }
   bool first = true;
   for (int pid = 1; pid <= 2; ++pid) {
     for (const auto& e : pid == 1 ? timeline.original : timeline.ideal) {
       std::string_view name = optype_name(e.type), group = report_name(e.type);
-      std::fprintf(out,
-                   "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"name\":\"%.*s %d\",\"cat\":\"%.*s\",\"ts\":%.3f,\"dur\":%.3f,"
-                   "\"args\":{\"step\":%lld}}",
-                   first ? "" : ",\n", pid, e.rank, static_cast<int>(name.size()), name.data(), e.seq,
-                   static_cast<int>(group.size()), group.data(), (e.start - origin) * 1e6, e.duration * 1e6,
-                   static_cast<long long>(e.step));
+      std::fprintf(
+          out,
+          "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"name\":\"%.*s %d\",\"cat\":\"%.*s\",\"ts\":%.3f,\"dur\":%.3f,"
+          "\"args\":{\"step\":%lld}}",
+          first ? "" : ",\n", pid, e.rank, static_cast<int>(name.size()), name.data(), e.seq,
+          static_cast<int>(group.size()), group.data(), (e.start - origin) * 1e6, e.duration * 1e6,
+          static_cast<long long>(e.step));
       first = false;
     }
   }

@@ -16,8 +16,8 @@ namespace ballast::straggler {
 namespace {
 
 enum Column { kDpRank, kStage, kRank, kStep, kOptype, kStart, kDuration, kSeqId, kMc, kMbId, kGmc, kIgnored };
-constexpr std::array<std::string_view, 11> kColumnNames = {
-    "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id", "gmc"};
+constexpr std::array<std::string_view, 11> kColumnNames = {"dp_rank",  "stage",  "rank", "step",  "optype", "start_ts",
+                                                           "duration", "seq_id", "mc",   "mb_id", "gmc"};
 
 [[noreturn]] void fail(const std::string& source, size_t line, std::string_view column, const std::string& what) {
   std::string msg = source + ":" + std::to_string(line) + ": ";
@@ -273,10 +273,18 @@ Trace parse_trace_csv(std::string_view text, const std::string& source) {
       std::string_view f = ln.substr(begin, last ? std::string_view::npos : comma - begin);
       begin = comma + 1;
       switch (columns[i]) {
-        case kDpRank: r.dp_rank = parse.int32(f, kDpRank, 0); break;
-        case kStage: r.stage = parse.int32(f, kStage, 0); break;
-        case kRank: r.rank = parse.int32(f, kRank, 0); break;
-        case kStep: r.step = parse.integer(f, kStep); break;
+        case kDpRank:
+          r.dp_rank = parse.int32(f, kDpRank, 0);
+          break;
+        case kStage:
+          r.stage = parse.int32(f, kStage, 0);
+          break;
+        case kRank:
+          r.rank = parse.int32(f, kRank, 0);
+          break;
+        case kStep:
+          r.step = parse.integer(f, kStep);
+          break;
         case kOptype: {
           auto type = parse_optype(f);
           if (!type) {
@@ -288,16 +296,27 @@ Trace parse_trace_csv(std::string_view text, const std::string& source) {
           r.optype = *type;
           break;
         }
-        case kStart: r.start = parse.real(f, kStart); break;
+        case kStart:
+          r.start = parse.real(f, kStart);
+          break;
         case kDuration:
           r.duration = parse.real(f, kDuration);
           if (r.duration < 0) fail(source, line, "duration", "negative duration " + std::string(f));
           break;
-        case kSeqId: r.seq_id = parse.int32(f, kSeqId, 0); break;
-        case kMc: r.mc = parse.optional_int32(f, kMc); break;
-        case kMbId: r.mb_id = parse.optional_int32(f, kMbId); break;
-        case kGmc: r.gmc = parse.optional_int32(f, kGmc); break;
-        case kIgnored: break;
+        case kSeqId:
+          r.seq_id = parse.int32(f, kSeqId, 0);
+          break;
+        case kMc:
+          r.mc = parse.optional_int32(f, kMc);
+          break;
+        case kMbId:
+          r.mb_id = parse.optional_int32(f, kMbId);
+          break;
+        case kGmc:
+          r.gmc = parse.optional_int32(f, kGmc);
+          break;
+        case kIgnored:
+          break;
       }
     }
     t.rows.push_back(r);
@@ -343,18 +362,25 @@ Meta read_meta(const std::string& path) {
         fail(path, line, key, quoted(value) + " is not a positive integer");
       return v;
     };
-    if (key == "trial_name") m.trial_name = std::string(value);
-    else if (key == "dp_size") m.dp = size_of();
-    else if (key == "pp_size") m.pp = size_of();
-    else if (key == "tp_size") m.tp = size_of();
-    else if (key == "dsp_size") m.dsp = size_of();
-    else if (key == "vpp_size") m.vpp = size_of();
-    else if (key == "world_size") m.world = size_of();
+    if (key == "trial_name")
+      m.trial_name = std::string(value);
+    else if (key == "dp_size")
+      m.dp = size_of();
+    else if (key == "pp_size")
+      m.pp = size_of();
+    else if (key == "tp_size")
+      m.tp = size_of();
+    else if (key == "dsp_size")
+      m.dsp = size_of();
+    else if (key == "vpp_size")
+      m.vpp = size_of();
+    else if (key == "world_size")
+      m.world = size_of();
   }
   if (m.world && m.dp && m.pp && m.world != m.dp * m.pp * m.tp * m.dsp)
     fail(path, line, "world_size",
-         std::to_string(m.world) + " is not dp_size*pp_size*tp_size*dsp_size = " +
-             std::to_string(m.dp * m.pp * m.tp * m.dsp));
+         std::to_string(m.world) +
+             " is not dp_size*pp_size*tp_size*dsp_size = " + std::to_string(m.dp * m.pp * m.tp * m.dsp));
   return m;
 }
 

@@ -35,7 +35,7 @@ struct TraceRow {
 };
 
 struct Trace {
-  std::string source;          // file name, or "step.timing events"
+  std::string source;  // file name, or "step.timing events"
   std::vector<TraceRow> rows;
   std::vector<uint32_t> lines;  // source line of each row; empty when not read from a file
 

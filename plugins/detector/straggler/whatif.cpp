@@ -25,8 +25,15 @@ double median(std::vector<double> v) {
 class Analysis {
  public:
   Analysis(const Trace& trace, const Meta& meta, const WhatIfOptions& opt)
-      : t_(trace), opt_(opt), m_(build_model(trace, meta, {opt.drop_bad_steps})), replay_(m_),
-        L_(m_.lanes()), N_(replay_.size()), start_(N_), end_(N_), all_lanes_(L_, 1) {
+      : t_(trace),
+        opt_(opt),
+        m_(build_model(trace, meta, {opt.drop_bad_steps})),
+        replay_(m_),
+        L_(m_.lanes()),
+        N_(replay_.size()),
+        start_(N_),
+        end_(N_),
+        all_lanes_(L_, 1) {
     dp_lanes_.assign(m_.dp, std::vector<char>(L_, 0));
     for (size_t l = 0; l < L_; ++l) dp_lanes_[dp_of(l)][l] = 1;
   }
@@ -123,8 +130,9 @@ class Analysis {
         for (size_t l = 0; l < L_; ++l) latest[l] = std::max(latest[l], rec_start_[at(op, l)]);
       }
       if (g.dp_sync) {
-        for (size_t b = 0; b < L_; b += dp) std::fill(latest.begin() + b, latest.begin() + b + dp,
-                                                       *std::max_element(latest.begin() + b, latest.begin() + b + dp));
+        for (size_t b = 0; b < L_; b += dp)
+          std::fill(latest.begin() + b, latest.begin() + b + dp,
+                    *std::max_element(latest.begin() + b, latest.begin() + b + dp));
       }
       for (int32_t op : g.members) {
         for (size_t l = 0; l < L_; ++l) {
@@ -185,7 +193,8 @@ class Analysis {
   }
 
   static void worst_first(std::vector<Attribution>& v) {
-    std::stable_sort(v.begin(), v.end(), [](const Attribution& a, const Attribution& b) { return a.slowdown > b.slowdown; });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Attribution& a, const Attribution& b) { return a.slowdown > b.slowdown; });
   }
 
   void attribute(WhatIfResult& r) {
@@ -201,7 +210,8 @@ class Analysis {
       r.by_optype.push_back({n, attributed([&](size_t op) { return pick[op] ? all : nullptr; })});
     }
     for (int s = 0; s < m_.pp; ++s)
-      r.by_stage.push_back({std::to_string(s), attributed([&](size_t op) { return m_.ops[op].stage == s ? all : nullptr; })});
+      r.by_stage.push_back(
+          {std::to_string(s), attributed([&](size_t op) { return m_.ops[op].stage == s ? all : nullptr; })});
     for (int d = 0; d < m_.dp; ++d) {
       const char* lanes = dp_lanes_[d].data();
       r.by_dp_rank.push_back({std::to_string(d), attributed([&](size_t) { return lanes; })});
@@ -289,8 +299,8 @@ class Analysis {
   Replay replay_;
   size_t L_, N_;
   std::vector<double> start_, end_;
-  std::vector<char> all_lanes_;                // every lane
-  std::vector<std::vector<char>> dp_lanes_;    // the lanes of each DP rank
+  std::vector<char> all_lanes_;              // every lane
+  std::vector<std::vector<char>> dp_lanes_;  // the lanes of each DP rank
   std::vector<double> step_start_, rec_start_, rec_end_, delay_, cost_, ideal_;
   double t_nodelay_ = 0, t_ideal_ = 0;
 };

@@ -51,7 +51,7 @@ struct WhatIfResult {
   std::vector<double> t_nodelay;  // replayed without launch delays
   std::vector<double> t_ideal;    // ideal replay
   double slowdown = 1, launch_slowdown = 1;
-  double replay_error = 0;        // mean |t_replay - t_base| / t_base
+  double replay_error = 0;  // mean |t_replay - t_base| / t_base
   // Worst first.
   std::vector<Attribution> by_optype, by_stage, by_dp_rank, by_rank;
   Explained mw, ms;

@@ -113,8 +113,9 @@ TEST_CASE("usage and input errors give exit codes 2 and 1 with a message") {
   CHECK(missing.err.find("/nonexistent/t.csv.gz: cannot open") != std::string::npos);
 
   Scratch tmp("cmd");
-  std::string bad = tmp.write("bad.csv", "dp_rank,stage,rank,step,optype,start_ts,duration,seq_id,mc,mb_id,gmc\n"
-                                         "0,0,0,1,forward-compute,0.1,NaN,0,0,0,0\n");
+  std::string bad = tmp.write("bad.csv",
+                              "dp_rank,stage,rank,step,optype,start_ts,duration,seq_id,mc,mb_id,gmc\n"
+                              "0,0,0,1,forward-compute,0.1,NaN,0,0,0,0\n");
   Outcome nan = run({"--trace", bad});
   CHECK(nan.rc == 1);
   CHECK(nan.err.find(bad + ":2: column duration: NaN") != std::string::npos);
@@ -127,8 +128,8 @@ TEST_CASE("usage and input errors give exit codes 2 and 1 with a message") {
 TEST_CASE("the real `ballast whatif` executable runs the plugin's command") {
   Scratch tmp("exe");
   std::string out = (tmp.dir / "out.json").string(), err = (tmp.dir / "err.txt").string();
-  std::string cmd = std::string(BALLAST_EXE) + " whatif --trace " + data("AR", "trace.csv.gz") + " --json > " + out +
-                    " 2> " + err;
+  std::string cmd =
+      std::string(BALLAST_EXE) + " whatif --trace " + data("AR", "trace.csv.gz") + " --json > " + out + " 2> " + err;
   int status = std::system(cmd.c_str());
   INFO(straggler_test::slurp(err));
   REQUIRE(WIFEXITED(status));

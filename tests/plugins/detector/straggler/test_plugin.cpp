@@ -91,7 +91,9 @@ struct TestHost {
     api.set_error = [](const ballast_host_api* a, const char* msg) { self(a)->error = msg; };
     api.last_error = [](const ballast_host_api* a) { return self(a)->error.c_str(); };
   }
-  static TestHost* self(const ballast_host_api* a) { return reinterpret_cast<TestHost*>(const_cast<ballast_host_api*>(a)); }
+  static TestHost* self(const ballast_host_api* a) {
+    return reinterpret_cast<TestHost*>(const_cast<ballast_host_api*>(a));
+  }
 };
 
 const ballast_plugin_descriptor* load_plugin() {
@@ -110,8 +112,8 @@ void feed(TestHost& host, const Trace& trace) {
   std::map<int64_t, std::map<int32_t, std::vector<ballast_op_timing>>> batches;
   std::vector<std::string> names;
   for (const TraceRow& r : trace.rows) {
-    batches[r.step][r.rank].push_back({r.dp_rank, r.stage, r.rank, r.step, nullptr, r.start, r.duration, r.seq_id,
-                                       r.mc, r.mb_id, r.gmc});
+    batches[r.step][r.rank].push_back(
+        {r.dp_rank, r.stage, r.rank, r.step, nullptr, r.start, r.duration, r.seq_id, r.mc, r.mb_id, r.gmc});
     batches[r.step][r.rank].back().optype = optype_name(r.optype).data();  // names are NUL-terminated literals
   }
   for (auto& [step, ranks] : batches) {

@@ -47,9 +47,9 @@ TEST_CASE("in the real host, ST's step.timing events give stage-imbalance report
   ballast_host* host = nullptr;
   REQUIRE(ballast_host_create("straggler-test", &host) == BALLAST_OK);
   std::string plugin = std::string(BALLAST_PLUGIN_DIR) + "/ballast-straggler.so";
-  REQUIRE_MESSAGE(ballast_host_load_plugin(host, plugin.c_str(), "{ window_steps = 16, report_every = 8 }") ==
-                      BALLAST_OK,
-                  ballast_last_error());
+  REQUIRE_MESSAGE(
+      ballast_host_load_plugin(host, plugin.c_str(), "{ window_steps = 16, report_every = 8 }") == BALLAST_OK,
+      ballast_last_error());
   Received received;
   uint64_t id = 0;
   REQUIRE(ballast_host_subscribe(host, "straggler.report", nullptr, &Received::handler, &received, &id) == BALLAST_OK);
