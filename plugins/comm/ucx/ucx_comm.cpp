@@ -4,6 +4,7 @@
 #include "reduce.hpp"
 #include "trace_ring.hpp"
 
+#include <sched.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -162,7 +163,8 @@ constexpr int kWindow = 8;  // chunks in flight per transfer
 struct Pending {
   void* req = nullptr;
   bool done_now = false;
-  size_t off = 0, len = 0;
+  size_t off = 0, len = 0;  // of the chunk within the transfer
+  char* at = nullptr;       // where the chunk's bytes are sent from or received to
   ucp_tag_recv_info_t info{};
 };
 
@@ -172,6 +174,7 @@ struct Xfer {
   char* buf = nullptr;
   size_t len = 0;
   char* reduce_dst = nullptr;  // receive: reduce each chunk into this
+  bool staged = false;         // chunk k lands in slot k % kWindow of buf (kept in cache), not at its offset
   size_t nchunks = 0, posted = 0, completed = 0;
   Pending win[kWindow];
 };
@@ -205,6 +208,11 @@ struct Op {
   bool large = false;
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
+  // Progress counted here, in the operation's own cache lines, and copied to
+  // the trace slot per chunk for large operations, else every 64 rounds of
+  // progress and at the end: a small operation costs the ring a few stores.
+  uint64_t chunks_total = 0, chunks_posted = 0, chunks_sent = 0, chunks_received = 0, chunks_reduced = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
   int status = BALLAST_OK;
   std::string msg;
 };
@@ -294,7 +302,32 @@ void send_notices(Comm* c, const std::string& msg) {
   }
 }
 
-inline void bump(uint64_t* p, uint64_t d = 1) { __atomic_store_n(p, *p + d, __ATOMIC_RELAXED); }
+template <class T>
+inline void put(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+
+// Copy the operation's progress into its trace slot.
+void flush_progress(Op& op) {
+  ballast_trace_slot* s = op.slot;
+  put(&s->chunks_total, op.chunks_total);
+  put(&s->chunks_posted, op.chunks_posted);
+  put(&s->chunks_sent, op.chunks_sent);
+  put(&s->chunks_received, op.chunks_received);
+  put(&s->chunks_reduced, op.chunks_reduced);
+  put(&s->bytes_sent, op.bytes_sent);
+  put(&s->bytes_received, op.bytes_received);
+  put(&s->steps, uint32_t(op.steps.size()));
+  put(&s->step, uint32_t(std::min(op.cur + 1, op.steps.size())));
+  int wp = -1, sp = -1;
+  if (op.cur < op.steps.size())
+    for (uint32_t i = op.steps[op.cur].first; i < op.steps[op.cur].last; ++i) {
+      const Xfer& x = op.xfers[i];
+      if (x.completed == x.nchunks) continue;
+      if (x.send && sp < 0) sp = x.peer;
+      if (!x.send && wp < 0) wp = x.peer;
+    }
+  put(&s->wait_peer, int32_t(wp));
+  put(&s->send_peer, int32_t(sp));
+}
 
 void cancel_pending(Op& op) {
   ucp_worker_h worker = op.comm->w->worker;
@@ -311,6 +344,7 @@ void cancel_pending(Op& op) {
 
 int finish(Op& op, int status, const std::string& msg, bool notify) {
   Comm* c = op.comm;
+  if (op.slot) flush_progress(op);  // before the transfers are dropped
   if (status != BALLAST_OK) {
     cancel_pending(op);
     if (c->failed == BALLAST_OK) {
@@ -354,10 +388,11 @@ void add_xfer(Op& op, bool send, int peer, char* buf, size_t len, char* reduce_d
   x.buf = buf ? buf : &g_zero_byte;
   x.len = len;
   x.reduce_dst = reduce_dst;
+  x.staged = !send && reduce_dst;
   x.nchunks = len == 0 ? 1 : (len + op.chunk - 1) / op.chunk;
   op.xfers.push_back(x);
   op.steps.back().last = uint32_t(op.xfers.size());
-  if (op.slot) bump(&op.slot->chunks_total, x.nchunks);
+  op.chunks_total += x.nchunks;
 }
 
 struct Blocks {
@@ -442,7 +477,7 @@ int build(Op& op) {
       }
       op.algorithm = BALLAST_ALGO_RING;
       const Blocks b{a.count, n, es};
-      char* tmp = c->scratch.get(b.len(0));
+      char* tmp = c->scratch.get(std::min(b.len(0), kWindow * op.chunk));
       if (!tmp) return nomem();
       ring_reduce_scatter(op, dst, b, tmp);
       ring_allgather(op, dst, b);
@@ -457,7 +492,7 @@ int build(Op& op) {
       }
       op.algorithm = BALLAST_ALGO_RING;
       char* acc = c->accum.get(bytes * size_t(n));
-      char* tmp = c->scratch.get(bytes);
+      char* tmp = c->scratch.get(std::min(bytes, kWindow * op.chunk));
       if (!acc || !tmp) return nomem();
       std::memcpy(acc, src ? src : dst, bytes * size_t(n));
       ring_reduce_scatter(op, acc, b, tmp);
@@ -512,7 +547,7 @@ int build(Op& op) {
         return BALLAST_OK;
       }
       op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
-      char* tmp = c->scratch.get(bytes);
+      char* tmp = c->scratch.get(std::min(bytes, kWindow * op.chunk));
       if (!tmp) return nomem();
       const int vr = mod(r - a.root, n);
       for (int mask = 1; mask < n; mask <<= 1) {
@@ -573,17 +608,18 @@ int post_chunk(Op& op, Xfer& x) {
   Pending& p = x.win[k % kWindow];
   p.off = k * op.chunk;
   p.len = x.len == 0 ? 0 : std::min(op.chunk, x.len - p.off);
+  p.at = x.buf + (x.staged ? (k % kWindow) * op.chunk : p.off);
   p.req = nullptr;
   p.done_now = false;
   ucp_request_param_t prm{};
   void* r;
   if (x.send) {
-    r = ucp_tag_send_nbx(c->peer(x.peer).ep, x.buf + p.off, p.len,
+    r = ucp_tag_send_nbx(c->peer(x.peer).ep, p.at, p.len,
                          make_tag(op.seq, uint32_t(c->rank), op.tag_ctx, op.low), &prm);
   } else {
     // Always a request: UCX 1.13 leaves recv_info unset on immediate completion.
     prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    r = ucp_tag_recv_nbx(c->w->worker, x.buf + p.off, p.len, make_tag(op.seq, uint32_t(x.peer), op.tag_ctx, 0),
+    r = ucp_tag_recv_nbx(c->w->worker, p.at, p.len, make_tag(op.seq, uint32_t(x.peer), op.tag_ctx, 0),
                          kMatchMask, &prm);
   }
   if (UCS_PTR_IS_ERR(r))
@@ -594,7 +630,7 @@ int post_chunk(Op& op, Xfer& x) {
   if (r) p.req = r;
   else p.done_now = true;
   ++x.posted;
-  if (op.slot) bump(&op.slot->chunks_posted);
+  ++op.chunks_posted;
   return BALLAST_OK;
 }
 
@@ -634,18 +670,18 @@ int complete_chunk(Op& op, Xfer& x) {
   }
   if (st != UCS_OK)
     return fail_peer(op, op_words(op) + ": transfer with " + who + " failed: " + ucs_status_string(st));
-  if (x.reduce_dst) reduce_into(x.reduce_dst + p.off, x.buf + p.off, p.len / op.esize, op.args.dtype, op.args.redop);
-  if (op.slot) {
-    ballast_trace_slot* s = op.slot;
-    if (x.send) {
-      bump(&s->chunks_sent);
-      bump(&s->bytes_sent, p.len);
-    } else {
-      bump(&s->chunks_received);
-      bump(&s->bytes_received, p.len);
-      if (x.reduce_dst) bump(&s->chunks_reduced);
-    }
-    if (op.large) __atomic_store_n(&s->progress_tick, trace_tick(), __ATOMIC_RELAXED);
+  if (x.reduce_dst) reduce_into(x.reduce_dst + p.off, p.at, p.len / op.esize, op.args.dtype, op.args.redop);
+  if (x.send) {
+    ++op.chunks_sent;
+    op.bytes_sent += p.len;
+  } else {
+    ++op.chunks_received;
+    op.bytes_received += p.len;
+    if (x.reduce_dst) ++op.chunks_reduced;
+  }
+  if (op.large && op.slot) {
+    flush_progress(op);
+    put(&op.slot->progress_tick, trace_tick());
   }
   ++x.completed;
   return 1;
@@ -730,16 +766,6 @@ int progress(Op& op) {
         while (x.posted < x.nchunks && x.posted - x.completed < kWindow)
           if (post_chunk(op, x) != BALLAST_OK) return 1;
       }
-      if (op.slot) {
-        int wp = -1, sp = -1;
-        for (uint32_t i = s.first; i < s.last; ++i) {
-          if (op.xfers[i].send && sp < 0) sp = op.xfers[i].peer;
-          if (!op.xfers[i].send && wp < 0) wp = op.xfers[i].peer;
-        }
-        op.slot->wait_peer = wp;
-        op.slot->send_peer = sp;
-        __atomic_store_n(&op.slot->step, uint32_t(op.cur + 1), __ATOMIC_RELAXED);
-      }
     }
     bool all = true;
     for (uint32_t i = s.first; i < s.last; ++i) {
@@ -763,6 +789,7 @@ int progress(Op& op) {
     return 1;
   }
   if ((++op.iter & 63) == 0) {
+    if (op.slot) flush_progress(op);
     const int64_t now = monotonic_ns();
     if (now >= op.next_live_check) {
       op.next_live_check = now + 10000000;
@@ -1071,33 +1098,8 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   const uint64_t bytes = a.count * op.esize;
   op.large = bytes >= (64u << 10);
   op.slot = nullptr;
-  if (c->trace) {
-    ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
-    s->comm_id = c->id;
-    s->seq = op.seq;
-    s->count = a.count;
-    s->bytes = bytes;
-    s->op = a.op;
-    s->dtype = a.dtype;
-    s->redop = a.redop;
-    s->algorithm = BALLAST_ALGO_NONE;
-    s->rank = c->rank;
-    s->nranks = c->n;
-    s->world_rank = c->w->rank;
-    s->peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1;
-    s->state = BALLAST_TRACE_STARTED;
-    s->status = BALLAST_OK;
-    s->flags = p2p ? BALLAST_TRACE_P2P : 0;
-    s->wait_peer = s->send_peer = -1;
-    s->steps = s->step = 0;
-    const uint64_t t = trace_tick();
-    s->issue_tick = s->start_tick = s->progress_tick = t;
-    s->end_tick = 0;
-    s->chunks_total = s->chunks_posted = s->chunks_sent = s->chunks_received = s->chunks_reduced = 0;
-    s->bytes_sent = s->bytes_received = 0;
-    TraceRing::publish(s, op.slot_index);
-    op.slot = s;
-  }
+  op.chunks_total = op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
+  op.bytes_sent = op.bytes_received = 0;
   c->busy = true;
   if (int rc = build(op); rc != BALLAST_OK) {
     const std::string m = last_error();
@@ -1105,9 +1107,31 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     c->failed = BALLAST_OK;  // a local argument error leaves the communicator usable
     return set_last_error(rc, m);
   }
-  if (op.slot) {
-    op.slot->algorithm = op.algorithm;
-    op.slot->steps = uint32_t(op.steps.size());
+  if (c->trace) {
+    // Composed in registers and stored as one block: cheaper than field by field.
+    ballast_trace_slot t{};
+    t.comm_id = c->id;
+    t.seq = op.seq;
+    t.count = a.count;
+    t.bytes = bytes;
+    t.op = a.op;
+    t.dtype = a.dtype;
+    t.redop = a.redop;
+    t.algorithm = op.algorithm;
+    t.rank = c->rank;
+    t.nranks = c->n;
+    t.world_rank = c->w->rank;
+    t.peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1;
+    t.state = BALLAST_TRACE_STARTED;
+    t.flags = p2p ? BALLAST_TRACE_P2P : 0;
+    t.wait_peer = t.send_peer = -1;
+    t.steps = uint32_t(op.steps.size());
+    t.chunks_total = op.chunks_total;
+    t.issue_tick = t.start_tick = t.progress_tick = trace_tick();
+    ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
+    std::memcpy(s, &t, sizeof t);  // gen stays 0 until publish
+    TraceRing::publish(s, op.slot_index);
+    op.slot = s;
   }
   *req = reinterpret_cast<ballast_comm_request*>(&op);
   return BALLAST_OK;
@@ -1124,8 +1148,10 @@ int comm_test(ballast_comm_request* req, int* done) {
 int comm_wait(ballast_comm_request* req) {
   if (!req) return set_last_error(BALLAST_EINVAL, "wait: req is NULL");
   Op& op = *reinterpret_cast<Op*>(req);
-  while (op.comm->busy && !progress(op)) {
-  }
+  // Spin first (the fast path); after that, yield between rounds, so that a
+  // peer sharing this CPU (an oversubscribed node) gets to run.
+  for (uint32_t spins = 0; op.comm->busy && !progress(op);)
+    if (++spins > 2000) sched_yield();
   return set_last_error(op.status, op.msg);
 }
 

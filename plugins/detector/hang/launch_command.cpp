@@ -77,9 +77,11 @@ int launch_main(int argc, char** argv) {
   if (i >= argc) return usage(argv[0], "missing the command after --");
   if (stall_s <= 0) return usage(argv[0], "--stall must be positive");
   if (dir.empty()) {
-    char tmpl[] = "/tmp/ballast-launch-XXXXXX";
-    if (!mkdtemp(tmpl)) return usage(argv[0], "cannot create a trace folder in /tmp");
-    dir = tmpl;
+    // tmpfs: on a disk file system, write-back would fault the ranks' ring stores.
+    char shm[] = "/dev/shm/ballast-launch-XXXXXX", tmp[] = "/tmp/ballast-launch-XXXXXX";
+    if (mkdtemp(shm)) dir = shm;
+    else if (mkdtemp(tmp)) dir = tmp;
+    else return usage(argv[0], "cannot create a trace folder in /dev/shm or /tmp");
   } else {
     mkdir(dir.c_str(), 0755);
   }

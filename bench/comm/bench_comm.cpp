@@ -1,0 +1,273 @@
+// bench_comm: allreduce latency (p50, p99) and bus bandwidth of the UCX comm
+// plugin (through examples/comm/comm_loop, one process per rank) over sm and
+// tcp, next to Open MPI's MPI_Allreduce and the memcpy ceiling measured in
+// the same run, with tracing on and off; plus the cost of one trace record.
+//
+//   bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps 3] [--quick] [--trace-only]
+//
+// One JSON object per line: {"bench","case","metric","value","unit"}.
+// busbw follows nccl-tests: algbw = bytes / time (GB = 1e9), busbw = algbw * 2(n-1)/n,
+// with time the median call.
+#include <ucx_comm.hpp>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string g_loop = BENCH_COMM_LOOP;
+std::string g_mpi = BENCH_MPI_PROGRAM;  // empty when MPI was not found
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+double field(const std::string& json, const std::string& key) {
+  const auto p = json.find("\"" + key + "\":");
+  return p == std::string::npos ? -1 : std::atof(json.c_str() + p + key.size() + 3);
+}
+
+// Runs argv in n processes (or once, for mpirun) and returns rank 0's stdout.
+std::string run(const std::vector<std::string>& args, int n, const std::string& tls, bool ranks_env) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return "";
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < (ranks_env ? n : 1); ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (ranks_env) {
+        setenv("RANK", std::to_string(r).c_str(), 1);
+        setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        setenv("UCX_TLS", tls.c_str(), 1);
+        setenv("BALLAST_TRACE_DIR", "/dev/shm", 1);
+      }
+      if (r == 0) dup2(pipefd[1], 1);
+      else close(1);
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 2);
+      close(pipefd[0]);
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  close(pipefd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t k;
+  while ((k = read(pipefd[0], buf, sizeof buf)) > 0) out.append(buf, size_t(k));
+  close(pipefd[0]);
+  for (pid_t p : pids) waitpid(p, nullptr, 0);
+  return out;
+}
+
+struct Figures {
+  double p50 = -1, p99 = -1, mean = -1;
+};
+
+Figures median_of(std::vector<Figures> v) {
+  Figures f;
+  if (v.empty()) return f;
+  auto med = [&](double Figures::*m) {
+    std::vector<double> x;
+    for (const auto& e : v)
+      if (e.*m >= 0) x.push_back(e.*m);
+    if (x.empty()) return -1.0;
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  f.p50 = med(&Figures::p50);
+  f.p99 = med(&Figures::p99);
+  f.mean = med(&Figures::mean);
+  return f;
+}
+
+Figures ours(int n, const std::string& tls, uint64_t bytes, long iters, bool trace, int reps) {
+  std::vector<Figures> v;
+  for (int i = 0; i < reps; ++i) {
+    std::vector<std::string> a = {g_loop, "--bytes", std::to_string(bytes), "--iters", std::to_string(iters), "--warmup",
+                                  std::to_string(std::max<long>(3, iters / 10))};
+    if (!trace) a.push_back("--no-trace");
+    const std::string o = run(a, n, tls, true);
+    if (o.empty()) continue;
+    v.push_back({field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")});
+  }
+  return median_of(v);
+}
+
+Figures mpi(int n, const std::string& tls, uint64_t bytes, long iters, int reps) {
+  std::vector<Figures> v;
+  if (g_mpi.empty()) return {};
+  for (int i = 0; i < reps; ++i) {
+    std::vector<std::string> a = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n)};
+    if (tls == "tcp") a.insert(a.end(), {"--mca", "btl", "tcp,self"});
+    a.insert(a.end(), {g_mpi, std::to_string(bytes), std::to_string(iters), std::to_string(std::max<long>(3, iters / 10))});
+    const std::string o = run(a, n, tls, false);
+    if (o.empty()) continue;
+    v.push_back({field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")});
+  }
+  return median_of(v);
+}
+
+void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
+  if (value < 0) return;
+  std::printf("{\"bench\":\"comm\",\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.4g,\"unit\":\"%s\"}\n", cs.c_str(),
+              metric.c_str(), value, unit.c_str());
+  std::fflush(stdout);
+}
+
+double memcpy_gbs(uint64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const int iters = int(std::max<uint64_t>(3, (1ull << 30) / bytes));
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(b.data(), a.data(), bytes);
+      asm volatile("" ::"r"(b.data()) : "memory");
+    }
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  std::sort(t.begin(), t.end());
+  return double(bytes) / t[2] / 1e9;
+}
+
+// The cost of one operation's bookkeeping with and without its trace record:
+// an 8-byte allreduce in a world of one (no communication), in process.
+// Traced and untraced blocks alternate, and the median difference is taken,
+// so that a noisy machine slows both alike.
+void trace_cost() {
+  using namespace ballast::comm;
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  Comm* comm[2] = {nullptr, nullptr};
+  for (int traced = 0; traced < 2; ++traced) {
+    ballast_comm_config cfg{};
+    cfg.size = sizeof cfg;
+    cfg.rank = -1;
+    cfg.flags = traced ? 0 : BALLAST_COMM_NO_TRACE;
+    cfg.trace_dir = "/dev/shm";
+    if (comm_init(&cfg, &comm[traced]) != BALLAST_OK) return;
+  }
+  float in[2] = {1, 2}, out[2];
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.sendbuf = in;
+  a.recvbuf = out;
+  a.count = 2;
+  const int iters = 20000;
+  std::vector<double> t[2], diff;
+  for (int rep = 0; rep < 41; ++rep) {
+    double ns[2];
+    for (int traced = 0; traced < 2; ++traced) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) comm_run(comm[traced], &a);
+      ns[traced] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters;
+      t[traced].push_back(ns[traced]);
+    }
+    diff.push_back(ns[1] - ns[0]);
+  }
+  for (auto* v : {&t[0], &t[1], &diff}) std::sort(v->begin(), v->end());
+  emit("trace_record", "op_ns_untraced", t[0][t[0].size() / 2], "ns");
+  emit("trace_record", "op_ns_traced", t[1][t[1].size() / 2], "ns");
+  emit("trace_record", "trace_cost", diff[diff.size() / 2], "ns/op");
+  comm_destroy(comm[0]);
+  comm_destroy(comm[1]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> ranks = {2, 4};
+  std::vector<std::string> tlss = {"sm,self", "tcp"};
+  int reps = 3;
+  bool quick = false, trace_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--trace-only") trace_only = true;
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--ranks" && i + 1 < argc) {
+      ranks.clear();
+      std::stringstream s(argv[++i]);
+      std::string x;
+      while (std::getline(s, x, ',')) ranks.push_back(std::atoi(x.c_str()));
+    } else if (a == "--tls" && i + 1 < argc) {
+      tlss.clear();
+      std::stringstream s(argv[++i]);
+      std::string x;
+      while (std::getline(s, x, ',')) tlss.push_back(x == "sm" ? "sm,self" : x);
+    } else {
+      std::fprintf(stderr, "usage: bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps N] [--quick] [--trace-only]\n");
+      return 2;
+    }
+  }
+  trace_cost();
+  if (trace_only) return 0;
+  std::vector<uint64_t> lat_sizes = {8, 64, 1024, 8192, 65536};
+  std::vector<uint64_t> bw_sizes = {65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
+  if (quick) {
+    lat_sizes = {8, 65536};
+    bw_sizes = {65536, 1u << 20, 64u << 20};
+  }
+  for (uint64_t b : bw_sizes) emit("memcpy/" + std::to_string(b), "bandwidth", memcpy_gbs(b), "GB/s");
+  for (const auto& tls : tlss)
+    for (int n : ranks) {
+      const std::string tl = tls == "sm,self" ? "sm" : tls;
+      const double factor = 2.0 * (n - 1) / n;
+      for (uint64_t b : lat_sizes) {
+        const long iters = quick ? 500 : 2000;
+        const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
+        const Figures on = ours(n, tls, b, iters, true, reps), off = ours(n, tls, b, iters, false, reps);
+        const Figures m = mpi(n, tls, b, iters, reps);
+        emit(cs, "p50_ballast", on.p50, "us");
+        emit(cs, "p99_ballast", on.p99, "us");
+        emit(cs, "p50_ballast_notrace", off.p50, "us");
+        emit(cs, "p50_openmpi", m.p50, "us");
+        emit(cs, "p99_openmpi", m.p99, "us");
+        if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
+      }
+      for (uint64_t b : bw_sizes) {
+        const long iters = long(std::clamp<uint64_t>((quick ? 256ull << 20 : 1ull << 30) / b, 9, 1000));
+        const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
+        const Figures on = ours(n, tls, b, iters, true, reps), off = ours(n, tls, b, iters, false, reps);
+        const Figures m = mpi(n, tls, b, iters, reps);
+        // The median call, not the mean: on a shared machine a descheduled
+        // rank adds milliseconds to a few calls and would swamp the mean.
+        auto busbw = [&](const Figures& f) { return f.p50 > 0 ? double(b) / (f.p50 * 1e-6) / 1e9 * factor : -1; };
+        emit(cs, "busbw_ballast", busbw(on), "GB/s");
+        emit(cs, "busbw_ballast_notrace", busbw(off), "GB/s");
+        emit(cs, "busbw_openmpi", busbw(m), "GB/s");
+        if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
+      }
+    }
+  return 0;
+}
