@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 
 namespace ballast::sched {
 
@@ -64,6 +65,21 @@ struct Evaluator {
     sc.objective = weigh(s, sc.dp, sc.pp);
     return sc;
   }
+  // Whether every minipod's cells of each DP group (column) are consecutive rows.
+  bool contiguous(const Shape& s, const std::vector<int>& color, int k) {
+    stamp.assign(static_cast<size_t>(k), -1);
+    for (int j = 0; j < s.P; ++j) {
+      int prev = -1;
+      for (int i = 0; i < s.R; ++i) {
+        int c = color[static_cast<size_t>(j) * s.R + i];
+        if (c == prev) continue;
+        if (stamp[c] == j) return false;
+        stamp[c] = j;
+        prev = c;
+      }
+    }
+    return true;
+  }
 };
 
 // Fewest chunks of at most L cells, each inside one minipod, covering n.
@@ -103,6 +119,11 @@ int min_minipods(const std::vector<int>& f, int unit, long need) {
 Score evaluate(const Shape& s, const std::vector<int>& color, int k) {
   Evaluator e;
   return e(s, color, k);
+}
+
+bool contiguous(const Shape& s, const std::vector<int>& color, int k) {
+  Evaluator e;
+  return e.contiguous(s, color, k);
 }
 
 double lower_bound(const Shape& s, const std::vector<int>& f) {
@@ -317,6 +338,7 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
       for (auto [m, t] : seq)
         for (int x = 0; x < t; ++x) color[order[pos++]] = m;
       if (pos != static_cast<size_t>(n)) continue;  // cannot happen when enough is free
+      if (!eval.contiguous(s, color, k)) continue;   // a minipod would come back within a DP group
       double obj = eval(s, color, k).objective;
       if (obj < best_obj - 1e-12 || (obj < best_obj + 1e-12 && seq.size() < best_parts)) {
         best_obj = obj;
@@ -556,6 +578,7 @@ Plan place(const Topology& topo, const Cluster& cl, const Job& job, const PlaceO
     for (int r = 0; r < n; ++r) color[r] = topo.node_minipod[p.nodes[r]];
   } else {
     color = solve_heuristic(s, cl.free_count);
+    if (color.empty()) throw std::logic_error("placement heuristic found no contiguous layout");
     if (opt.algorithm != "exact") {
       // The baselines' colourings are candidates too: never worse than them.
       double obj = evaluate(s, color, k).objective;
@@ -564,7 +587,7 @@ Plan place(const Topology& topo, const Cluster& cl, const Job& job, const PlaceO
         std::vector<int> c(n);
         for (int r = 0; r < n; ++r) c[r] = topo.node_minipod[nodes[r]];
         double o = evaluate(s, c, k).objective;
-        if (o < obj - 1e-12) { obj = o; color = c; }
+        if (o < obj - 1e-12 && contiguous(s, c, k)) { obj = o; color = c; }
       }
     }
     // The search is only needed while the bound leaves room for better.

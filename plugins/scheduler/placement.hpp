@@ -42,12 +42,18 @@ inline double weigh(const Shape& s, int dp, int pp) { return s.alpha * dp + (1 -
 // Spreads of a colouring: color[r] is the minipod of cell r; k minipods.
 Score evaluate(const Shape& s, const std::vector<int>& color, int k);
 
+// Whether, in every DP group (column), each minipod's cells are consecutive
+// rows, i.e. hold consecutive ranks.
+bool contiguous(const Shape& s, const std::vector<int>& color, int k);
+
 // A lower bound on the objective over every placement on these free counts
 // (per-dimension chunk counting, plus the one-minipod-per-group cases).
 double lower_bound(const Shape& s, const std::vector<int>& free_count);
 
 // Our heuristic: sequential fills of column-group and row-band layouts over
-// several minipod orders, keeping the best colouring found.
+// several minipod orders, keeping the best colouring found among those that
+// are contiguous(). Empty when none is (cannot happen with enough free nodes:
+// the column-major fill of the largest minipods first always is).
 std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& free_count);
 
 // Exact branch and bound (double-lex symmetry breaking); `color` holds the

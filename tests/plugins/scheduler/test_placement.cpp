@@ -204,11 +204,20 @@ TEST_CASE("placement is deterministic for a given input and seed") {
   CHECK(differs);  // the seed matters where the algorithm is random
 }
 
+TEST_CASE("contiguous() sees a minipod coming back within a DP group") {
+  Shape s{3, 2, 0.5};
+  CHECK(contiguous(s, {0, 0, 1, 2, 2, 2}, 3));
+  CHECK_FALSE(contiguous(s, {0, 1, 0, 2, 2, 2}, 3));
+  CHECK(contiguous(s, {0, 1, 1, 1, 0, 0}, 3));  // minipods may differ between groups
+}
+
 TEST_CASE("within each DP group, a minipod's nodes hold consecutive ranks") {
   Fixture f = make({20, 17, 13, 9}, 2);
   for (double alpha : {0.0, 0.3, 0.5, 1.0})
-    for (auto [R, P] : {std::pair{10, 4}, {6, 8}, {14, 3}, {3, 2}}) {
+    for (auto [R, P] : {std::pair{10, 4}, {6, 8}, {14, 3}, {3, 2}, {19, 3}})
+     for (const char* algorithm : {"arnold", "heuristic"}) {
       PlaceOptions po;
+      po.algorithm = algorithm;
       Plan p = place(f.topo, f.cluster, job_of(R, P, alpha), po);
       for (int j = 0; j < P; ++j) {
         std::set<int> closed;
