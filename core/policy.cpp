@@ -452,6 +452,9 @@ int Policy::load(const std::string& path, PolicyOptions options, std::unique_ptr
 }
 
 int Policy::reload() {
+  if (impl_->sink != nullptr) {
+    return fail(BALLAST_ESTATE, "policy " + impl_->name + ": reload() called from inside a handler");
+  }
   std::unique_ptr<Policy> fresh;
   if (int rc = load(impl_->path, impl_->options, &fresh); rc != BALLAST_OK) return rc;
   impl_->sandbox.reset();
@@ -468,6 +471,11 @@ std::vector<std::string> Policy::patterns() const {
 int Policy::handle(const ballast_event& event, PolicySink& sink) {
   Impl& m = *impl_;
   const char* topic = event.topic != nullptr ? event.topic : "";
+  if (m.sink != nullptr) {  // a sink that delivers back into this policy
+    sink.on_error("policy " + m.name + ": handle() called from inside a handler; event '" + topic +
+                  "' not handled");
+    return 0;
+  }
   for (auto& [level, text] : m.pending_logs) sink.on_log(level, text);
   m.pending_logs.clear();
   m.matched.clear();

@@ -237,3 +237,35 @@ TEST_CASE("reload takes the new file, and keeps the old state when the new one f
   CHECK(p->memory_in_use() > 0);
   CHECK(p->path() == path);
 }
+
+TEST_CASE("a sink that calls back into the policy is refused, not corrupting it") {
+  TempDir dir;
+  auto p = load_script(dir,
+                       "ballast.on('x', function() ballast.publish('y', {}) return {action='pause'} end)\n"
+                       "ballast.on('y', function() return {action='restart'} end)\n");
+  struct Reentrant : Recorder {
+    Policy* policy = nullptr;
+    int reload_status = 0;
+    void on_publish(const std::string& topic, const std::string& json) override {
+      Recorder::on_publish(topic, json);
+      ballast_event e = make_event("y");
+      policy->handle(e, *this);  // refused
+      reload_status = policy->reload();
+    }
+  } r;
+  r.policy = p.get();
+  ballast_event e = make_event("x");
+  CHECK(p->handle(e, r) == 1);
+  CHECK(r.reload_status == BALLAST_ESTATE);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("called from inside a handler") != std::string::npos);
+  REQUIRE(r.actions.size() == 1);
+  CHECK(r.actions[0].action == "pause");
+  r.clear();
+  r.policy = nullptr;
+  struct Plain : Recorder {} plain;
+  ballast_event y = make_event("y");
+  p->handle(y, plain);
+  REQUIRE(plain.actions.size() == 1);
+  CHECK(plain.actions[0].action == "restart");
+}
