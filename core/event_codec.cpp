@@ -129,6 +129,39 @@ bool schema_from_name(std::string_view name, uint32_t* schema) {
 
 // ---- JSON out -------------------------------------------------------------------
 
+// Text for JSON: nlohmann::json refuses to dump invalid UTF-8, and events
+// come from anywhere (a journal, a plugin), so invalid bytes become U+FFFD.
+std::string utf8(const char* p, size_t n) {
+  std::string out;
+  out.reserve(n);
+  const auto* s = reinterpret_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (s[i + k] & 0xC0) == 0x80;
+    if (ok && len > 1) {
+      // No overlong forms, surrogates or code points above U+10FFFF.
+      uint32_t cp = c & (0x7F >> len);
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
+      static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(p + i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+nlohmann::json text(const char* s) {
+  return s != nullptr ? nlohmann::json(utf8(s, std::strlen(s))) : nlohmann::json(nullptr);
+}
+
 nlohmann::json number_to_json(double v) {
   // JSON has no NaN or infinity; INVALID metric samples carry them.
   if (std::isnan(v)) return "nan";
@@ -138,7 +171,7 @@ nlohmann::json number_to_json(double v) {
 
 nlohmann::json json_text_to_json(const char* text, size_t size) {
   nlohmann::json parsed = nlohmann::json::parse(text, text + size, nullptr, false);
-  if (parsed.is_discarded()) return std::string(text, size);  // not JSON: kept as text
+  if (parsed.is_discarded()) return utf8(text, size);  // not JSON: kept as text
   return parsed;
 }
 
@@ -161,7 +194,7 @@ nlohmann::json struct_to_json(const StructDesc& desc, const void* base) {
       case FieldType::f64: out[f.name] = number_to_json(field_ref<double>(base, f)); break;
       case FieldType::str: {
         const char* s = field_ref<const char*>(base, f);
-        out[f.name] = s != nullptr ? nlohmann::json(s) : nlohmann::json(nullptr);
+        out[f.name] = text(s);
         break;
       }
       case FieldType::json_str: {
@@ -197,13 +230,12 @@ std::string to_hex(const unsigned char* p, size_t n) {
 
 nlohmann::json event_to_json(const ballast_event& event) {
   nlohmann::json j = nlohmann::json::object();
-  j["topic"] = event.topic != nullptr ? event.topic : "";
+  j["topic"] = text(event.topic != nullptr ? event.topic : "");
   j["ts"] = static_cast<double>(event.ts_ns) / 1e9;
   j["ts_ns"] = event.ts_ns;
-  auto opt = [](const char* s) { return s != nullptr ? nlohmann::json(s) : nlohmann::json(nullptr); };
-  j["source"] = {{"node", opt(event.source.node)},
+  j["source"] = {{"node", text(event.source.node)},
                  {"rank", event.source.rank},
-                 {"plugin", opt(event.source.plugin)}};
+                 {"plugin", text(event.source.plugin)}};
   const char* name = schema_name(event.schema);
   j["schema"] = name;
   if (std::strcmp(name, "custom") == 0) j["schema_id"] = event.schema;

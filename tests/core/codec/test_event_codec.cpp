@@ -291,6 +291,23 @@ TEST_CASE("JSON shows well-known payloads by field name") {
   CHECK(j["source"]["plugin"] == "machine");
 }
 
+TEST_CASE("JSON out never carries invalid UTF-8 (nlohmann::json would refuse to dump it)") {
+  const char bad_node[] = "node-\xff\xc3";       // a stray byte and a cut sequence
+  const char bad_metric[] = "cpu.\xed\xa0\x80";  // an encoded surrogate
+  ballast_metric_sample sample = {bad_node, bad_metric, 1, 2.0, 0};
+  ballast_metric_batch batch = {sizeof batch, 1, &sample};
+  ballast_event ev = base("metric.sample", BALLAST_SCHEMA_METRIC_BATCH, &batch, sizeof batch);
+  ev.source.node = bad_node;
+  std::string text;
+  CHECK_NOTHROW(text = event_to_json(ev).dump());
+  const nlohmann::json back = nlohmann::json::parse(text);
+  CHECK(back["source"]["node"] == "node-\xef\xbf\xbd\xef\xbf\xbd");
+  CHECK(back["payload"]["samples"][0]["metric"] == "cpu.\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+  const char good[] = "n\xc3\xa9ud-\xe2\x82\xac-\xf0\x9f\x98\x80";  // accents, euro sign, emoji: kept
+  ev.source.node = good;
+  CHECK(event_to_json(ev)["source"]["node"] == good);
+}
+
 TEST_CASE("JSON in: schema from the topic, defaults for missing fields, ts in seconds") {
   OwnedEvent ev;
   std::string error;
