@@ -451,6 +451,24 @@ void sort_rows(const Shape& s, std::vector<int>& color) {
   color.swap(out);
 }
 
+// Rows are interchangeable: when sorting left a minipod split within a DP
+// group, try every row order of a small matrix for one that is contiguous
+// in every group (not every matrix has one).
+void make_contiguous(const Shape& s, std::vector<int>& color, int k) {
+  constexpr int kMaxRows = 8;  // 8! orders
+  if (s.R > kMaxRows || contiguous(s, color, k)) return;
+  std::vector<int> rows(s.R), trial(color.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  while (std::next_permutation(rows.begin(), rows.end())) {
+    for (int i = 0; i < s.R; ++i)
+      for (int j = 0; j < s.P; ++j) trial[j * s.R + i] = color[j * s.R + rows[i]];
+    if (contiguous(s, trial, k)) {
+      color.swap(trial);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 bool solve_exact(const Shape& s, const std::vector<int>& f, uint64_t node_limit, std::vector<int>& color) {
@@ -470,6 +488,7 @@ bool solve_exact(const Shape& s, const std::vector<int>& f, uint64_t node_limit,
     for (int i = 0; i < s.R; ++i)
       for (int j = 0; j < s.P; ++j) color[j * s.R + i] = usable[bb.best_g[i * s.P + j]];
     sort_rows(s, color);
+    make_contiguous(s, color, k);
   }
   return !bb.aborted;
 }
