@@ -67,25 +67,30 @@ void set_top(lua_State* L, Key key) {
 }
 
 
+// Key first, then the value: no stack rotation.
 void set_s(lua_State* L, Key key, const char* value) {
   if (value == nullptr) return;
+  lua_rawgeti(L, kKeysIndex, key + 1);
   lua_pushstring(L, value);
-  set_top(L, key);
+  lua_rawset(L, -3);
 }
 
 void set_i(lua_State* L, Key key, int64_t value) {
+  lua_rawgeti(L, kKeysIndex, key + 1);
   lua_pushinteger(L, lua_Integer(value));
-  set_top(L, key);
+  lua_rawset(L, -3);
 }
 
 void set_u(lua_State* L, Key key, uint64_t value) {
+  lua_rawgeti(L, kKeysIndex, key + 1);
   lua_pushinteger(L, lua_Integer(value));  // ids keep their bits
-  set_top(L, key);
+  lua_rawset(L, -3);
 }
 
 void set_n(lua_State* L, Key key, double value) {
+  lua_rawgeti(L, kKeysIndex, key + 1);
   lua_pushnumber(L, value);
-  set_top(L, key);
+  lua_rawset(L, -3);
 }
 
 // A JSON text field: its table when it parsed, else the text.
