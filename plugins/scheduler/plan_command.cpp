@@ -11,6 +11,11 @@
 namespace ballast::sched {
 namespace {
 
+// A missing option: exit code 2, like CLI11's own parse errors.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Args {
   std::string topology, job, state, algorithm = "arnold", hostfile, topology_name;
   std::string replace, failed, spares, faults;
@@ -69,7 +74,7 @@ void print_plan(const nlohmann::json& j, bool json) {
 }
 
 int run_place(const Args& a) {
-  if (a.topology.empty() || a.job.empty()) throw CLI::RequiredError("--topology and --job");
+  if (a.topology.empty() || a.job.empty()) throw UsageError("--topology and --job are required");
   TopologyOptions to{a.minipod_level, a.topology_name};
   Topology topo = load_topology(a.topology, to);
   Job job = load_job(a.job);
@@ -85,7 +90,7 @@ int run_place(const Args& a) {
 }
 
 int run_replace(const Args& a) {
-  if (a.failed.empty()) throw CLI::RequiredError("--failed");
+  if (a.failed.empty()) throw UsageError("--failed is required with --replace");
   LoadedPlan lp = parse_plan(read_file(a.replace), a.replace);
   std::string topo_path = a.topology.empty() ? lp.topology : a.topology;
   if (topo_path.empty()) throw InputError(a.replace + ": the plan names no topology; give --topology");
@@ -117,7 +122,7 @@ int run_replace(const Args& a) {
 }
 
 int run_standby(const Args& a) {
-  if (a.faults.empty() || a.nodes <= 0) throw CLI::RequiredError("--faults and --nodes");
+  if (a.faults.empty() || a.nodes <= 0) throw UsageError("--faults and a positive --nodes are required with --standby");
   StandbyResult r = standby_size(read_file(a.faults), a.faults, a.nodes, a.percentile, a.window, a.fleet);
   nlohmann::json j{{"nodes", a.nodes},          {"percentile", a.percentile}, {"window_hours", a.window},
                    {"spares", r.spares},        {"expected_down", r.expected}, {"fleet", r.fleet},
@@ -168,8 +173,8 @@ int plan_command(int argc, char** argv) {
     if (a.standby) return run_standby(a);
     if (!a.replace.empty()) return run_replace(a);
     return run_place(a);
-  } catch (const CLI::RequiredError& e) {
-    std::cerr << "ballast plan: " << e.what() << " required (see --help)\n";
+  } catch (const UsageError& e) {
+    std::cerr << "ballast plan: " << e.what() << " (see --help)\n";
     return 2;
   } catch (const InputError& e) {
     std::cerr << "ballast plan: " << e.what() << "\n";

@@ -138,7 +138,10 @@ TEST_CASE("ballast plan --standby sizes spares from a fault trace") {
 }
 
 TEST_CASE("ballast plan errors: usage is 2, bad input is 1 with the file and line") {
-  CHECK(plan({"--topology", kData + "tree.conf"}).rc == 2);
+  Output usage = plan({"--topology", kData + "tree.conf"});
+  CHECK(usage.rc == 2);
+  CHECK(usage.err == "ballast plan: --topology and --job are required (see --help)\n");
+  CHECK(plan({"--standby", "--faults", kTrace}).rc == 2);
   CHECK(plan({"--bogus"}).rc == 2);
   std::string bad = temp_path("bad.conf");
   std::ofstream(bad) << "SwitchName=a Nodes=n[1-2]\nSwitchName=b Switches=zz\n";
