@@ -34,7 +34,8 @@ std::vector<std::pair<std::string, double>> default_min_deviation() {
           {"cgroup.cpu.throttled", 0.01}, {"cgroup.*.pressure", 0.05},
           {"proc.cpu", 0.05},        {"cgroup.cpu.*", 0.05},        {"proc.ctxt_*", 50},
           {"proc.write_bytes", 1e6}, {"proc.read_bytes", 1e6},      {"cgroup.io.*_bytes", 1e6},
-          {"disk.*_bytes", 1e6},     {"cgroup.io.*_ops", 50},       {"disk.*_ops", 50}};
+          {"disk.*_bytes", 1e6},     {"cgroup.io.*_ops", 50},       {"disk.*_ops", 50},
+          {"net.*_bytes", 1e6},      {"net.*_packets", 1000}};
 }
 
 bool glob_match(std::string_view p, std::string_view t) {
