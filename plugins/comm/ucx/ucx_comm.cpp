@@ -438,7 +438,7 @@ int build(Op& op) {
   auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
   switch (a.op) {
     case BALLAST_OP_ALLREDUCE: {
-      if (src && src != dst) std::memmove(dst, src, bytes);
+      if (bytes && src && src != dst) std::memmove(dst, src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -486,7 +486,7 @@ int build(Op& op) {
     case BALLAST_OP_REDUCE_SCATTER: {
       const Blocks b{a.count * uint64_t(n), n, es};
       if (n == 1 || a.count == 0) {
-        if (src && src != dst) std::memmove(dst, src, bytes);
+        if (bytes && src && src != dst) std::memmove(dst, src, bytes);
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
       }
@@ -503,7 +503,7 @@ int build(Op& op) {
     }
     case BALLAST_OP_ALLGATHER: {
       const Blocks b{a.count * uint64_t(n), n, es};
-      if (src && src != dst + b.off(r)) std::memmove(dst + b.off(r), src, bytes);
+      if (bytes && src && src != dst + b.off(r)) std::memmove(dst + b.off(r), src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -513,7 +513,7 @@ int build(Op& op) {
       return BALLAST_OK;
     }
     case BALLAST_OP_BROADCAST: {
-      if (r == a.root && src && src != dst) std::memmove(dst, src, bytes);
+      if (bytes && r == a.root && src && src != dst) std::memmove(dst, src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -541,7 +541,7 @@ int build(Op& op) {
     case BALLAST_OP_REDUCE: {
       char* acc = r == a.root ? dst : c->accum.get(bytes);
       if (!acc && bytes) return nomem();
-      if (src && src != acc) std::memmove(acc, src, bytes);
+      if (bytes && src && src != acc) std::memmove(acc, src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -565,7 +565,7 @@ int build(Op& op) {
     }
     case BALLAST_OP_ALLTOALL: {
       if (src == dst && bytes) return set_last_error(BALLAST_EINVAL, "alltoall cannot run in place (sendbuf == recvbuf)");
-      std::memcpy(dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
+      if (bytes) std::memcpy(dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
