@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <string_view>
 
 namespace ballast {
@@ -23,7 +24,11 @@ constexpr size_t kMaxPendingLogs = 64;
 constexpr size_t kMaxReason = 200;
 
 bool is_action(std::string_view name) {
-  for (const char* a : kRecoveryActions) {
+  static const std::string_view kNames[] = {kRecoveryActions[0], kRecoveryActions[1], kRecoveryActions[2],
+                                            kRecoveryActions[3], kRecoveryActions[4], kRecoveryActions[5],
+                                            kRecoveryActions[6]};
+  static_assert(std::size(kRecoveryActions) == std::size(kNames));
+  for (std::string_view a : kNames) {
     if (name == a) return true;
   }
   return false;
@@ -79,8 +84,9 @@ int log_level(const char* name) {
   return -1;
 }
 
-// The action table at idx into *a: raw reads only, nothing allocated in
-// Lua, so it never raises. On failure *why says what is wrong.
+// The action table at idx into *a (a fresh PolicyAction): raw reads only,
+// nothing allocated in Lua, so it never raises. On failure *why says what is
+// wrong.
 bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
   idx = lua_absindex(L, idx);
   if (lua_type(L, idx) != LUA_TTABLE) {
@@ -91,8 +97,6 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
     *why = "Lua stack overflow";
     return false;
   }
-  *a = PolicyAction{};
-  a->args_json = "{}";
   bool has_action = false;
   lua_pushnil(L);
   while (lua_next(L, idx) != 0) {
@@ -152,12 +156,13 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
     *why = "an action table needs a field 'action' (one of " + action_names() + ")";
     return false;
   }
+  if (a->args_json.empty()) a->args_json = "{}";
   return true;
 }
 
 // A handler's return value at idx: nil or false (no action), an action
 // table, or a list of them. Raw reads only.
-bool read_result(lua_State* L, int idx, const char* topic, std::vector<PolicyAction>* out,
+bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<PolicyAction>* out,
                  std::string* why) {
   idx = lua_absindex(L, idx);
   int t = lua_type(L, idx);
@@ -167,13 +172,13 @@ bool read_result(lua_State* L, int idx, const char* topic, std::vector<PolicyAct
            lua_typename(L, t);
     return false;
   }
-  lua_pushnil(L);
-  if (lua_next(L, idx) == 0) return true;  // {}: no action
-  lua_pop(L, 2);
   lua_rawgeti(L, idx, 1);
   bool list = !lua_isnil(L, -1);
   lua_pop(L, 1);
   if (!list) {
+    lua_pushnil(L);
+    if (lua_next(L, idx) == 0) return true;  // {}: no action
+    lua_pop(L, 2);
     out->emplace_back();
     if (!read_action(L, idx, &out->back(), why)) return false;
     out->back().cause_topic = topic;
