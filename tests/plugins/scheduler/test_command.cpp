@@ -159,7 +159,10 @@ TEST_CASE("ballast plan errors: usage is 2, bad input is 1 with the file and lin
 
 namespace {
 
-// A small host for one plugin: records subscriptions and published events.
+// A small host table for one plugin, recording subscriptions and published
+// events: the embedding API (host.h) does not hand out a plugin's interface
+// tables, so the "ballast.scheduler" table is reached here through the
+// descriptor itself. test_bus.cpp runs the plugin on the real host.
 struct TestHost {
   ballast_host_api api{};
   std::map<std::string, std::string> config;
