@@ -267,7 +267,10 @@ class Analysis {
     r.ms = explained([&](size_t op) { return m_.ops[op].stage == last ? all : nullptr; });
   }
 
-  void classify(WhatIfResult& r) const { r.kind = classify_kind(r.slowdown, r.mw.removed, r.ms.removed, opt_); }
+  // Without pipeline parallelism the last stage is the whole job: M_S says nothing.
+  void classify(WhatIfResult& r) const {
+    r.kind = classify_kind(r.slowdown, r.mw.removed, m_.pp > 1 ? r.ms.removed : 0.0, opt_);
+  }
 
   // Steps are laid end to end (traces often restart the clock each step),
   // each as long as the longer of its recorded and ideal runs.

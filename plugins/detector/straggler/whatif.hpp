@@ -73,7 +73,7 @@ struct Timeline {
 
 // The kind of straggler: "none" when S < straggling; "worker" when fixing the
 // slowest ranks removes at least kind_share of the slowdown (M_W); "stage"
-// when fixing the last stage does (M_S); else "random" (e.g. sequence-length
+// when fixing the last stage does (M_S, with more than one stage); else "random" (e.g. sequence-length
 // imbalance: the slowdown moves between workers from step to step).
 std::string classify_kind(double slowdown, double mw, double ms, const WhatIfOptions& options);
 
