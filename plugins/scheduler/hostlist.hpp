@@ -6,8 +6,8 @@
 
 namespace ballast::sched {
 
-// A malformed input; `where` names the file and line ("topology.conf:12"),
-// `what()` says what is wrong.
+// A malformed input or an impossible request. what() starts with where it
+// is when there is a where ("topology.conf:12: ...", "job.json: field ...").
 struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -19,9 +19,11 @@ struct InputError : std::runtime_error {
 // expansion of more than 10 million names.
 std::vector<std::string> expand_hostlist(const std::string& expr);
 
-// The shortest common form of a list of names: consecutive numeric suffixes
-// with the same prefix and width are folded ("gpu[001-003,007]"). Order kept
-// per prefix; prefixes in order of first appearance.
+// Fold a list of names into a hostlist: consecutive numbers after the same
+// prefix become ranges ("gpu[001-003,007]"), each range printed at the width
+// of its first number; prefixes in order of first appearance, names without
+// a number kept as they are. expand_hostlist() gives the same names back,
+// grouped by prefix.
 std::string compress_hostlist(const std::vector<std::string>& names);
 
 }  // namespace ballast::sched
