@@ -131,9 +131,10 @@ int run_standby(const Args& a) {
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << "standby for " << a.nodes << " nodes: " << r.spares << " spares (p" << a.percentile
-              << (a.window > 0 ? ", failing within " + std::to_string(a.window) + " h" : ", down at once")
-              << "; expected " << r.expected << "; fleet of " << r.fleet << " over " << r.days
+    std::cout << "standby for " << a.nodes << " nodes: " << r.spares << " spares (p" << a.percentile;
+    if (a.window > 0) std::cout << ", failing within " << a.window << " h";
+    else std::cout << ", down at once";
+    std::cout << "; expected " << r.expected << "; fleet of " << r.fleet << " over " << r.days
               << " days: mean " << r.mean_down << ", max " << r.max_down << " down at once)\n";
   }
   return 0;
