@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,13 +90,18 @@ TEST_CASE("--timeline writes the recorded and the ideal run as two processes") {
   auto j = nlohmann::json::parse(straggler_test::slurp(path));
   size_t recorded = 0, ideal = 0;
   double recorded_end = 0, ideal_end = 0;
+  std::set<int> threads[3];
   for (auto& e : j["traceEvents"]) {
     if (e["ph"] != "X") continue;
     double end = e["ts"].get<double>() + e["dur"].get<double>();
-    if (e["pid"] == 1) ++recorded, recorded_end = std::max(recorded_end, end);
-    if (e["pid"] == 2) ++ideal, ideal_end = std::max(ideal_end, end);
-    CHECK(e["dur"].get<double>() >= -1e4);
+    int pid = e["pid"].get<int>();
+    REQUIRE((pid == 1 || pid == 2));
+    threads[pid].insert(e["tid"].get<int>());
+    if (pid == 1) ++recorded, recorded_end = std::max(recorded_end, end);
+    if (pid == 2) ++ideal, ideal_end = std::max(ideal_end, end);
   }
+  CHECK(threads[1].size() == 8);  // one thread per rank
+  CHECK(threads[2].size() == 8);
   CHECK(recorded == 6784);
   CHECK(ideal == 6784);
   // The ideal steps start where the recorded ones did and are shorter.
