@@ -136,6 +136,7 @@ struct World {
   int64_t timeout_ns = 0;
   size_t chunk_bytes = 256 << 10;
   size_t small_bytes = 16 << 10;
+  bool yield = false;  // more local ranks than CPUs: yield while waiting
 
   ~World() {
     std::vector<void*> closing;
@@ -928,6 +929,11 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
       return nullptr;
     }
   }
+  int local = 0;
+  for (const auto& p : w->peers) local += p.local ? 1 : 0;
+  cpu_set_t cpus;
+  const int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  w->yield = env_i64("BALLAST_COMM_YIELD", local > ncpu ? 1 : 0) != 0;
   const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
   if (trace) {
     std::string terr;
@@ -1148,10 +1154,12 @@ int comm_test(ballast_comm_request* req, int* done) {
 int comm_wait(ballast_comm_request* req) {
   if (!req) return set_last_error(BALLAST_EINVAL, "wait: req is NULL");
   Op& op = *reinterpret_cast<Op*>(req);
-  // Spin first (the fast path); after that, yield between rounds, so that a
-  // peer sharing this CPU (an oversubscribed node) gets to run.
+  // Busy polling, as MPI does; when this host runs more ranks than this
+  // process may use CPUs, yield after a short spin (Open MPI does the same
+  // when oversubscribed), or ranks sharing a CPU wait a time slice per step.
+  const bool yield = op.comm->w->yield;
   for (uint32_t spins = 0; op.comm->busy && !progress(op);)
-    if (++spins > 2000) sched_yield();
+    if (yield && ++spins > 100) usleep(spins > 1000 ? 20 : 0);
   return set_last_error(op.status, op.msg);
 }
 
