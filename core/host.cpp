@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -136,6 +137,51 @@ struct Host::Timers {
   }
 };
 
+// ---- the policy's outbox ------------------------------------------------------
+// What a policy publishes is handed to this thread instead of being published
+// from the dispatcher thread that runs the policy: a policy subscribed to its
+// own topics (recovery.action, "*") would otherwise block that dispatcher on
+// its own full queue. The outbox grows only as fast as the policy reacts.
+struct Host::Outbox {
+  Host& host;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<OwnedEvent> events;
+  bool quit = false;
+  std::thread thread;
+
+  explicit Outbox(Host& h) : host(h), thread([this] { loop(); }) {}
+  ~Outbox() {
+    {
+      std::lock_guard lock(mutex);
+      quit = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  void push(const ballast_event& event) {
+    OwnedEvent copy(event);
+    {
+      std::lock_guard lock(mutex);
+      events.push_back(std::move(copy));
+    }
+    cv.notify_one();
+  }
+  void loop() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      cv.wait(lock, [&] { return quit || !events.empty(); });
+      if (events.empty()) return;  // quit, and everything handed over
+      OwnedEvent ev = std::move(events.front());
+      events.pop_front();
+      lock.unlock();
+      if (host.publish(ev.view(), "policy") != BALLAST_OK)
+        host.log(BALLAST_LOG_WARN, "policy", std::string("could not publish ") + ev.view().topic + ": " + last_error());
+      lock.lock();
+    }
+  }
+};
+
 // ---- plugins and the host API table ----------------------------------------
 
 struct Host::Plugin {
@@ -245,7 +291,8 @@ Host::Host(HostOptions options)
     : node_(options.node.empty() ? machine_name() : options.node),
       log_level_(options.log_level),
       bus_(options.bus),
-      timers_(std::make_unique<Timers>()) {
+      timers_(std::make_unique<Timers>()),
+      outbox_(std::make_unique<Outbox>(*this)) {
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
 }
 
@@ -369,7 +416,8 @@ namespace {
 // Turns what a policy does into events on the bus.
 class BusSink : public PolicySink {
  public:
-  BusSink(Host& host, const std::string& policy) : host_(host), policy_(policy) {}
+  BusSink(Host& host, Host::Outbox& outbox, const std::string& policy)
+      : host_(host), outbox_(outbox), policy_(policy) {}
   void on_action(const PolicyAction& a) override {
     ballast_recovery_action payload{};
     payload.size = sizeof payload;
@@ -386,21 +434,29 @@ class BusSink : public PolicySink {
     ev.source.rank = -1;
     ev.payload = &payload;
     ev.payload_size = sizeof payload;
-    host_.publish(ev, "policy");
+    outbox_.push(ev);
   }
-  void on_publish(const std::string& topic, const std::string& json) override {
-    if (host_.publish_json(topic, json, "policy") != BALLAST_OK)
-      host_.log(BALLAST_LOG_WARN, "policy", std::string("ballast.publish failed: ") + last_error());
-  }
+  void on_publish(const std::string& topic, const std::string& json) override { push_json(topic, json); }
   void on_log(int level, const std::string& message) override { host_.log(level, "policy " + policy_, message); }
   void on_error(const std::string& message) override {
     host_.log(BALLAST_LOG_ERROR, "policy " + policy_, message);
-    nlohmann::json j = {{"policy", policy_}, {"message", message}};
-    host_.publish_json("policy.error", j.dump(), "policy");
+    push_json("policy.error", nlohmann::json{{"policy", policy_}, {"message", message}}.dump());
   }
 
  private:
+  void push_json(const std::string& topic, const std::string& json) {
+    nlohmann::json envelope = {{"topic", topic}, {"payload", nlohmann::json::parse(json, nullptr, false)}};
+    OwnedEvent ev;
+    std::string error;
+    if (envelope["payload"].is_discarded() || event_from_json(envelope, &ev, &error) != BALLAST_OK) {
+      host_.log(BALLAST_LOG_WARN, "policy " + policy_, "ballast.publish(" + topic + ") dropped: " + error);
+      return;
+    }
+    outbox_.push(ev.view());
+  }
+
   Host& host_;
+  Host::Outbox& outbox_;
   std::string policy_;
 };
 
@@ -424,7 +480,7 @@ int Host::policy_handler(void* user, const ballast_event* event) {
 void Host::policy_event(const ballast_event& event) {
   std::lock_guard lock(policy_mutex_);
   if (!policy_) return;
-  BusSink sink(*this, policy_->name());
+  BusSink sink(*this, *outbox_, policy_->name());
   policy_->handle(event, sink);
 }
 
@@ -628,7 +684,10 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  bus_.shutdown();  // delivers what is queued (policy, journal) before returning
+  // Deliver what is queued (policy, journal); what the policy answers during
+  // this drain is logged as not published, since the bus no longer accepts.
+  bus_.shutdown();
+  outbox_.reset();
   if (journal_) journal_->flush(true);
 }
 
@@ -683,8 +742,8 @@ int Host::from_config(const nlohmann::json& config, const std::string& base_dir,
   if (int rc = as_uint(config, "bus.dispatcher_threads", 1, &threads); rc != BALLAST_OK) return rc;
   if (int rc = as_uint(config, "bus.queue_capacity", 4096, &capacity); rc != BALLAST_OK) return rc;
   if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
-  if (capacity == 0 || capacity > (1u << 24))
-    return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..16777216");
+  if (capacity == 0 || capacity > (1u << 20))
+    return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
   options.bus.dispatcher_threads = static_cast<unsigned>(threads);
   options.bus.default_queue_capacity = static_cast<uint32_t>(capacity);
 

@@ -82,6 +82,7 @@ class Host {
 
   struct Plugin;
   struct Timers;
+  struct Outbox;
 
  private:
   void policy_event(const ballast_event& event);
@@ -94,6 +95,7 @@ class Host {
   int log_level_;
   Bus bus_;
   std::unique_ptr<Timers> timers_;
+  std::unique_ptr<Outbox> outbox_;  // what the policy publishes (see host.cpp)
   std::vector<std::unique_ptr<Plugin>> plugins_;
   std::mutex policy_mutex_;
   std::unique_ptr<Policy> policy_;

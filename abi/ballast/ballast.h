@@ -7,4 +7,8 @@
 #include "plugin.h"
 #include "command.h"
 #include "host.h"
+#include "comm.h"
+#include "trace.h"
+#include "scheduler.h"
+#include "startup.h"
 #endif

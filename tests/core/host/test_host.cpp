@@ -238,3 +238,21 @@ TEST_CASE("config errors name the field") {
   CHECK(Host::from_config({{"plugins", {42}}}, "/", &host) == BALLAST_EINVAL);
   CHECK(std::string(last_error()).find("plugins[1]") != std::string::npos);
 }
+
+TEST_CASE("a policy that also watches its own actions does not block its dispatcher on its own full queue") {
+  HostOptions options;
+  options.bus.default_queue_capacity = 8;  // small, so that the policy's queue fills up
+  Host host(options);
+  std::string policy = write_file("self.lua", R"(
+    seen = 0
+    ballast.on("recovery.action", function(ev) seen = seen + 1 end)
+    ballast.on("job.state", function(ev) return { action = "checkpoint_now", reason = "tick" } end)
+  )");
+  REQUIRE(host.load_policy(policy, {}) == BALLAST_OK);
+  Collector actions;
+  collect(host, "recovery.action", actions);
+  REQUIRE(host.start() == BALLAST_OK);
+  for (int i = 0; i < 500; ++i) REQUIRE(host.publish_json("job.state", "{}", "test") == BALLAST_OK);
+  CHECK(actions.wait_for(500, 20000));
+  host.stop();
+}
