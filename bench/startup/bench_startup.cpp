@@ -377,7 +377,9 @@ Run start_once(const Data& d, const std::string& c) {
     auto args = job_args(d, d.imports_a, striped ? 8 : 0, shared);
     args.push_back("--stages");
     args.push_back(stages);
-    rc = run_process(args);
+    rc = run_process(args, {}, [&](int pid) {
+      if (pf) pf->watch(pid);  // a wrong profile stops once the job shows it is not its own
+    });
   }
   if (pf) {
     pf->stop();

@@ -168,7 +168,7 @@ int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& a
   pf.start();
   int rc = 0;
   if (!cmd.empty()) {
-    rc = run_process(cmd);
+    rc = run_process(cmd, {}, [&](int pid) { pf.watch(pid); });
     pf.stop();  // the job is over: what is left is no longer needed
   }
   pf.wait();

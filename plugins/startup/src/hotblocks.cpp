@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -244,6 +246,66 @@ Prefetcher::~Prefetcher() {
   wait();
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> open_files_of(int pid) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  std::vector<int> todo = {pid};
+  std::set<int> visited;
+  while (!todo.empty()) {
+    int p = todo.back();
+    todo.pop_back();
+    if (!visited.insert(p).second) continue;
+    std::string base = "/proc/" + std::to_string(p);
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(base + "/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      struct stat st{};
+      if (::stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) out.emplace_back(st.st_dev, st.st_ino);
+    }
+    for (auto it = std::filesystem::directory_iterator(base + "/task", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      std::ifstream children(it->path() / "children");
+      int child;
+      while (children >> child) todo.push_back(child);
+    }
+  }
+  return out;
+}
+
+RelevanceCheck::RelevanceCheck(const std::vector<HotFile>& files, size_t limit) : limit_(limit) {
+  for (const auto& f : files) profile_.insert({f.id.dev, f.id.ino});
+}
+
+RelevanceCheck::Verdict RelevanceCheck::observe(const std::vector<std::pair<uint64_t, uint64_t>>& open) {
+  for (const auto& id : open) {
+    if (verdict_ != kUndecided) break;
+    if (profile_.count(id)) verdict_ = kRelevant;
+    else seen_.insert(id);
+  }
+  if (verdict_ == kUndecided && seen_.size() >= limit_) verdict_ = kWrongProfile;
+  return verdict_;
+}
+
+void Prefetcher::watch(int pid, size_t limit) {
+  if (watcher_.joinable()) return;
+  watcher_ = std::thread([this, pid, limit] {
+    RelevanceCheck check(files_, limit);
+    while (!stop_.load() && next_.load() < pieces_.size()) {
+      switch (check.observe(open_files_of(pid))) {
+        case RelevanceCheck::kRelevant:
+          return;
+        case RelevanceCheck::kWrongProfile:
+          watch_message_ = "stopped: the job opened " + std::to_string(check.seen()) +
+                           " files and none is in the profile (a profile of another job?)";
+          stop_.store(true);
+          return;
+        case RelevanceCheck::kUndecided:
+          break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+}
+
 void Prefetcher::start() {
   unsigned n = std::min<size_t>(options_.threads, std::max<size_t>(pieces_.size(), 1));
   for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] { worker(); });
@@ -254,6 +316,12 @@ void Prefetcher::stop() { stop_.store(true); }
 void Prefetcher::wait() {
   for (auto& t : threads_) t.join();
   threads_.clear();
+  stop_.store(true);  // ends the watcher, if any
+  if (watcher_.joinable()) watcher_.join();
+  if (!watch_message_.empty()) {
+    stats_.messages.push_back(watch_message_);
+    watch_message_.clear();
+  }
   stats_.done_bytes = done_bytes_.load();
   stats_.errors = errors_.load();
   stats_.stopped_early = next_.load() < pieces_.size();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <set>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -71,6 +72,10 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   void start();
+  // Watch the job (pid and its descendants) while prefetching: when it has
+  // opened `limit` regular files and none of them is in the profile, the
+  // profile is taken for another job's and prefetching stops. Call after start().
+  void watch(int pid, size_t limit = 16);
   void stop();  // ask the threads to finish their current read and return
   void wait();  // join
   const PrefetchStats& stats() const { return stats_; }  // after wait()
@@ -90,7 +95,29 @@ class Prefetcher {
   std::atomic<uint64_t> done_bytes_{0};
   std::atomic<size_t> errors_{0};
   std::vector<std::thread> threads_;
+  std::thread watcher_;
+  std::string watch_message_;
   PrefetchStats stats_;
+};
+
+// The (dev, ino) of the regular files that process `pid` and its
+// descendants have open now, from /proc.
+std::vector<std::pair<uint64_t, uint64_t>> open_files_of(int pid);
+
+// Decides from the files a job opens whether a profile is its own: stop()
+// once `limit` distinct files were seen and none was in the profile; a
+// single hit settles that the profile fits.
+class RelevanceCheck {
+ public:
+  RelevanceCheck(const std::vector<HotFile>& files, size_t limit);
+  enum Verdict { kUndecided, kRelevant, kWrongProfile };
+  Verdict observe(const std::vector<std::pair<uint64_t, uint64_t>>& open);
+  size_t seen() const { return seen_.size(); }
+
+ private:
+  std::set<std::pair<uint64_t, uint64_t>> profile_, seen_;
+  size_t limit_;
+  Verdict verdict_ = kUndecided;
 };
 
 uint64_t mem_available_bytes();  // from /proc/meminfo, 0 if unknown

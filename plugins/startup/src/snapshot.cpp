@@ -437,7 +437,8 @@ std::vector<std::string> evict_snapshots(const std::string& store, uint64_t cap_
   return removed;
 }
 
-int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env) {
+int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
+                const std::function<void(int)>& started) {
   if (argv.empty()) return 127;
   pid_t pid = ::fork();
   if (pid < 0) return 127;
@@ -450,6 +451,7 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::pai
     std::fprintf(stderr, "ballast startup: cannot run %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
+  if (started) started(pid);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

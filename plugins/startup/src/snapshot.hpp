@@ -77,6 +77,8 @@ EnvResult run_env(const EnvOptions& options);
 
 // Runs argv (execvp) with extra environment variables and waits; returns the
 // exit status (128+signal when killed, 127 when it could not start).
-int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env = {});
+// started(pid), when given, is called once the child exists.
+int run_process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env = {},
+                const std::function<void(int)>& started = {});
 
 }  // namespace ballast::startup

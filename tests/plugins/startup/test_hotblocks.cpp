@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "command.hpp"
@@ -184,4 +186,49 @@ TEST_CASE("prefetch -- CMD runs the job beside the prefetcher and records a file
   CHECK(run({"prefetch", profile, "--stages", stages, "--", "sh", "-c", "cat " + (d / "a.bin") + " > /dev/null"}) == 0);
   std::string log = startup_test::read_text(stages);
   CHECK(log.find("\"stage\":\"file_warmup\"") != std::string::npos);
+}
+
+TEST_CASE("the relevance check stops on another job's profile and keeps a profile the job uses") {
+  HotProfile p;
+  p.files = {{"/a", FileId{1, 10, 0, 0}}, {"/b", FileId{1, 11, 0, 0}}};
+  RelevanceCheck wrong(p.files, 3);
+  CHECK(wrong.observe({{1, 20}, {1, 21}}) == RelevanceCheck::kUndecided);
+  CHECK(wrong.observe({{1, 20}}) == RelevanceCheck::kUndecided);  // the same file again
+  CHECK(wrong.observe({{2, 10}}) == RelevanceCheck::kWrongProfile);  // same inode, other device
+  RelevanceCheck right(p.files, 3);
+  CHECK(right.observe({{1, 20}, {1, 21}}) == RelevanceCheck::kUndecided);
+  CHECK(right.observe({{1, 11}}) == RelevanceCheck::kRelevant);
+  CHECK(right.observe({{1, 30}, {1, 31}, {1, 32}}) == RelevanceCheck::kRelevant);  // settled
+}
+
+TEST_CASE("open_files_of lists the regular files a process tree holds open") {
+  TempDir d;
+  startup_test::write_text(d / "one", "1");
+  startup_test::write_text(d / "two", "2");
+  FileId one, two;
+  REQUIRE(file_id(d / "one", one));
+  REQUIRE(file_id(d / "two", two));
+  // The shell holds "one"; its child (a subshell) holds "two"; both wait.
+  std::string script = "exec 3<" + (d / "one") + "; (exec 4<" + (d / "two") + "; touch " + (d / "ready") +
+                       "; sleep 30) & wait";
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group, ended as a whole below
+    ::execlp("sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 500 && !std::filesystem::exists(d / "ready"); ++i) ::usleep(10000);
+  bool saw_one = false, saw_two = false;
+  for (int i = 0; i < 100 && !(saw_one && saw_two); ++i) {  // the subshell may still be settling
+    for (const auto& id : open_files_of(pid)) {
+      saw_one |= id == std::make_pair(one.dev, one.ino);
+      saw_two |= id == std::make_pair(two.dev, two.ino);
+    }
+    if (!(saw_one && saw_two)) ::usleep(10000);
+  }
+  CHECK(saw_one);
+  CHECK(saw_two);
+  ::kill(-pid, SIGKILL);  // the shell, its subshell and sleep
+  ::waitpid(pid, nullptr, 0);
 }
