@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -61,6 +62,8 @@ inline Result run_ranks(int n, const char* tls, double timeout_s, const std::fun
                         const std::function<void(std::vector<pid_t>&)>& while_running = nullptr) {
   setenv("UCX_TLS", tls, 1);
   for (int r = 0; r < n; ++r) std::remove(err_path(r).c_str());
+  std::filesystem::remove_all("comm-test-traces");
+  std::filesystem::create_directories("comm-test-traces");
   std::vector<pid_t> pids;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < n; ++r) {
@@ -109,7 +112,7 @@ inline ballast_comm_config config(int rank, int n, int port, int64_t timeout_ms)
   c.master_addr = "127.0.0.1";
   c.master_port = port;
   c.timeout_ns = timeout_ms * 1000000;
-  c.trace_dir = ".";
+  c.trace_dir = "comm-test-traces";  // emptied by run_ranks, so runs do not pile up rings
   return c;
 }
 
