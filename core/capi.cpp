@@ -160,6 +160,20 @@ BALLAST_EXPORT int64_t ballast_event_to_json(const ballast_event* event, char* b
   return rc == BALLAST_OK ? needed : rc;
 }
 
+BALLAST_EXPORT int ballast_host_get_interface(ballast_host* host, const char* plugin, const char* name,
+                                              uint32_t version, const void** table) {
+  if (host == nullptr || plugin == nullptr || name == nullptr || table == nullptr)
+    return ballast::fail(BALLAST_EINVAL, "ballast_host_get_interface: NULL argument");
+  return guarded("ballast_host_get_interface", [&]() -> int {
+    std::lock_guard lock(host->mutex);
+    *table = host->host->get_interface(plugin, name, version);
+    if (*table == nullptr)
+      return ballast::fail(BALLAST_ENOTFOUND, std::string("no loaded plugin '") + plugin + "' offering " + name +
+                                                  " v" + std::to_string(version));
+    return BALLAST_OK;
+  });
+}
+
 BALLAST_EXPORT int ballast_host_counter(ballast_host* host, const char* name, int64_t* value) {
   if (host == nullptr || name == nullptr || value == nullptr)
     return ballast::fail(BALLAST_EINVAL, "ballast_host_counter: NULL argument");

@@ -315,6 +315,13 @@ Host::~Host() {
 
 size_t Host::plugin_count() const { return plugins_.size(); }
 
+const void* Host::get_interface(const std::string& plugin, const char* name, uint32_t version) {
+  for (auto& p : plugins_)
+    if (p->created && p->file.name == plugin && p->file.get_interface != nullptr)
+      return p->file.get_interface(p->state, name, version);
+  return nullptr;
+}
+
 void Host::log(int level, const std::string& who, const std::string& message) {
   if (level > log_level_) return;
   auto now = std::chrono::system_clock::now();

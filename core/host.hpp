@@ -64,6 +64,9 @@ class Host {
                 void* user, const char* owner, uint64_t* id);
   int unsubscribe(uint64_t id);
 
+  // The interface table `name`@`version` of loaded plugin `plugin`, or null.
+  const void* get_interface(const std::string& plugin, const char* name, uint32_t version);
+
   void log(int level, const std::string& who, const std::string& message);
   int64_t counter(const std::string& name) const;  // 0 when unknown
   nlohmann::json counters() const;                 // every counter, bus ones included

@@ -77,6 +77,14 @@ BALLAST_EXPORT int ballast_host_unsubscribe(ballast_host* host, uint64_t id);
  * Negative on error. For handlers in FFI callers. */
 BALLAST_EXPORT int64_t ballast_event_to_json(const ballast_event* event, char* buf, uint64_t cap);
 
+/* The table of interface `name` at `version` offered by the loaded plugin
+ * `plugin` (its descriptor name), e.g. "ballast.startup" v1 of "startup", in
+ * *table; BALLAST_ENOTFOUND when the plugin is not loaded or does not offer
+ * it. The table lives until the host is destroyed. For trainers that call a
+ * plugin's interface directly. */
+BALLAST_EXPORT int ballast_host_get_interface(ballast_host* host, const char* plugin, const char* name,
+                                              uint32_t version, const void** table);
+
 /* Read counter `name` ("bus.dropped", "<plugin>.<name>") into *value. */
 BALLAST_EXPORT int ballast_host_counter(ballast_host* host, const char* name, int64_t* value);
 

@@ -256,3 +256,16 @@ TEST_CASE("a policy that also watches its own actions does not block its dispatc
   CHECK(actions.wait_for(500, 20000));
   host.stop();
 }
+
+TEST_CASE("an embedder gets a loaded plugin's interface table through the C API") {
+  ballast_host* h = nullptr;
+  REQUIRE(ballast_host_create("n", &h) == BALLAST_OK);
+  REQUIRE(ballast_host_load_plugin(h, (std::string(BALLAST_BINARY_DIR) + "/tests/loader-plugins/good.so").c_str(),
+                                   nullptr) == BALLAST_OK);
+  const void* table = nullptr;
+  CHECK(ballast_host_get_interface(h, "good", "test.echo", 1, &table) == BALLAST_OK);
+  CHECK(table != nullptr);
+  CHECK(ballast_host_get_interface(h, "good", "test.echo", 2, &table) == BALLAST_ENOTFOUND);
+  CHECK(ballast_host_get_interface(h, "other", "test.echo", 1, &table) == BALLAST_ENOTFOUND);
+  ballast_host_destroy(h);
+}
