@@ -118,7 +118,9 @@ struct Host::Timers {
       for (auto it = timers.begin(); it != timers.end(); ++it)
         if (it->second.due < next->second.due) next = it;
       if (std::chrono::steady_clock::now() < next->second.due) {
-        cv.wait_until(lock, next->second.due);
+        // A copy: the timer may be cancelled (erased) while we wait.
+        const auto due = next->second.due;
+        cv.wait_until(lock, due);
         continue;
       }
       uint64_t id = next->first;
