@@ -87,13 +87,20 @@ TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") 
         });
       },
       [](std::vector<pid_t>& pids) {
-        // Release the stopped rank once the others are done, so it can be reaped.
-        for (int i = 0; i < 400; ++i) {
-          int st;
-          if (waitpid(pids[0], &st, WNOHANG | WNOWAIT) > 0 || i == 399) break;
+        // Release the stopped rank once both others are done (not before:
+        // a survivor still waiting would see it die instead of stopped), so
+        // that it can be reaped.
+        siginfo_t info;
+        for (int i = 0; i < 2000; ++i) {
+          bool done = true;
+          for (int r : {0, 1}) {
+            info.si_pid = 0;
+            done = done && waitid(P_PID, static_cast<id_t>(pids[size_t(r)]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                   info.si_pid != 0;
+          }
+          if (done) break;
           usleep(10000);
         }
-        usleep(300000);
         kill(pids[2], SIGKILL);
       });
   // Each survivor names the rank it waited for; the one waiting on rank 2 says it is stopped.
