@@ -35,7 +35,10 @@ inline int free_port() {
   return ntohs(sa.sin_port);
 }
 
-inline std::string err_path(int rank) { return "comm-test-rank-" + std::to_string(rank) + ".err"; }
+// Per test process (set before any fork): test executables run side by side
+// in one folder under ctest -j.
+inline const std::string kErrPrefix = "comm-test-" + std::to_string(::getpid()) + "-rank-";
+inline std::string err_path(int rank) { return kErrPrefix + std::to_string(rank) + ".err"; }
 
 inline std::string read_err(int rank) {
   std::ifstream f(err_path(rank));
