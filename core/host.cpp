@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -845,8 +846,10 @@ std::vector<PluginFile> command_plugins() {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> Host::list_commands() {
-  std::vector<std::pair<std::string, std::string>> out;
+// Create each command plugin in a host of its own (not started) and call
+// visit(state, command) for each of its commands until visit returns true.
+// Returns whether some call did.
+bool Host::visit_commands(const std::function<bool(void*, const ballast_command&)>& visit) {
   for (const auto& f : command_plugins()) {
     HostOptions o;
     o.log_level = BALLAST_LOG_WARN;
@@ -857,28 +860,28 @@ std::vector<std::pair<std::string, std::string>> Host::list_commands() {
         f.get_interface(p.state, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION));
     if (table == nullptr || table->size < sizeof(ballast_command_table)) continue;
     for (uint32_t i = 0; i < table->count; ++i)
-      if (table->commands[i].name)
-        out.emplace_back(table->commands[i].name, table->commands[i].summary ? table->commands[i].summary : "");
+      if (table->commands[i].name && visit(p.state, table->commands[i])) return true;
   }
+  return false;
+}
+
+std::vector<std::pair<std::string, std::string>> Host::list_commands() {
+  std::vector<std::pair<std::string, std::string>> out;
+  visit_commands([&](void*, const ballast_command& c) {
+    out.emplace_back(c.name, c.summary ? c.summary : "");
+    return false;
+  });
   return out;
 }
 
 int Host::run_command(const std::string& name, int argc, char** argv) {
-  for (const auto& f : command_plugins()) {
-    HostOptions o;
-    o.log_level = BALLAST_LOG_WARN;
-    Host host(o);
-    if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) continue;
-    Plugin& p = *host.plugins_.back();
-    auto* table = static_cast<const ballast_command_table*>(
-        f.get_interface(p.state, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION));
-    if (table == nullptr || table->size < sizeof(ballast_command_table)) continue;
-    for (uint32_t i = 0; i < table->count; ++i) {
-      const ballast_command& c = table->commands[i];
-      if (c.name && name == c.name && c.run) return c.run(p.state, argc, argv);
-    }
-  }
-  return -1;
+  int rc = -1;
+  visit_commands([&](void* state, const ballast_command& c) {
+    if (name != c.name || c.run == nullptr) return false;
+    rc = c.run(state, argc, argv);
+    return true;
+  });
+  return rc;
 }
 
 }  // namespace ballast

@@ -13,11 +13,13 @@
 #include "loader.hpp"
 #include "policy.hpp"
 
+#include <ballast/command.h>
 #include <ballast/host.h>
 
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -77,6 +79,7 @@ class Host {
   static int run_command(const std::string& name, int argc, char** argv);
   // Every plugin subcommand: name -> summary.
   static std::vector<std::pair<std::string, std::string>> list_commands();
+  static bool visit_commands(const std::function<bool(void*, const ballast_command&)>& visit);
 
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }
