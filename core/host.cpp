@@ -424,6 +424,17 @@ int Host::journal_handler(void* user, const ballast_event* event) {
 namespace {
 
 // Turns what a policy does into events on the bus.
+// `json` (an object's text) under `topic` as an event: the topic's
+// well-known struct, or JSON. Status; *error says what is wrong.
+int event_from_text(const std::string& topic, const std::string& json, OwnedEvent* out, std::string* error) {
+  nlohmann::json payload = nlohmann::json::parse(json, nullptr, false);
+  if (payload.is_discarded()) {
+    *error = "payload is not valid JSON";
+    return BALLAST_EFORMAT;
+  }
+  return event_from_json(nlohmann::json{{"topic", topic}, {"payload", std::move(payload)}}, out, error);
+}
+
 class BusSink : public PolicySink {
  public:
   BusSink(Host& host, Host::Outbox& outbox, const std::string& policy)
@@ -455,10 +466,9 @@ class BusSink : public PolicySink {
 
  private:
   void push_json(const std::string& topic, const std::string& json) {
-    nlohmann::json envelope = {{"topic", topic}, {"payload", nlohmann::json::parse(json, nullptr, false)}};
     OwnedEvent ev;
     std::string error;
-    if (envelope["payload"].is_discarded() || event_from_json(envelope, &ev, &error) != BALLAST_OK) {
+    if (event_from_text(topic, json, &ev, &error) != BALLAST_OK) {
       host_.log(BALLAST_LOG_WARN, "policy " + policy_, "ballast.publish(" + topic + ") dropped: " + error);
       return;
     }
@@ -562,12 +572,9 @@ int Host::publish(const ballast_event& event, const char* publisher) {
 }
 
 int Host::publish_json(const std::string& topic, const std::string& json, const char* publisher) {
-  nlohmann::json payload = nlohmann::json::parse(json, nullptr, false);
-  if (payload.is_discarded()) return fail(BALLAST_EFORMAT, "publish_json " + topic + ": payload is not valid JSON");
-  nlohmann::json envelope = {{"topic", topic}, {"payload", payload}};
   OwnedEvent owned;
   std::string error;
-  if (int rc = event_from_json(envelope, &owned, &error); rc != BALLAST_OK)
+  if (int rc = event_from_text(topic, json, &owned, &error); rc != BALLAST_OK)
     return fail(rc, "publish_json " + topic + ": " + error);
   return publish(owned.view(), publisher);
 }
