@@ -55,8 +55,13 @@ function(ballast_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  # Each test's scratch files (temp_directory_path, mkdtemp) go to a folder
+  # of its own in the build tree, not /tmp: what a test leaves behind goes
+  # with the build, and tests running at once cannot collide.
+  set(scratch "${PROJECT_BINARY_DIR}/tests/tmp/${name}")
+  file(MAKE_DIRECTORY "${scratch}")
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${T_TIMEOUT}
-    WORKING_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+    WORKING_DIRECTORY "${PROJECT_BINARY_DIR}/tests" ENVIRONMENT "TMPDIR=${scratch}")
   if(T_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
   endif()

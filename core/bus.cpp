@@ -145,6 +145,17 @@ inline bool same_name(const char* a, const char* b, size_t n) {
   return load8(a + n - 8) == load8(b + n - 8);
 }
 
+// Whether a slot of `ring` could be claimed within about kSpin polls
+// (a few microseconds).
+bool spin_for_room(Ring& ring, Ring::Slot** slot, uint64_t* pos) {
+  constexpr int kSpin = 256;
+  for (int i = 0; i < kSpin; ++i) {
+    pause();
+    if ((i & 7) == 7 && (*slot = ring.claim(pos)) != nullptr) return true;
+  }
+  return false;
+}
+
 struct Dispatcher {
   const void* bus = nullptr;  // the owning Bus::Impl
   std::thread thread;
@@ -437,6 +448,10 @@ struct Bus::Impl {
         if (!t_dispatcher->help()) rcu::backoff(round);
         continue;
       }
+      // A running dispatcher frees a slot within tens of nanoseconds: poll a
+      // little first, since a futex sleep and wake-up costs microseconds and
+      // lets the queue run empty, then full again, in a convoy.
+      if (spin_for_room(*s.ring, &slot, &pos)) break;
       // Sleep until the dispatcher makes room (or the subscription goes).
       const uint32_t epoch = s.space_epoch.load(std::memory_order_acquire);
       if (!s.alive.load(std::memory_order_acquire)) continue;

@@ -10,7 +10,7 @@
 // Queued delivery is timed by the wall clock from the first publish to the
 // last delivery, with the producer's CPU time per event beside it.
 //
-//   bench_bus [--runs N] [--quick]
+//   bench_bus [--runs N] [--quick] [--only inline|sides|queued]
 #include "bus.hpp"
 
 #include <ballast/events.h>
@@ -219,13 +219,16 @@ void emit(const std::string& c, const char* metric, double value, const char* un
 int main(int argc, char** argv) {
   int runs = 7;
   uint64_t scale = 1;
+  std::string only;  // one group of cases; all when empty
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       scale = 10;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_bus [--runs N] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_bus [--runs N] [--quick] [--only inline|sides|queued]\n");
       return 2;
     }
   }
@@ -233,7 +236,9 @@ int main(int argc, char** argv) {
   emit("machine", "cpu_share", cpu_share(), "cores");
   emit("machine", "hardware_threads", hw, "threads");
 
+  const auto want = [&](const char* group) { return only.empty() || only == group; };
   for (unsigned subs : {1u, 4u, 16u}) {
+    if (!want("inline")) break;
     const uint64_t events = 4000000 / subs / scale;
     std::vector<double> plain_cpu, plain_wall, inl_cpu, inl_wall, ratio;
     for (int r = 0; r < runs; ++r) {
@@ -255,7 +260,7 @@ int main(int argc, char** argv) {
     emit("inline" + sfx, "ratio_to_plain_call", median(ratio), "x");
   }
 
-  {
+  if (want("sides")) {
     std::vector<double> prod, disp, rate;
     for (int r = 0; r < runs; ++r) {
       const Sides c = queued_sides(500000 / scale);
@@ -271,6 +276,7 @@ int main(int argc, char** argv) {
   for (unsigned subs : {1u, 4u, 16u}) {
     // One dispatcher; with several subscribers also as many dispatchers as
     // the machine has cores besides the producer's.
+    if (!want("queued")) break;
     std::vector<unsigned> dispatcher_counts = {1};
     const unsigned more = std::min(subs, hw > 1 ? hw - 1 : 1);
     if (more > 1) dispatcher_counts.push_back(more);
