@@ -3,7 +3,9 @@
 // tcp, next to Open MPI's MPI_Allreduce and the memcpy ceiling measured in
 // the same run, with tracing on and off; plus the cost of one trace record.
 //
-//   bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps 3] [--quick] [--trace-only]
+//   bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps 3] [--quick] [--sizes B,B,...] [--trace-only]
+//
+// --sizes replaces the bandwidth sizes (bytes); --quick runs fewer sizes and iterations.
 //
 // One JSON object per line: {"bench","case","metric","value","unit"}.
 // busbw follows nccl-tests: algbw = bytes / time (GB = 1e9), busbw = algbw * 2(n-1)/n,
@@ -11,6 +13,7 @@
 #include <ucx_comm.hpp>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,6 +33,16 @@ namespace {
 
 std::string g_loop = BENCH_COMM_LOOP;
 std::string g_mpi = BENCH_MPI_PROGRAM;  // empty when MPI was not found
+std::string g_trace_dir;                // the ranks' trace rings: a folder of ours, removed at the end
+
+// The i-th CPU this process may run on, or -1.
+int allowed_cpu(int i) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set) && i-- == 0) return c;
+  return -1;
+}
 
 int free_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -62,7 +76,16 @@ std::string run(const std::vector<std::string>& args, int n, const std::string& 
         setenv("MASTER_ADDR", "127.0.0.1", 1);
         setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
         setenv("UCX_TLS", tls.c_str(), 1);
-        setenv("BALLAST_TRACE_DIR", "/dev/shm", 1);
+        setenv("BALLAST_TRACE_DIR", g_trace_dir.c_str(), 1);
+        // Bound like mpirun binds its ranks by default (to a core each for
+        // up to 2 processes, unbound above), so that both sides run alike.
+        const int cpu = n <= 2 ? allowed_cpu(r) : -1;
+        if (cpu >= 0) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(cpu, &one);
+          sched_setaffinity(0, sizeof one, &one);
+        }
       }
       if (r == 0) dup2(pipefd[1], 1);
       else close(1);
@@ -172,7 +195,7 @@ void trace_cost() {
     cfg.size = sizeof cfg;
     cfg.rank = -1;
     cfg.flags = traced ? 0 : BALLAST_COMM_NO_TRACE;
-    cfg.trace_dir = "/dev/shm";
+    cfg.trace_dir = g_trace_dir.c_str();
     if (comm_init(&cfg, &comm[traced]) != BALLAST_OK) return;
   }
   float in[2] = {1, 2}, out[2];
@@ -210,6 +233,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> tlss = {"sm,self", "tcp"};
   int reps = 3;
   bool quick = false, trace_only = false;
+  std::vector<uint64_t> sizes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -220,16 +244,29 @@ int main(int argc, char** argv) {
       std::stringstream s(argv[++i]);
       std::string x;
       while (std::getline(s, x, ',')) ranks.push_back(std::atoi(x.c_str()));
+    } else if (a == "--sizes" && i + 1 < argc) {
+      std::stringstream s(argv[++i]);
+      std::string x;
+      while (std::getline(s, x, ',')) sizes.push_back(std::strtoull(x.c_str(), nullptr, 10));
     } else if (a == "--tls" && i + 1 < argc) {
       tlss.clear();
       std::stringstream s(argv[++i]);
       std::string x;
       while (std::getline(s, x, ',')) tlss.push_back(x == "sm" ? "sm,self" : x);
     } else {
-      std::fprintf(stderr, "usage: bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps N] [--quick] [--trace-only]\n");
+      std::fprintf(stderr, "usage: bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps N] [--quick] [--sizes B,B,...] [--trace-only]\n");
       return 2;
     }
   }
+  char dir[] = "/dev/shm/ballast-bench-comm-XXXXXX";  // tmpfs, as in production
+  if (!mkdtemp(dir)) {
+    std::perror("bench_comm: cannot create a trace folder in /dev/shm");
+    return 1;
+  }
+  g_trace_dir = dir;
+  struct Cleanup {
+    ~Cleanup() { std::filesystem::remove_all(g_trace_dir); }
+  } cleanup;
   trace_cost();
   if (trace_only) return 0;
   std::vector<uint64_t> lat_sizes = {8, 64, 1024, 8192, 65536};
@@ -238,6 +275,7 @@ int main(int argc, char** argv) {
     lat_sizes = {8, 65536};
     bw_sizes = {65536, 1u << 20, 64u << 20};
   }
+  if (!sizes.empty()) bw_sizes = sizes;
   for (uint64_t b : bw_sizes) emit("memcpy/" + std::to_string(b), "bandwidth", memcpy_gbs(b), "GB/s");
   for (const auto& tls : tlss)
     for (int n : ranks) {

@@ -234,3 +234,11 @@ TEST_CASE("2 ranks over tcp: every op and dtype") { expect_all_pass(2, "tcp", fa
 TEST_CASE("3 ranks over tcp: every op and dtype, non-power-of-two") { expect_all_pass(3, "tcp", false); }
 TEST_CASE("4 ranks over shared memory: every op and dtype") { expect_all_pass(4, "sm,self", false); }
 TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd") { expect_all_pass(8, "sm,self", false, {0, 1, 37}); }
+// The ring overlaps its steps: a step forwards chunk k of the block it just
+// received while later chunks are in flight, with at most 8 chunks in flight
+// over all steps. Blocks of about 40,000 elements (10 and more 16 KiB chunks,
+// the last one partial) and blocks of unequal sizes (the count is not a
+// multiple of the world) make the window wrap inside a block and across steps.
+TEST_CASE("3 ranks over shared memory: ring steps overlapped, blocks of more chunks than in flight, uneven blocks") {
+  expect_all_pass(3, "sm,self", false, {120001});
+}
