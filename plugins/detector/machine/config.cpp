@@ -239,7 +239,8 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
       "period", "window", "threshold", "continuity", "silent_after", "rel_floor",
-      "abs_floor", "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics", "min_deviation"};
+      "abs_floor", "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics", "min_deviation",
+      "hold_peers"};
   return keys;
 }
 
@@ -280,6 +281,13 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
   c->warmup = static_cast<int>(warmup);
   c->max_metrics = static_cast<size_t>(max_metrics);
   std::string text;
+  if (get("hold_peers", &text)) {
+    if (text != "true" && text != "false") {
+      *error = "config key 'hold_peers': expected true or false, got '" + text + "'";
+      return false;
+    }
+    c->hold_peers = text == "true";
+  }
   if (get("metrics", &text)) {
     // A list arrives as JSON text; a single pattern as plain text.
     nlohmann::json j = nlohmann::json::parse(text, nullptr, false);

@@ -48,8 +48,9 @@ const char* kUsage =
     "faulty-machine detector and prints one line per alert (--json: one JSON object\n"
     "{\"node\",\"metric\",\"ts\",\"score\",\"kind\",\"since\"} per line).\n"
     "--config: a Lua table with keys period, window, threshold, continuity,\n"
-    "silent_after, rel_floor, abs_floor, min_nodes, max_outlier_fraction,\n"
-    "max_metrics, metrics (see plugins/detector/machine/README.md).\n";
+    "silent_after, rel_floor, abs_floor, spread_memory, warmup, min_nodes,\n"
+    "max_outlier_fraction, max_metrics, metrics, min_deviation, hold_peers\n"
+    "(see plugins/detector/machine/README.md).\n";
 
 bool load_config(const std::string& path, DetectorConfig* config, std::string* error) {
   std::ifstream in(path, std::ios::binary);

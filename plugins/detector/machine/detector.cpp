@@ -127,7 +127,7 @@ int Detector::metric_id(std::string_view name) {
     }
   }
   uint32_t id = static_cast<uint32_t>(metrics_.size());
-  metrics_.push_back(Metric{std::string(name), rank, floor, 0, 0, 0, {}});
+  metrics_.push_back(Metric{std::string(name), rank, floor, 0, 0, 0, 0, {}});
   metric_index_.emplace(std::string(name), id);
   if (rank >= 0) order_dirty_ = true;
   return static_cast<int>(id);
@@ -185,6 +185,25 @@ bool Detector::add(std::string_view node, std::string_view metric, int64_t ts_ns
   return true;
 }
 
+void Detector::hold_culprit_peers() {
+  // The culprit's state as it was before this evaluation: it holds its peers
+  // until it has been re-armed (normal for `continuity` evaluations).
+  if (culprit_ >= 0 && !nodes_[static_cast<size_t>(culprit_)].alerted) culprit_ = -1;
+  // Without a culprit, the new candidate with the highest score may alert.
+  int64_t keep = -1;
+  if (culprit_ < 0) {
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (candidate_[i] < 0 || nodes_[i].alerted) continue;
+      if (keep < 0 || cand_score_[i] > cand_score_[static_cast<size_t>(keep)]) keep = static_cast<int64_t>(i);
+    }
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (candidate_[i] < 0 || nodes_[i].alerted || static_cast<int64_t>(i) == keep) continue;
+    candidate_[i] = -1;  // its streak goes on: it alerts once no culprit holds it
+    ++counters_.held;
+  }
+}
+
 void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
   if (order_dirty_) sort_order();
   size_t nn = nodes_.size();
@@ -233,8 +252,10 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       ++met.usual_updates;
       met.usual += (robust / level - met.usual) / std::min<double>(met.usual_updates, config_.spread_memory);
     }
+    met.usual_abs += (robust - met.usual_abs) / std::min<double>(met.evaluations, config_.spread_memory);
     bool warm = met.evaluations > config_.warmup;
-    double scale = std::max({robust, met.usual * level, config_.rel_floor * level, met.floor});
+    double scale =
+        std::max({robust, met.usual * level, met.usual_abs, config_.rel_floor * level, met.floor});
     size_t outliers = 0;
     for (size_t k = 0; k < n; ++k)
       if (std::fabs(values_[k] - med) > config_.threshold * scale) ++outliers;
@@ -264,6 +285,8 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
     }
   }
 
+  if (config_.hold_peers) hold_culprit_peers();
+
   int64_t silent_ns = static_cast<int64_t>(config_.silent_after_s * 1e9);
   for (size_t i = 0; i < nn; ++i) {
     Node& node = nodes_[i];
@@ -283,6 +306,7 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
     }
     if (candidate_[i] >= 0 && !node.alerted) {
       node.alerted = true;
+      culprit_ = static_cast<int64_t>(i);
       node.clean_evals = 0;
       const Metric& met = metrics_[static_cast<size_t>(candidate_[i])];
       Alert a;

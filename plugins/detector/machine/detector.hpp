@@ -17,6 +17,16 @@
 //      a retransmit now and then is no fault;
 //   3. continuity: a machine whose |z| exceeds `threshold` for `continuity`
 //      consecutive evaluations raises one "outlier" alert.
+// The scale is also at least the metric's usual spread in its own unit
+// (1.4826 * MAD averaged over the same memory): when the job's level falls
+// (a checkpoint pause, a job waiting on a slow machine), the relative term
+// falls with it at once but the machines' noise does not.
+// One culprit per job (`hold_peers`): machines of a lock-step job wait on
+// each other, so while one machine is the job's confirmed outlier its peers'
+// metrics shift too (they wait on it). Their outliers are held back (counted
+// in counters().held) until the culprit has looked normal again for
+// `continuity` evaluations; a peer still apart then is alerted. When several
+// machines become outliers at the same evaluation, the highest score wins.
 // A job-wide change moves the median with every machine, so it scores zero.
 // Metrics are checked in the configured priority order; a machine flagged on
 // several metrics at once is reported on the first. A machine that sends
@@ -45,6 +55,7 @@ struct DetectorConfig {
   int warmup = 5;             // evaluations of a metric before it can flag anyone
   int min_nodes = 3;          // fewer reporting machines: no verdict
   double max_outlier_fraction = 0.25;  // more outliers than this: a split, not a fault
+  bool hold_peers = true;     // one culprit per job at a time (see above and README.md)
   size_t max_metrics = 4096;  // distinct metric names kept; more are counted and dropped
   std::vector<std::string> metrics;    // priority order, '*' globs; default_metrics()
   // The smallest deviation from the peers that counts, in the metric's unit,
@@ -79,6 +90,7 @@ struct DetectorCounters {
   uint64_t nonfinite = 0;  // NaN/inf without a flag: not data either
   uint64_t over_cap = 0;   // new metric names past max_metrics
   uint64_t ignored = 0;    // metrics matching no priority pattern
+  uint64_t held = 0;       // outlier verdicts held back: another machine was the job's culprit
 };
 
 class Detector {
@@ -115,6 +127,7 @@ class Detector {
     int rank;                   // index of the first matching pattern, -1 = ignored
     double floor;               // abs_floor, or min_deviation / threshold
     double usual = 0;           // running mean of 1.4826 * MAD / |median|
+    double usual_abs = 0;       // running mean of 1.4826 * MAD, in the metric's unit
     int evaluations = 0;        // with enough machines reporting
     int usual_updates = 0;
     std::vector<Series> series; // by node index (grown lazily)
@@ -130,6 +143,7 @@ class Detector {
   uint32_t node_id(std::string_view name);
   int metric_id(std::string_view name);  // -1 when over the cap
   void sort_order();
+  void hold_culprit_peers();  // one culprit per job: drop the other new candidates
 
   DetectorConfig config_;
   std::vector<Node> nodes_;
@@ -138,6 +152,7 @@ class Detector {
   std::unordered_map<std::string, uint32_t> metric_index_;
   std::vector<uint32_t> order_;  // metrics checked, by priority then name
   bool order_dirty_ = false;
+  int64_t culprit_ = -1;         // node index of the job's confirmed outlier, -1: none
   uint64_t work_ = 0;
   DetectorCounters counters_;
   // Scratch reused by evaluate(): no allocation per evaluation once warm.

@@ -81,10 +81,15 @@ void publish(State* s, const Alert& a) {
 void on_tick(void* user) {
   auto* s = static_cast<State*>(user);
   std::vector<Alert> alerts;
+  uint64_t held = 0;
   {
     std::lock_guard<std::mutex> lock(s->mu);
+    uint64_t before = s->detector.counters().held;
     s->detector.evaluate(s->host->now_ns(s->host), &alerts);
+    held = s->detector.counters().held - before;
   }
+  // Outliers on other machines while one machine is the job's culprit.
+  if (held) s->host->counter_add(s->host, "outliers_held", static_cast<int64_t>(held));
   for (const Alert& a : alerts) publish(s, a);
 }
 

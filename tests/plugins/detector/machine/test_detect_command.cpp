@@ -218,4 +218,11 @@ TEST_CASE("the Lua subset parser") {
   CHECK(c.window_s == 5);
   CHECK(c.continuity == 3);
   CHECK(c.metrics == std::vector<std::string>{"gpu*.util"});
+  CHECK(c.hold_peers);
+  t = {{"hold_peers", "false"}};
+  REQUIRE(apply_config(get, &c, &error));
+  CHECK_FALSE(c.hold_peers);
+  t = {{"hold_peers", "1"}};
+  CHECK_FALSE(apply_config(get, &c, &error));
+  CHECK(error == "config key 'hold_peers': expected true or false, got '1'");
 }
