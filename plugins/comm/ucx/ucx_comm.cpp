@@ -137,6 +137,7 @@ struct World {
   size_t chunk_bytes = 256 << 10;
   size_t small_bytes = 16 << 10;
   bool yield = false;  // more local ranks than CPUs: yield while waiting
+  bool exact_ticks = false;  // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
 
   ~World() {
     std::vector<void*> closing;
@@ -215,6 +216,7 @@ struct Op {
   int64_t next_live_check = 0;
   uint32_t iter = 0;
   bool large = false;
+  bool exact_ticks = false;  // trace with the exact clock (else the coarse one, see trace_ring.hpp)
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to
@@ -353,7 +355,9 @@ void cancel_pending(Op& op) {
 
 int finish(Op& op, int status, const std::string& msg, bool notify) {
   Comm* c = op.comm;
-  if (op.slot) flush_progress(op);  // before the transfers are dropped
+  // Before the transfers are dropped; an operation that posted nothing (one
+  // rank, or empty) has nothing to add to what comm_start wrote.
+  if (op.slot && op.chunks_posted) flush_progress(op);
   if (status != BALLAST_OK) {
     cancel_pending(op);
     if (c->failed == BALLAST_OK) {
@@ -364,7 +368,7 @@ int finish(Op& op, int status, const std::string& msg, bool notify) {
   }
   if (op.slot) {
     op.slot->status = status;
-    __atomic_store_n(&op.slot->end_tick, trace_tick(), __ATOMIC_RELAXED);
+    __atomic_store_n(&op.slot->end_tick, op.exact_ticks ? trace_tick() : trace_tick_coarse(), __ATOMIC_RELAXED);
     __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
                      __ATOMIC_RELEASE);
     op.slot = nullptr;
@@ -1034,6 +1038,7 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
       return nullptr;
     }
     w->ring->set_closed(false);
+    w->exact_ticks = env_i64("BALLAST_TRACE_EXACT", 0) != 0;
   }
   *status = BALLAST_OK;
   return w;
@@ -1197,6 +1202,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   op.next_live_check = now + 10000000;
   const uint64_t bytes = a.count * op.esize;
   op.large = bytes >= (64u << 10);
+  op.exact_ticks = op.large || c->w->exact_ticks;
   op.slot = nullptr;
   op.chunks_total = op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
   op.bytes_sent = op.bytes_received = 0;
@@ -1208,28 +1214,42 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     return set_last_error(rc, m);
   }
   if (c->trace) {
-    // Composed in registers and stored as one block: cheaper than field by field.
-    ballast_trace_slot t{};
-    t.comm_id = c->id;
-    t.seq = op.seq;
-    t.count = a.count;
-    t.bytes = bytes;
-    t.op = a.op;
-    t.dtype = a.dtype;
-    t.redop = a.redop;
-    t.algorithm = op.algorithm;
-    t.rank = c->rank;
-    t.nranks = c->n;
-    t.world_rank = c->w->rank;
-    t.peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1;
-    t.state = BALLAST_TRACE_STARTED;
-    t.flags = p2p ? BALLAST_TRACE_P2P : 0;
-    t.wait_peer = t.send_peer = -1;
-    t.steps = uint32_t(op.steps.size());
-    t.chunks_total = op.chunks_total;
-    t.issue_tick = t.start_tick = t.progress_tick = trace_tick();
+    // Written straight into the slot, each of its 3 cache lines once, in
+    // order (gen stays 0 until publish): no copy through the stack.
     ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
-    std::memcpy(s, &t, sizeof t);  // gen stays 0 until publish
+    const uint64_t now = op.exact_ticks ? trace_tick() : trace_tick_coarse();
+    *s = ballast_trace_slot{.gen = 0,
+                            .comm_id = c->id,
+                            .seq = op.seq,
+                            .count = a.count,
+                            .bytes = bytes,
+                            .op = a.op,
+                            .dtype = a.dtype,
+                            .redop = a.redop,
+                            .algorithm = op.algorithm,
+                            .rank = c->rank,
+                            .nranks = c->n,
+                            .world_rank = c->w->rank,
+                            .peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1,
+                            .state = BALLAST_TRACE_STARTED,
+                            .status = BALLAST_OK,
+                            .flags = p2p ? uint32_t(BALLAST_TRACE_P2P) : 0u,
+                            .wait_peer = -1,
+                            .send_peer = -1,
+                            .steps = uint32_t(op.steps.size()),
+                            .step = 0,
+                            .reserved0 = 0,
+                            .issue_tick = now,
+                            .start_tick = now,
+                            .end_tick = 0,
+                            .progress_tick = now,
+                            .chunks_total = op.chunks_total,
+                            .chunks_posted = 0,
+                            .chunks_sent = 0,
+                            .chunks_received = 0,
+                            .chunks_reduced = 0,
+                            .bytes_sent = 0,
+                            .bytes_received = 0};
     TraceRing::publish(s, op.slot_index);
     op.slot = s;
   }
