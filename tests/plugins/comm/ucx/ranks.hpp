@@ -4,6 +4,8 @@
 
 #include <ucx_comm.hpp>
 
+#include "scratch_dir.hpp"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -35,9 +37,11 @@ inline int free_port() {
   return ntohs(sa.sin_port);
 }
 
-// Per test process (set before any fork): test executables run side by side
-// in one folder under ctest -j.
-inline const std::string kErrPrefix = "comm-test-" + std::to_string(::getpid()) + "-rank-";
+// In the test process's scratch folder (made before any fork): test
+// executables run side by side under ctest -j.
+inline const std::string kErrPrefix = scratch() / "rank-";
+// The ranks' trace rings, emptied per run_ranks.
+inline const std::string kTraceDir = scratch() / "traces";
 inline std::string err_path(int rank) { return kErrPrefix + std::to_string(rank) + ".err"; }
 
 inline std::string read_err(int rank) {
@@ -65,8 +69,8 @@ inline Result run_ranks(int n, const char* tls, double timeout_s, const std::fun
                         const std::function<void(std::vector<pid_t>&)>& while_running = nullptr) {
   setenv("UCX_TLS", tls, 1);
   for (int r = 0; r < n; ++r) std::remove(err_path(r).c_str());
-  std::filesystem::remove_all("comm-test-traces");
-  std::filesystem::create_directories("comm-test-traces");
+  std::filesystem::remove_all(kTraceDir);
+  std::filesystem::create_directories(kTraceDir);
   std::vector<pid_t> pids;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < n; ++r) {
@@ -115,7 +119,7 @@ inline ballast_comm_config config(int rank, int n, int port, int64_t timeout_ms)
   c.master_addr = "127.0.0.1";
   c.master_port = port;
   c.timeout_ns = timeout_ms * 1000000;
-  c.trace_dir = "comm-test-traces";  // emptied by run_ranks, so runs do not pile up rings
+  c.trace_dir = kTraceDir.c_str();
   return c;
 }
 

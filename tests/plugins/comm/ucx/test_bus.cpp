@@ -7,6 +7,8 @@
 #include <ballast/comm.h>
 #include <ballast/host.h>
 
+#include "scratch_dir.hpp"
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -65,7 +67,7 @@ TEST_CASE("every operation appears on the bus as collective.record") {
   cfg.size = sizeof cfg;
   cfg.rank = 0;
   cfg.nranks = 1;
-  cfg.trace_dir = ".";
+  cfg.trace_dir = test::scratch().path().c_str();
   ballast_comm* comm = nullptr;
   REQUIRE_MESSAGE(api->init(state, &cfg, &comm) == BALLAST_OK, api->last_error(state));
   float in[4] = {1, 2, 3, 4}, out[4];

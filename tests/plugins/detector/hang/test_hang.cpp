@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../comm/ucx/scratch_dir.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -40,7 +42,7 @@ struct Run {
 // Runs fn in a child with stdout and stderr captured.
 template <class F>
 Run capture(F fn) {
-  const std::string o = "hang-test.out", e = "hang-test.err";
+  const std::string o = test::scratch() / "launch.out", e = test::scratch() / "launch.err";
   std::fflush(stdout);  // or the child would write the parent's pending output again
   std::fflush(stderr);
   const pid_t pid = fork();
@@ -73,7 +75,7 @@ int call(int (*main_fn)(int, char**), std::vector<std::string> args) {
 }
 
 std::string fresh_dir(const std::string& name) {
-  const std::string d = fs::absolute("hang-" + name).string();
+  const std::string d = test::scratch() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

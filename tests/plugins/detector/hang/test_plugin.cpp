@@ -8,6 +8,8 @@
 #include <ballast/host.h>
 #include <ballast/trace.h>
 
+#include "../../comm/ucx/scratch_dir.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,7 +85,7 @@ int on_fault(void* user, const ballast_event* e) {
 }  // namespace
 
 TEST_CASE("the plugin publishes fault.confirmed naming the crashed rank after the stall time") {
-  const std::string dir = fs::absolute("hang-plugin").string();
+  const std::string dir = test::scratch() / "plugin";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const pid_t dead = fork();
