@@ -84,32 +84,33 @@ T combine(T a, T b, uint32_t redop) {
 
 // The switch on redop sits outside the loop so that the compiler vectorises each.
 template <class T>
-void reduce_typed(char* dst, const char* src, std::size_t n, uint32_t redop) {
+void reduce_typed(char* dst, const char* a, const char* b, std::size_t n, uint32_t redop) {
   T* d = reinterpret_cast<T*>(dst);
-  const T* s = reinterpret_cast<const T*>(src);
+  const T* x = reinterpret_cast<const T*>(a);
+  const T* y = reinterpret_cast<const T*>(b);
   switch (redop) {
     case BALLAST_RED_SUM:
-      for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i] + s[i]);
+      for (std::size_t i = 0; i < n; ++i) d[i] = T(x[i] + y[i]);
       break;
     case BALLAST_RED_PROD:
-      for (std::size_t i = 0; i < n; ++i) d[i] = T(d[i] * s[i]);
+      for (std::size_t i = 0; i < n; ++i) d[i] = T(x[i] * y[i]);
       break;
     case BALLAST_RED_MIN:
-      for (std::size_t i = 0; i < n; ++i) d[i] = s[i] < d[i] ? s[i] : d[i];
+      for (std::size_t i = 0; i < n; ++i) d[i] = y[i] < x[i] ? y[i] : x[i];
       break;
     default:
-      for (std::size_t i = 0; i < n; ++i) d[i] = d[i] < s[i] ? s[i] : d[i];
+      for (std::size_t i = 0; i < n; ++i) d[i] = x[i] < y[i] ? y[i] : x[i];
       break;
   }
 }
 
 template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
-void reduce_half(char* dst, const char* src, std::size_t n, uint32_t redop) {
+void reduce_half(char* dst, const char* a, const char* b, std::size_t n, uint32_t redop) {
   for (std::size_t i = 0; i < n; ++i) {
-    uint16_t a, b;
-    std::memcpy(&a, dst + 2 * i, 2);
-    std::memcpy(&b, src + 2 * i, 2);
-    const uint16_t r = Store(combine(Load(a), Load(b), redop));
+    uint16_t x, y;
+    std::memcpy(&x, a + 2 * i, 2);
+    std::memcpy(&y, b + 2 * i, 2);
+    const uint16_t r = Store(combine(Load(x), Load(y), redop));
     std::memcpy(dst + 2 * i, &r, 2);
   }
 }
@@ -117,29 +118,34 @@ void reduce_half(char* dst, const char* src, std::size_t n, uint32_t redop) {
 }  // namespace
 
 void reduce_into(void* dst, const void* src, std::size_t count, uint32_t dtype, uint32_t redop) {
+  reduce_to(dst, dst, src, count, dtype, redop);
+}
+
+void reduce_to(void* dst, const void* a, const void* b, std::size_t count, uint32_t dtype, uint32_t redop) {
   char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
+  const char* x = static_cast<const char*>(a);
+  const char* s = static_cast<const char*>(b);
   switch (dtype) {
-    case BALLAST_DT_F32: reduce_typed<float>(d, s, count, redop); break;
-    case BALLAST_DT_F64: reduce_typed<double>(d, s, count, redop); break;
+    case BALLAST_DT_F32: reduce_typed<float>(d, x, s, count, redop); break;
+    case BALLAST_DT_F64: reduce_typed<double>(d, x, s, count, redop); break;
     case BALLAST_DT_I32: {
       // Sum and product wrap like two's complement instead of being undefined.
       if (redop == BALLAST_RED_SUM || redop == BALLAST_RED_PROD)
-        reduce_typed<uint32_t>(d, s, count, redop);
+        reduce_typed<uint32_t>(d, x, s, count, redop);
       else
-        reduce_typed<int32_t>(d, s, count, redop);
+        reduce_typed<int32_t>(d, x, s, count, redop);
       break;
     }
     case BALLAST_DT_I64: {
       if (redop == BALLAST_RED_SUM || redop == BALLAST_RED_PROD)
-        reduce_typed<uint64_t>(d, s, count, redop);
+        reduce_typed<uint64_t>(d, x, s, count, redop);
       else
-        reduce_typed<int64_t>(d, s, count, redop);
+        reduce_typed<int64_t>(d, x, s, count, redop);
       break;
     }
-    case BALLAST_DT_U8: reduce_typed<uint8_t>(d, s, count, redop); break;
-    case BALLAST_DT_F16: reduce_half<half_to_float, float_to_half>(d, s, count, redop); break;
-    case BALLAST_DT_BF16: reduce_half<bf16_to_float, float_to_bf16>(d, s, count, redop); break;
+    case BALLAST_DT_U8: reduce_typed<uint8_t>(d, x, s, count, redop); break;
+    case BALLAST_DT_F16: reduce_half<half_to_float, float_to_half>(d, x, s, count, redop); break;
+    case BALLAST_DT_BF16: reduce_half<bf16_to_float, float_to_bf16>(d, x, s, count, redop); break;
     default: break;
   }
 }

@@ -176,6 +176,7 @@ struct Xfer {
   char* buf = nullptr;
   size_t len = 0;
   char* reduce_dst = nullptr;  // receive: reduce each chunk into this
+  const char* reduce_in = nullptr;  // ... combined with this (the local input), when not reduce_dst itself
   bool staged = false;         // chunk k lands in a slot of kWindow chunks at buf (kept in cache), not at its offset
   size_t nchunks = 0, posted = 0, completed = 0;
   Pending win[kWindow];
@@ -426,18 +427,25 @@ size_t ring_scratch(Op& op, size_t block) {
   return kWindow * op.slot_bytes;
 }
 
-// Reduce-scatter around the ring over `blocks` of `buf`: afterwards block
-// `rank` of buf holds the reduction over all ranks.
-void ring_reduce_scatter(Op& op, char* buf, const Blocks& b, char* scratch) {
+// Reduce-scatter around the ring over `blocks` of the input `in`, into
+// `buf`: afterwards block `rank` of buf holds the reduction over all ranks.
+// in may be buf; else buf needs no copy of it first: every block a rank
+// receives is one it has not touched yet, so the reduction writes
+// buf = in op received, and the first step sends straight from in.
+void ring_reduce_scatter(Op& op, char* buf, const char* in, const Blocks& b, char* scratch) {
   const int n = op.comm->n, r = op.comm->rank;
   op.ring = true;
   for (int s = 0; s < n - 1; ++s) {
     const int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
     begin_step(op);
-    add_xfer(op, true, mod(r + 1, n), buf + b.off(sb), b.len(sb));
+    add_xfer(op, true, mod(r + 1, n), const_cast<char*>(s == 0 ? in : buf) + b.off(sb), b.len(sb));
     add_xfer(op, false, mod(r - 1, n), scratch, b.len(rb), buf + b.off(rb));
+    if (in != buf) op.xfers.back().reduce_in = in + b.off(rb);
   }
 }
+
+// Whether [a, a+n) and [b, b+n) overlap without being the same buffer.
+bool partly_overlap(const char* a, const char* b, size_t n) { return a != b && a < b + n && b < a + n; }
 
 void ring_allgather(Op& op, char* buf, const Blocks& b) {
   const int n = op.comm->n, r = op.comm->rank;
@@ -461,12 +469,17 @@ int build(Op& op) {
   auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
   switch (a.op) {
     case BALLAST_OP_ALLREDUCE: {
-      if (bytes && src && src != dst) std::memmove(dst, src, bytes);
+      const bool ring = n > 1 && bytes > c->w->small_bytes && a.count >= uint64_t(n);
+      // The ring reads a separate input in place; the others work in dst.
+      if (bytes && src && src != dst && (!ring || partly_overlap(src, dst, bytes))) {
+        std::memmove(dst, src, bytes);
+        src = dst;
+      }
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
       }
-      if (bytes <= c->w->small_bytes || a.count < uint64_t(n)) {
+      if (!ring) {
         op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
         char* tmp = c->scratch.get(bytes);
         if (!tmp) return nomem();
@@ -502,7 +515,7 @@ int build(Op& op) {
       const Blocks b{a.count, n, es};
       char* tmp = c->scratch.get(ring_scratch(op, b.len(0)));
       if (!tmp) return nomem();
-      ring_reduce_scatter(op, dst, b, tmp);
+      ring_reduce_scatter(op, dst, src ? src : dst, b, tmp);
       ring_allgather(op, dst, b);
       return BALLAST_OK;
     }
@@ -517,8 +530,7 @@ int build(Op& op) {
       char* acc = c->accum.get(bytes * size_t(n));
       char* tmp = c->scratch.get(ring_scratch(op, bytes));
       if (!acc || !tmp) return nomem();
-      std::memcpy(acc, src ? src : dst, bytes * size_t(n));
-      ring_reduce_scatter(op, acc, b, tmp);
+      ring_reduce_scatter(op, acc, src ? src : dst, b, tmp);
       op.steps.back().copy_dst = dst;
       op.steps.back().copy_src = acc + b.off(r);
       op.steps.back().copy_len = bytes;
@@ -697,7 +709,9 @@ int complete_chunk(Op& op, Xfer& x) {
   }
   if (st != UCS_OK)
     return fail_peer(op, op_words(op) + ": transfer with " + who + " failed: " + ucs_status_string(st));
-  if (x.reduce_dst) reduce_into(x.reduce_dst + p.off, p.at, p.len / op.esize, op.args.dtype, op.args.redop);
+  if (x.reduce_dst)
+    reduce_to(x.reduce_dst + p.off, (x.reduce_in ? x.reduce_in : x.reduce_dst) + p.off, p.at, p.len / op.esize,
+              op.args.dtype, op.args.redop);
   if (x.send) {
     ++op.chunks_sent;
     op.bytes_sent += p.len;

@@ -74,6 +74,7 @@ struct Checker {
   Comm* comm;
   int rank, n;
   std::string failure;
+  bool in_place = false;  // allreduce with sendbuf == recvbuf
 
   bool run(ballast_comm_args& a) {
     a.size = sizeof a;
@@ -89,6 +90,7 @@ struct Checker {
     const uint64_t nout = (op == BALLAST_OP_ALLGATHER || op == BALLAST_OP_ALLTOALL) ? count * uint64_t(n) : count;
     std::vector<char> in(nin * es + 1), out(nout * es + 1, char(0x5a));
     for (uint64_t i = 0; i < nin; ++i) put(in.data(), dt, i, input(rank, i, redop));
+    const std::vector<char> in_before = in;
     ballast_comm_args a{};
     a.op = op;
     a.dtype = dt;
@@ -97,7 +99,17 @@ struct Checker {
     a.recvbuf = out.data();
     a.count = count;
     a.root = root;
+    const bool here = in_place && op == BALLAST_OP_ALLREDUCE;
+    if (here) {
+      std::memcpy(out.data(), in.data(), nin * es);
+      a.sendbuf = out.data();
+    }
     if (!run(a)) return false;
+    if (in != in_before) {
+      failure = std::string(ballast_op_name(op)) + " " + ballast_dtype_name(dt) + " count " + std::to_string(count) +
+                " changed its input buffer";
+      return false;
+    }
     for (uint64_t i = 0; i < nout; ++i) {
       double want;
       switch (op) {
@@ -113,8 +125,8 @@ struct Checker {
       }
       const double got = get(out.data(), dt, i);
       if (got != want) {
-        failure = std::string(ballast_op_name(op)) + " " + ballast_dtype_name(dt) + " " + ballast_redop_name(redop) +
-                  " count " + std::to_string(count) + " root " + std::to_string(root) + ": element " +
+        failure = std::string(ballast_op_name(op)) + (here ? " in place " : " ") + ballast_dtype_name(dt) + " " +
+                  ballast_redop_name(redop) + " count " + std::to_string(count) + " root " + std::to_string(root) + ": element " +
                   std::to_string(i) + " is " + std::to_string(got) + ", expected " + std::to_string(want);
         return false;
       }
@@ -122,11 +134,18 @@ struct Checker {
     return true;
   }
 
+  // Allreduce out of place reads its input where it is (the ring reduces
+  // input + received into the output), in place it works in the output.
   bool all_ops(const std::vector<uint64_t>& counts) {
     for (uint32_t dt = 0; dt < BALLAST_DT_COUNT; ++dt)
       for (uint64_t count : counts) {
         for (uint32_t redop = 0; redop < BALLAST_RED_COUNT; ++redop)
-          if (!check(BALLAST_OP_ALLREDUCE, dt, redop, count, 0)) return false;
+          for (const bool place : {false, true}) {
+            in_place = place;
+            const bool ok = check(BALLAST_OP_ALLREDUCE, dt, redop, count, 0);
+            in_place = false;
+            if (!ok) return false;
+          }
         const int root = int(count % uint64_t(n));
         if (!check(BALLAST_OP_BROADCAST, dt, 0, count, root) || !check(BALLAST_OP_REDUCE, dt, 0, count, n - 1 - root) ||
             !check(BALLAST_OP_ALLGATHER, dt, 0, count, 0) || !check(BALLAST_OP_REDUCE_SCATTER, dt, 0, count, 0) ||
