@@ -308,7 +308,12 @@ void Prefetcher::watch(int pid, size_t limit) {
 
 void Prefetcher::start() {
   unsigned n = std::min<size_t>(options_.threads, std::max<size_t>(pieces_.size(), 1));
-  for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] { worker(); });
+  running_.store(n);
+  for (unsigned i = 0; i < n; ++i)
+    threads_.emplace_back([this] {
+      worker();
+      running_.fetch_sub(1);
+    });
 }
 
 void Prefetcher::stop() { stop_.store(true); }

@@ -76,6 +76,10 @@ class Prefetcher {
   // opened `limit` regular files and none of them is in the profile, the
   // profile is taken for another job's and prefetching stops. Call after start().
   void watch(int pid, size_t limit = 16);
+  // True once every worker has returned (all pieces read, or stopped): what a
+  // node agent waits for before starting bulk reads that would otherwise
+  // compete with the hot blocks the job needs first. Never blocks.
+  bool idle() const { return running_.load() == 0; }
   void stop();  // ask the threads to finish their current read and return
   void wait();  // join
   const PrefetchStats& stats() const { return stats_; }  // after wait()
@@ -94,6 +98,7 @@ class Prefetcher {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> done_bytes_{0};
   std::atomic<size_t> errors_{0};
+  std::atomic<unsigned> running_{0};  // workers started and not yet returned
   std::vector<std::thread> threads_;
   std::thread watcher_;
   std::string watch_message_;

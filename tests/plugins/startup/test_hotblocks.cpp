@@ -113,6 +113,10 @@ TEST_CASE("prefetch brings the profiled blocks into the page cache, and only tho
     CHECK(resident_fraction(d / "b.bin") < 0.5);
     Prefetcher pf(back, PrefetchOptions{4, 0, 1 << 20});
     pf.start();
+    // idle() turns true by itself once every block was read, without wait().
+    for (int i = 0; i < 6000 && !pf.idle(); ++i) ::usleep(10000);
+    CHECK(pf.idle());
+    CHECK(resident_fraction(d / "b.bin") == doctest::Approx(1.0));
     pf.wait();
     CHECK(pf.stats().done_bytes == (5u << 20));
     CHECK(pf.stats().files_ok == 2);
@@ -231,4 +235,54 @@ TEST_CASE("open_files_of lists the regular files a process tree holds open") {
   CHECK(saw_two);
   ::kill(-pid, SIGKILL);  // the shell, its subshell and sleep
   ::waitpid(pid, nullptr, 0);
+}
+
+TEST_CASE("a prefetch watching a real job stops early when the job reads none of the profile's files") {
+  TempDir d;
+  // The profile: one huge sparse file, far more than can be read before the
+  // job shows what it opens (8 GiB in 4 KiB reads by one thread).
+  const uint64_t big = 8ull << 30;
+  {
+    int fd = ::open((d / "big.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, off_t(big)) == 0);
+    ::close(fd);
+  }
+  HotProfile p;
+  FileId id;
+  REQUIRE(file_id(d / "big.bin", id));
+  p.files = {{d / "big.bin", id}};
+  p.extents = {{0, 0, big}};
+  // The job: holds 20 other files open (tail -f keeps every one open).
+  std::vector<std::string> argv = {"tail", "-q", "-f"};
+  for (int i = 0; i < 20; ++i) {
+    startup_test::write_text(d / ("other" + std::to_string(i)), "x\n");
+    argv.push_back(d / ("other" + std::to_string(i)));
+  }
+  Prefetcher pf(p, PrefetchOptions{1, big, 4096});
+  pf.start();
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execvp("tail", args.data());
+    ::_exit(127);
+  }
+  pf.watch(pid, 16);
+  pf.wait();  // returns once the watcher has stopped the workers
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  drop(d / "big.bin");
+  const PrefetchStats& s = pf.stats();
+  CHECK(s.stopped_early);
+  CHECK(s.done_bytes < s.planned_bytes);
+  bool said = false;
+  for (const auto& m : s.messages) said |= m.find("none is in the profile") != std::string::npos;
+  CHECK(said);
 }
