@@ -964,6 +964,13 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   w->chunk_bytes = size_t(std::max<int64_t>(4096, env_i64("BALLAST_COMM_CHUNK_BYTES", 256 << 10)));
   w->small_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_SMALL_BYTES", 16 << 10)));
 
+  // tcp sockets with 4 MiB buffers from the start (the kernel caps them at
+  // net.core.[wr]mem_max) instead of autotuned ones that start at 16 KiB: 2
+  // ranks over tcp, 1 MiB allreduce 390-530 -> 300-350 us, 4 MiB 2.1 -> 1.6-1.8 ms.
+  // Through the environment, not ucp_config_modify, which does not reach the
+  // transports' settings in UCX 1.13; a value the user set is kept.
+  setenv("UCX_TCP_SNDBUF", "4M", 0);
+  setenv("UCX_TCP_RCVBUF", "4M", 0);
   ucp_config_t* config = nullptr;
   if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
     *err = "cannot read the UCX configuration (UCX_* environment variables)";
