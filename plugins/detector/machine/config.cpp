@@ -238,9 +238,9 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
-      "period", "window", "threshold", "continuity", "silent_after", "rel_floor",
-      "abs_floor", "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "max_metrics", "metrics", "min_deviation",
-      "hold_peers"};
+      "period", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
+      "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "hold_peers", "max_metrics",
+      "metrics", "min_deviation"};
   return keys;
 }
 
