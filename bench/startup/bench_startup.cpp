@@ -493,7 +493,7 @@ void bench_reads(const Data& d, int reps) {
   if (::posix_memalign(&ready, 4096, cap) != 0) throw Error("no memory for the destination");
   std::memset(ready, 0, cap);
   for (int i = 0; i < reps; ++i) {
-    for (unsigned t : {1u, 4u})
+    for (unsigned t : {1u, 4u, 8u})  // 8: the queue depth of 8 striped readers
       for (uint64_t req : {8ull << 20, 16ull << 20}) {
         cold(d.ckpt);
         r["odirect_" + std::to_string(t) + "t_" + std::to_string(req >> 20) + "m"].push_back(odirect_read(d.ckpt, t, req));
