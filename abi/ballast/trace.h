@@ -18,9 +18,13 @@
  * again; the copy is record i when both reads equal i + 1. Records older
  * than head - slot_count were overwritten: that count is the overflow.
  *
- * Times are ticks of the writer's clock (the TSC on x86); convert with
- * wall_ns = clock_wall_ns + (tick - clock_tick) * ns_per_tick. Readers on the
- * same host may compare ticks with their own (constant TSC). */
+ * Times are ticks of the writer's clock; convert with
+ * wall_ns = clock_wall_ns + (tick - clock_tick) * ns_per_tick. The bundled
+ * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1), read
+ * coarsely (steps of a few ms) for operations under 64 KiB unless
+ * BALLAST_TRACE_EXACT=1; readers on the same host may compare those ticks
+ * with their own CLOCK_MONOTONIC. Other writers must say so through
+ * clock_wall_ns, clock_tick and ns_per_tick. */
 #ifndef BALLAST_TRACE_H
 #define BALLAST_TRACE_H
 
