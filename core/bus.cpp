@@ -52,7 +52,9 @@ struct Sub {
   // Queued only.
   std::unique_ptr<Ring> ring;
   Dispatcher* dispatcher = nullptr;
-  std::atomic<bool> busy{false};            // its dispatcher is inside drain() for it
+  // Written by its dispatcher at every drain: on a line of its own, away
+  // from what every publish reads (alive, ring).
+  alignas(64) std::atomic<bool> busy{false};  // its dispatcher is inside drain() for it
   std::atomic<uint32_t> space_epoch{0};     // bumped when room is made for waiting publishers
   std::atomic<uint32_t> space_waiters{0};
 };
@@ -145,17 +147,6 @@ inline bool same_name(const char* a, const char* b, size_t n) {
   return load8(a + n - 8) == load8(b + n - 8);
 }
 
-// Whether a slot of `ring` could be claimed within about kSpin polls
-// (a few microseconds).
-bool spin_for_room(Ring& ring, Ring::Slot** slot, uint64_t* pos) {
-  constexpr int kSpin = 256;
-  for (int i = 0; i < kSpin; ++i) {
-    pause();
-    if ((i & 7) == 7 && (*slot = ring.claim(pos)) != nullptr) return true;
-  }
-  return false;
-}
-
 struct Dispatcher {
   const void* bus = nullptr;  // the owning Bus::Impl
   std::thread thread;
@@ -166,7 +157,9 @@ struct Dispatcher {
   std::atomic<bool> sleeping{false};
   std::atomic<uint32_t> wake_seq{0};
   std::atomic<bool> stopping{false};
-  std::atomic<uint64_t> delivered{0};  // written by this dispatcher's thread only
+  // Written after every drain: on a line of their own, away from
+  // `sleeping`, which every publish reads.
+  alignas(64) std::atomic<uint64_t> delivered{0};  // written by this dispatcher's thread only
   std::atomic<uint64_t> failures{0};
   // This dispatcher's thread only.
   std::vector<std::shared_ptr<Sub>> local;
@@ -318,7 +311,9 @@ struct Bus::Impl {
   std::atomic<uint64_t> retired_dropped{0};  // drops of removed subscriptions
   std::mutex join_mu;
   bool joined = false;
-  std::atomic<uint64_t> passes{0};
+  // Written by the dispatchers at every pass: on a line of their own, away
+  // from `closed` and `counters`, which every publish reads.
+  alignas(64) std::atomic<uint64_t> passes{0};
   std::atomic<int> active{0};
   std::atomic<bool> drained{false};
 
@@ -448,10 +443,6 @@ struct Bus::Impl {
         if (!t_dispatcher->help()) rcu::backoff(round);
         continue;
       }
-      // A running dispatcher frees a slot within tens of nanoseconds: poll a
-      // little first, since a futex sleep and wake-up costs microseconds and
-      // lets the queue run empty, then full again, in a convoy.
-      if (spin_for_room(*s.ring, &slot, &pos)) break;
       // Sleep until the dispatcher makes room (or the subscription goes).
       const uint32_t epoch = s.space_epoch.load(std::memory_order_acquire);
       if (!s.alive.load(std::memory_order_acquire)) continue;

@@ -22,7 +22,19 @@
 #include <memory>
 #include <new>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace ballast {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Whether the CPU has PREFETCHW (CPUID 0x80000001, ECX bit 8).
+inline const bool kHasPrefetchw = [] {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(0x80000001u, &a, &b, &c, &d) != 0 && (c & (1u << 8)) != 0;
+}();
+#endif
 
 class Ring {
  public:
@@ -65,7 +77,7 @@ class Ring {
       if (diff == 0) {
         if (tail_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
           *pos = p;
-          prefetch(p + 2, 1);  // the lines the next publishes will write
+          prefetch_for_write(p + 2);  // the lines the next publishes will write
           return &s;
         }
       } else if (diff < 0) {
@@ -94,8 +106,10 @@ class Ring {
 
   // Consumer side (one thread at a time).
   Slot* front() {
+    // No prefetch ahead here: the slots ahead are usually being written by
+    // a publisher right now, and reading them would take their lines away
+    // from it (this alone cost a third of the queued throughput).
     const uint64_t h = head_.load(std::memory_order_relaxed);
-    prefetch(h + 2, 0);
     Slot& s = slots_[h & mask_];
     return s.seq.load(std::memory_order_acquire) == h + 1 ? &s : nullptr;
   }
@@ -110,19 +124,31 @@ class Ring {
   }
 
  private:
-  // A slot spans several cache lines; bring them in ahead of use.
-  void prefetch(uint64_t pos, int write) const {
+  // Take the lines of the slot at `pos` in exclusive state ahead of writing
+  // them. The consumer read them last (they sit in its cache): a plain
+  // prefetch would fetch them shared, and the stores would still wait for
+  // ownership (GCC emits PREFETCHW only when built for a CPU that has it).
+  void prefetch_for_write(uint64_t pos) const {
     const auto* p = reinterpret_cast<const char*>(&slots_[pos & mask_]);
     for (size_t off = 0; off < sizeof(Slot); off += 64) {
-      if (write) __builtin_prefetch(p + off, 1);
-      else __builtin_prefetch(p + off, 0);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      if (kHasPrefetchw) {
+        asm volatile("prefetchw %0" : : "m"(p[off]));
+        continue;
+      }
+#endif
+      __builtin_prefetch(p + off, 1);
     }
   }
 
+  // Read-only after construction, and read by every claim: on a line of
+  // their own, so that the consumer's writes to head_ do not take it away
+  // from the publishers at every event.
+  alignas(64) uint32_t mask_ = 0;
+  std::unique_ptr<Slot[]> slots_;
   alignas(64) std::atomic<uint64_t> tail_{0};  // next position to claim
   alignas(64) std::atomic<uint64_t> head_{0};  // next position to consume (written by the consumer)
-  uint32_t mask_ = 0;
-  std::unique_ptr<Slot[]> slots_;
+  // (alignas(64) members round the size up: nothing else shares head_'s line)
 };
 
 }  // namespace ballast
