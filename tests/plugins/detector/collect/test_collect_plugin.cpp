@@ -1,6 +1,5 @@
 // The collector as a plugin in the real host: batches of real samples on the
 // bus, named after the configured node, and one log line when NVML is absent.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <ballast/host.h>

@@ -1,5 +1,4 @@
 // The collector reading this machine's real /proc, /sys and cgroups.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "node_sampler.hpp"

@@ -1,5 +1,4 @@
 // The Prometheus text-exposition parser and the scraper's sample rules.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "prometheus.hpp"

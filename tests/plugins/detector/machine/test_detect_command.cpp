@@ -1,6 +1,5 @@
 // `ballast detect`: the CSV reader's errors, the --config subset and a
 // replay end to end through detect_main (stdout captured in a file).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "config.hpp"

@@ -1,6 +1,5 @@
 // The faulty-machine detector on noisy series of a lock-step job: every
 // machine's CPU hovers around the same level with noise; faults are planted.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "detector.hpp"

@@ -2,7 +2,6 @@
 // so their metrics shift too (they poll more, their CPU pressure collapses
 // and then wanders). Only the stalled machine is a fault. The figures follow
 // what bench/detect records on real processes (5 machines, 1 s sampling).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "detector.hpp"

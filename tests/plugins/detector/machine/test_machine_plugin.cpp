@@ -1,7 +1,6 @@
 // The detector as a plugin in the real host: metric batches published on the
 // bus, fault.suspected and node.silent coming back; and `ballast detect` run
 // as a user runs it, on metrics recorded from a real fault (bench/detect).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <ballast/host.h>
