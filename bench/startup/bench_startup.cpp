@@ -5,6 +5,8 @@
 //   bench_startup [--dir DIR] [--reps 3] [--ckpt-mib 2560] [--tree-mib 300] [--files 4000] [--keep] [--reads-only]
 //                 [--no-reads] [--cases plain,...]   (a subset of the start cases; plain is always run)
 //                 [--reuse]   (use the data set an earlier --keep run left in DIR; implies --keep)
+//                 [--trace]   (per start, on stderr: memory counters and the job's CPU time around the job)
+//                 [--settle S]  (pause after each drop, for freed memory to reach the host; default 15)
 //
 // The job (bench_startup_job) imports a tree of several thousand files,
 // needs an environment installed from a lockfile (tar.gz packages extracted
@@ -14,6 +16,7 @@
 // over all files then checks how much is still resident (printed).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +57,7 @@ struct Config {
   bool reads_only = false;  // only the checkpoint read modes
   bool no_reads = false;    // only the start cases
   bool reuse = false;       // keep the data set of an earlier --keep run in DIR
+  bool trace = false;       // one line per start on stderr: memory counters around the job
   std::vector<std::string> cases = {"plain", "snapshot", "prefetch", "striped", "all", "prefetch_wrong",
                                     "prefetch_stale"};
 };
@@ -79,6 +83,23 @@ double loadavg() {
   std::ifstream("/proc/loadavg") >> l;
   return l;
 }
+
+// Named counters of /proc/vmstat and /proc/meminfo (kB), for --trace.
+std::map<std::string, double> counters() {
+  std::map<std::string, double> m;
+  std::ifstream vm("/proc/vmstat");
+  std::string k;
+  double v;
+  while (vm >> k >> v) m[k] = v;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string line; std::getline(mi, line);) {
+    std::istringstream in(line);
+    if (in >> k >> v) m[k] = v;
+  }
+  return m;
+}
+
+double cpu_s(const struct timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; }
 
 // Fast deterministic filler.
 struct Rng {
@@ -338,11 +359,17 @@ double make_cold(const Data& d) {
 }
 
 // Waits until the memory freed by the previous run has gone back to the
-// hypervisor. This VM's balloon reports free pages to the host (about 2 s
-// after they are freed), and touching a reported page again costs a host
-// fault: without the wait a run would be cheaper or dearer depending on how
-// much memory the run before it freed, and when.
-void settle() { std::this_thread::sleep_for(std::chrono::seconds(4)); }
+// hypervisor. This VM's balloon reports free pages to the host in batches,
+// every 2 s, and touching a reported page again costs a host fault (fresh
+// memory: about 1.6 s per GiB when reported, 0.35 s per GiB when not). The
+// wait must cover the largest amount a run frees: after 2.5 GiB freed, 4 s
+// was enough; after the 5 GiB a plain start frees (its buffer and the
+// checkpoint's page cache), 4 s left part of it warm and 12 s did not. With
+// the 4 s used before, a start after "all" (which frees 2.5 GiB) got cold
+// memory and one after any other case warm memory: 7 s against 3.8 s for
+// the checkpoint read, charged to whichever case followed "all".
+int settle_s = 15;
+void settle() { std::this_thread::sleep_for(std::chrono::seconds(settle_s)); }
 
 // Puts the store's snapshot archives at the head of a profile: a node agent
 // that is about to restore a snapshot knows it and warms it first, so that
@@ -374,6 +401,7 @@ void warm_snapshot_first(HotProfile& p, const std::string& store) {
 //   prefetch_stale  prefetch of a profile whose files all changed since
 struct Run {
   double total = 0, env = 0, imports = 0, ckpt = 0, resident = 0;
+  std::string trace;  // counters around the job, for --trace
 };
 
 Run start_once(const Data& d, const std::string& c) {
@@ -428,13 +456,28 @@ Run start_once(const Data& d, const std::string& c) {
     auto args = job_args(d, d.imports_a, striped ? 8 : 0, shared);
     args.push_back("--stages");
     args.push_back(stages);
+    auto before = counters();
+    struct rusage ru0{}, ru1{};
+    ::getrusage(RUSAGE_CHILDREN, &ru0);
     rc = run_process(args, {}, [&](int pid) {
       if (pf) pf->watch(pid);  // a wrong profile stops once the job shows it is not its own
     });
+    ::getrusage(RUSAGE_CHILDREN, &ru1);
+    auto after = counters();
+    std::ostringstream t;
+    t << "job_user=" << cpu_s(ru1.ru_utime) - cpu_s(ru0.ru_utime) << " job_sys=" << cpu_s(ru1.ru_stime) - cpu_s(ru0.ru_stime);
+    for (const char* k : {"MemFree:", "Cached:", "Dirty:", "Writeback:", "Shmem:", "Active(file):", "Inactive(file):"})
+      t << " " << k << before[k] / 1024;
+    for (const char* k : {"pgfault", "pgmajfault", "pgpgin", "pgpgout", "pgfree", "pgalloc_normal", "pgalloc_dma32",
+                          "workingset_refault_file", "pgscan_kswapd", "compact_stall", "thp_fault_alloc", "nr_dirtied",
+                          "nr_written"})
+      t << " d_" << k << "=" << after[k] - before[k];
+    run.trace = t.str();
   }
   if (pf) {
     pf->stop();
     pf->wait();
+    run.trace += " prefetched_mib=" + std::to_string(pf->stats().done_bytes >> 20);
   }
   run.total = now_s() - t0;
   if (reader.joinable()) reader.join();
@@ -581,6 +624,8 @@ int main(int argc, char** argv) {
     else if (k == "--reads-only") c.reads_only = true;
     else if (k == "--no-reads") c.no_reads = true;
     else if (k == "--reuse") c.reuse = c.keep = true;
+    else if (k == "--trace") c.trace = true;
+    else if (k == "--settle") settle_s = std::stoi(val());
     else if (k == "--cases") {
       std::vector<std::string> known = c.cases;
       c.cases.clear();
@@ -595,7 +640,7 @@ int main(int argc, char** argv) {
       if (std::find(c.cases.begin(), c.cases.end(), "plain") == c.cases.end()) c.cases.insert(c.cases.begin(), "plain");
     } else {
       std::fprintf(stderr,
-                   "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep] [--reuse]\n"
+                   "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep] [--reuse] [--trace] [--settle S]\n"
                    "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale]\n");
       return 2;
     }
@@ -615,14 +660,24 @@ int main(int argc, char** argv) {
     std::map<std::string, std::vector<Run>> runs;
     std::map<std::string, std::vector<double>> times;
     double worst_resident = 0;
-    for (int r = 0; r < c.reps; ++r)
-      for (size_t k = 0; k < cases.size(); ++k) {  // interleaved, so that drift hits every case alike,
-        const std::string& cs = cases[(k + size_t(r)) % cases.size()];  // each round starting one case later
+    for (int r = 0; r < c.reps; ++r) {
+      // Interleaved, so that drift hits every case alike, in a new order each
+      // round: rotating one fixed order would put each case after the same
+      // predecessor in every round but one, and charge it whatever that one
+      // leaves behind.
+      std::vector<std::string> order = cases;
+      std::mt19937_64 gen(uint64_t(r) + 11);
+      std::shuffle(order.begin(), order.end(), gen);
+      for (const std::string& cs : order) {
         Run run = start_once(d, cs);
+        if (c.trace)
+          std::fprintf(stderr, "trace round=%d case=%s total=%.2f env=%.2f imports=%.2f ckpt=%.2f %s\n", r, cs.c_str(),
+                       run.total, run.env, run.imports, run.ckpt, run.trace.c_str());
         runs[cs].push_back(run);
         times[cs].push_back(run.total);
         worst_resident = std::max(worst_resident, run.resident);
       }
+    }
     emit("cold", "max_resident_after_drop", 100 * worst_resident, "%");
     const double plain = median(times["plain"]);
     for (const auto& cs : cases) {
