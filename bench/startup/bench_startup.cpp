@@ -7,6 +7,8 @@
 //                 [--reuse]   (use the data set an earlier --keep run left in DIR; implies --keep)
 //                 [--trace]   (per start, on stderr: memory counters and the job's CPU time around the job)
 //                 [--settle S]  (pause after each drop, for freed memory to reach the host; default 15)
+//                 [--reads V,...]  (checkpoint read variants beside the O_DIRECT ceiling, see bench_reads;
+//                                   default buffered_sequential,striped_8,striped_8_direct)
 //
 // The job (bench_startup_job) imports a tree of several thousand files,
 // needs an environment installed from a lockfile (tar.gz packages extracted
@@ -393,7 +395,7 @@ void warm_snapshot_first(HotProfile& p, const std::string& store) {
 //   plain           install from the lockfile, then the job (sequential buffered checkpoint read)
 //   snapshot        restore the environment snapshot instead of installing
 //   prefetch        hot-block prefetch of the job's recorded profile (checkpoint included) from t0
-//   striped         the job loads the checkpoint with 8 striped O_DIRECT readers
+//   striped         the job loads the checkpoint with 8 striped readers (the loader's default: into the page cache, mapped)
 //   all             snapshot + prefetch of the snapshot archive, then of the profile without the
 //                   checkpoint + the node's shared striped checkpoint read, started once the
 //                   prefetcher is done, which the job then maps
@@ -547,65 +549,84 @@ void cold(const std::string& path) {
 
 // Cold checkpoint reads, every variant once per round (interleaved, so that
 // the machine's load drifts over all of them alike), medians over rounds.
+// Every variant reads into memory nobody touched before, except the *_ready_dst
+// ones (a destination faulted in beforehand, for comparison only):
+//   odirect_*               the ceiling: T threads of O_DIRECT reads of R MiB into small reused buffers
+//   buffered_sequential     one read() of 8 MiB at a time into a fresh allocation (a plain loader)
+//   striped_N               load_file's default: N readers bring the file into the page cache, mapped
+//   striped_8_direct        load_file with O_DIRECT into a fresh anonymous allocation
+//   striped_8_16m           as striped_8, 16 MiB chunks
+const std::vector<std::string> kReadVariants = {"buffered_sequential", "striped_8", "striped_8_direct",
+                                                "striped_2", "striped_4", "striped_8_16m",
+                                                "buffered_sequential_ready_dst", "striped_8_ready_dst"};
+std::vector<std::string> read_variants = {"buffered_sequential", "striped_8", "striped_8_direct"};
+
 void bench_reads(const Data& d, int reps) {
   std::map<std::string, std::vector<double>> r;
+  std::vector<double> ceilings;  // per round: the best O_DIRECT variant
   struct stat st{};
   ::stat(d.ckpt.c_str(), &st);
   const uint64_t cap = (uint64_t(st.st_size) + 4095) / 4096 * 4096;
   void* ready = nullptr;  // a destination faulted in beforehand (a trainer's staging buffer)
-  if (::posix_memalign(&ready, 4096, cap) != 0) throw Error("no memory for the destination");
-  std::memset(ready, 0, cap);
-  for (int i = 0; i < reps; ++i) {
-    for (unsigned t : {1u, 4u, 8u})  // 8: the queue depth of 8 striped readers
-      for (uint64_t req : {8ull << 20, 16ull << 20}) {
-        cold(d.ckpt);
-        r["odirect_" + std::to_string(t) + "t_" + std::to_string(req >> 20) + "m"].push_back(odirect_read(d.ckpt, t, req));
-      }
-    cold(d.ckpt);
-    r["buffered_sequential"].push_back(buffered_read(d.ckpt));
-    cold(d.ckpt);
-    r["buffered_sequential_ready_dst"].push_back(buffered_read(d.ckpt, static_cast<char*>(ready)));
-    for (unsigned s : {2u, 4u, 8u}) {
-      cold(d.ckpt);
-      LoadOptions o;
-      o.stripes = s;
-      LoadedFile f = load_file(d.ckpt, o);
-      r["striped_" + std::to_string(s)].push_back(double(f.size) / f.seconds / 1e9);
-    }
-    {
-      cold(d.ckpt);
-      LoadOptions o;
-      o.stripes = 8;
-      o.chunk_bytes = 16 << 20;
-      LoadedFile f = load_file(d.ckpt, o);
-      r["striped_8_16m"].push_back(double(f.size) / f.seconds / 1e9);
-    }
-    cold(d.ckpt);
+  const bool need_ready = std::any_of(read_variants.begin(), read_variants.end(),
+                                      [](const std::string& v) { return v.find("ready_dst") != std::string::npos; });
+  if (need_ready) {
+    if (::posix_memalign(&ready, 4096, cap) != 0) throw Error("no memory for the destination");
+    std::memset(ready, 0, cap);
+  }
+  auto load = [&](unsigned stripes, uint64_t chunk, int direct, void* dst) {
     LoadOptions o;
-    o.stripes = 8;
-    o.destination = ready;
-    o.capacity = cap;
+    o.stripes = stripes;
+    o.chunk_bytes = chunk;
+    o.direct = direct;
+    o.destination = dst;
+    o.capacity = dst ? cap : 0;
     LoadedFile f = load_file(d.ckpt, o);
-    r["striped_8_ready_dst"].push_back(double(f.size) / f.seconds / 1e9);
+    return double(f.size) / f.seconds / 1e9;
+  };
+  for (int i = 0; i < reps; ++i) {
+    double ceiling = 0;
+    // 8: the queue depth of 8 striped readers
+    for (auto [t, req] : std::vector<std::pair<unsigned, uint64_t>>{{1, 16 << 20}, {4, 16 << 20}, {8, 8 << 20}, {8, 16 << 20}}) {
+      cold(d.ckpt);
+      double v = odirect_read(d.ckpt, t, req);
+      r["odirect_" + std::to_string(t) + "t_" + std::to_string(req >> 20) + "m"].push_back(v);
+      ceiling = std::max(ceiling, v);
+    }
+    ceilings.push_back(ceiling);
+    for (const std::string& v : read_variants) {
+      cold(d.ckpt);
+      double x = v == "buffered_sequential"             ? buffered_read(d.ckpt)
+                 : v == "buffered_sequential_ready_dst" ? buffered_read(d.ckpt, static_cast<char*>(ready))
+                 : v == "striped_8_direct"              ? load(8, 8 << 20, 1, nullptr)
+                 : v == "striped_8_16m"                 ? load(8, 16 << 20, -1, nullptr)
+                 : v == "striped_8_ready_dst"           ? load(8, 8 << 20, -1, ready)
+                                                        : load(unsigned(std::stoul(v.substr(8))), 8 << 20, -1, nullptr);
+      r[v].push_back(x);
+      emit("ckpt_read", v + "_round" + std::to_string(i + 1) + "_vs_ceiling", x / ceiling, "ratio");
+    }
+    emit("ckpt_read", "device_ceiling_round" + std::to_string(i + 1), ceiling, "GB/s");
   }
   std::free(ready);
+  for (auto& [k, v] : r) emit("ckpt_read", k, median(v), "GB/s");
+  // The ceiling: the best median of the O_DIRECT variants; "paired": the
+  // median over rounds of the variant against the best O_DIRECT read of its round.
   double ceiling = 0;
-  for (auto& [k, v] : r) {
-    double m = median(v);
-    emit("ckpt_read", k, m, "GB/s");
-    if (k.rfind("odirect_", 0) == 0) ceiling = std::max(ceiling, m);
-  }
+  for (auto& [k, v] : r)
+    if (k.rfind("odirect_", 0) == 0) ceiling = std::max(ceiling, median(v));
   emit("ckpt_read", "device_ceiling", ceiling, "GB/s");
-  emit("ckpt_read", "striped_8_vs_ceiling", median(r["striped_8"]) / ceiling, "ratio");
-  // Stripe count and chunk size picked by measurement, as the ceiling is.
-  double best = 0;
-  for (const char* k : {"striped_2", "striped_4", "striped_8", "striped_8_16m"}) best = std::max(best, median(r[k]));
-  emit("ckpt_read", "striped_best_vs_ceiling", best / ceiling, "ratio");
-  emit("ckpt_read", "striped_best_vs_buffered_sequential", best / median(r["buffered_sequential"]), "ratio");
-  emit("ckpt_read", "striped_8_vs_buffered_sequential", median(r["striped_8"]) / median(r["buffered_sequential"]), "ratio");
-  emit("ckpt_read", "striped_8_ready_dst_vs_ceiling", median(r["striped_8_ready_dst"]) / ceiling, "ratio");
-  emit("ckpt_read", "striped_8_ready_dst_vs_buffered_sequential_ready_dst",
-       median(r["striped_8_ready_dst"]) / median(r["buffered_sequential_ready_dst"]), "ratio");
+  for (const std::string& v : read_variants) {
+    if (v.find("ready_dst") != std::string::npos || v == "buffered_sequential") continue;
+    emit("ckpt_read", v + "_vs_ceiling", median(r[v]) / ceiling, "ratio");
+    std::vector<double> paired;
+    for (size_t i = 0; i < r[v].size(); ++i) paired.push_back(r[v][i] / ceilings[i]);
+    emit("ckpt_read", v + "_vs_ceiling_paired", median(paired), "ratio");
+    if (r.count("buffered_sequential"))
+      emit("ckpt_read", v + "_vs_buffered_sequential", median(r[v]) / median(r["buffered_sequential"]), "ratio");
+  }
+  if (r.count("striped_8_ready_dst") && r.count("buffered_sequential_ready_dst"))
+    emit("ckpt_read", "striped_8_ready_dst_vs_buffered_sequential_ready_dst",
+         median(r["striped_8_ready_dst"]) / median(r["buffered_sequential_ready_dst"]), "ratio");
 }
 
 }  // namespace
@@ -626,6 +647,17 @@ int main(int argc, char** argv) {
     else if (k == "--reuse") c.reuse = c.keep = true;
     else if (k == "--trace") c.trace = true;
     else if (k == "--settle") settle_s = std::stoi(val());
+    else if (k == "--reads") {
+      read_variants.clear();
+      std::stringstream list(val());
+      for (std::string one; std::getline(list, one, ',');) {
+        if (std::find(kReadVariants.begin(), kReadVariants.end(), one) == kReadVariants.end()) {
+          std::fprintf(stderr, "bench_startup: --reads: unknown variant \"%s\"\n", one.c_str());
+          return 2;
+        }
+        read_variants.push_back(one);
+      }
+    }
     else if (k == "--cases") {
       std::vector<std::string> known = c.cases;
       c.cases.clear();
@@ -641,7 +673,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep] [--reuse] [--trace] [--settle S]\n"
-                   "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale]\n");
+                   "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale]\n"
+                   "                     [--reads buffered_sequential,striped_8,striped_8_direct,striped_2,striped_4,striped_8_16m,\n"
+                   "                              buffered_sequential_ready_dst,striped_8_ready_dst]\n");
       return 2;
     }
   }

@@ -242,8 +242,8 @@ int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args)
   app.add_option("FILE", files, "safetensors or raw shard files")->required();
   app.add_option("--stripes", o.stripes, "parallel readers per file");
   app.add_option("--chunk-mib", chunk_mib, "stripe unit in MiB");
-  app.add_flag("--direct", direct, "always O_DIRECT");
-  app.add_flag("--buffered", buffered, "never O_DIRECT");
+  app.add_flag("--direct", direct, "O_DIRECT into a fresh allocation (default: map the file, read it into the page cache)");
+  app.add_flag("--buffered", buffered, "never O_DIRECT (the default: map the file, read it into the page cache)");
   app.add_flag("--share", o.share, "share one read among the processes of this node (/dev/shm)");
   app.add_flag("--no-verify", no_verify, "ignore FILE.crc32c");
   app.add_flag("--write-sums", write, "write FILE.crc32c after loading");
@@ -266,13 +266,14 @@ int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args)
       if (json) {
         nlohmann::json j = {{"file", path},          {"bytes", f.size},         {"seconds", f.seconds},
                             {"gbytes_per_s", gbs},   {"checksum", f.checksum},  {"chunk_bytes", f.chunk_bytes},
-                            {"direct", f.direct},    {"shared", f.shared},      {"read_here", f.read_here},
+                            {"direct", f.direct},    {"mapped", f.mapped},      {"shared", f.shared},
+                            {"read_here", f.read_here},
                             {"verified", f.verified}, {"tensors", f.header.tensors.size()}};
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%s: %s in %.3f s (%.2f GB/s), %zu tensors, crc32c/chunks %08x%s%s%s\n", path.c_str(),
+        std::printf("%s: %s in %.3f s (%.2f GB/s), %zu tensors, crc32c/chunks %08x%s%s%s%s\n", path.c_str(),
                     human_bytes(double(f.size)).c_str(), f.seconds, gbs, f.header.tensors.size(), f.checksum,
-                    f.verified ? ", verified" : "", f.direct ? ", O_DIRECT" : "",
+                    f.verified ? ", verified" : "", f.direct ? ", O_DIRECT" : "", f.mapped ? ", mapped" : "",
                     f.shared ? (f.read_here ? ", shared (read here)" : ", shared (mapped)") : "");
       }
     } catch (const Error& e) {

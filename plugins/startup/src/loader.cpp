@@ -83,6 +83,51 @@ void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t 
   if (failed.load()) throw Error(error);
 }
 
+// The mapped load: the file is mapped and the stripes bring it into the page
+// cache, chunk by chunk: readahead() queues the chunk's reads, the
+// MADV_POPULATE_READ that follows waits for them and fills in the page tables
+// (it reads whatever readahead() left out, e.g. where read_ahead_kb is smaller
+// than a chunk), and the checksum then reads the chunk through the mapping.
+// Why not a fresh anonymous buffer: the kernel zeroes every page of one before
+// a read may land in it, and in a VM whose freed memory has gone back to the
+// host each of those first writes is a host fault charged to the guest's
+// vCPUs (about 1.1-1.8 s of CPU per GiB here, against 0.1-0.4 s for the page
+// cache, whose pages the device fills without being zeroed first).
+void read_mapped(const std::string& path, int fd, const unsigned char* map, uint64_t size, uint64_t chunk,
+                 unsigned stripes, std::vector<uint32_t>& crcs) {
+  size_t n = size_t((size + chunk - 1) / chunk);
+  crcs.assign(n, 0);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::string error;
+  std::mutex error_mu;
+  auto worker = [&] {
+    for (;;) {
+      size_t i = next.fetch_add(1);
+      if (i >= n || failed.load()) return;
+      uint64_t off = uint64_t(i) * chunk;
+      uint64_t len = std::min(chunk, size - off);
+      ::readahead(fd, off_t(off), size_t(len));  // a hint: failing it only costs speed
+      // EINVAL: a kernel before 5.14; the checksum's own page faults read the chunk then.
+      int rc = ::madvise(const_cast<unsigned char*>(map) + off, size_t(len), MADV_POPULATE_READ);
+      if (rc != 0 && errno != EINVAL) {
+        std::lock_guard<std::mutex> g(error_mu);
+        error = path + ": read of bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
+                "): " + (errno == EFAULT ? std::string("file shrank while loading, or an I/O error") : errno_text(errno));
+        failed.store(true);
+        return;
+      }
+      crcs[i] = crc32c(map + off, len);
+    }
+  };
+  std::vector<std::thread> threads;
+  unsigned t = std::max(1u, std::min<unsigned>(stripes, unsigned(std::max<size_t>(n, 1))));
+  for (unsigned k = 1; k < t; ++k) threads.emplace_back(worker);
+  worker();
+  for (auto& th : threads) th.join();
+  if (failed.load()) throw Error(error);
+}
+
 // An open-file-description lock on one byte; wait = block until granted.
 bool ofd_lock(int fd, short type, off_t byte, bool wait) {
   struct flock fl{};
@@ -231,6 +276,7 @@ LoadedFile& LoadedFile::operator=(LoadedFile&& o) noexcept {
   direct = o.direct;
   shared = o.shared;
   read_here = o.read_here;
+  mapped = o.mapped;
   verified = o.verified;
   seconds = o.seconds;
   header = std::move(o.header);
@@ -295,7 +341,10 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
     expected = j["chunks"].get<std::vector<uint32_t>>();
   }
 
-  bool direct = opt.direct == 1 || (opt.direct < 0 && resident_fraction(path) < 0.5);
+  // Without a destination, a shared segment or O_DIRECT asked for, the file
+  // is mapped: its page cache is the destination.
+  const bool mapped = opt.destination == nullptr && !opt.share && opt.direct != 1 && f.size > 0;
+  bool direct = !mapped && (opt.direct == 1 || (opt.direct < 0 && resident_fraction(path) < 0.5));
   if (opt.destination != nullptr && reinterpret_cast<uintptr_t>(opt.destination) % kPage != 0) direct = false;
   Fd dfd;
   if (direct) {
@@ -371,7 +420,13 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
     ofd_lock(f.lock_fd_, F_UNLCK, 0, false);
     f.data = static_cast<unsigned char*>(f.map_) + head;
     f.shared = true;
+  } else if (mapped && (f.map_ = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd.fd, 0)) != MAP_FAILED) {
+    f.map_bytes_ = f.size;
+    f.mapped = true;
+    read_mapped(path, fd.fd, static_cast<unsigned char*>(f.map_), f.size, f.chunk_bytes, opt.stripes, f.chunk_crcs);
+    f.data = static_cast<unsigned char*>(f.map_);
   } else {
+    f.map_ = nullptr;  // a file system that cannot map files: read into memory of our own
     unsigned char* dst = nullptr;
     if (opt.destination != nullptr) {
       if (opt.capacity < (direct ? span : f.size))

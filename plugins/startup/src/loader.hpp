@@ -1,6 +1,9 @@
 // Striped checkpoint reads: a file is cut into chunks that several reader
-// threads pread in parallel (O_DIRECT when the file is cold), each thread
-// checksumming the chunk it just read while the others keep the device busy.
+// threads read in parallel, each thread checksumming the chunk it just read
+// while the others keep the device busy. By default the file is mapped and
+// the readers bring its chunks into the page cache (the mapping is the
+// destination); into a caller's buffer, or with O_DIRECT asked for, they
+// pread into that memory (O_DIRECT when the file is cold).
 // Safetensors files have their header parsed and validated first. Ranks of
 // one node can share one read through a /dev/shm segment: the first rank to
 // lock it reads the file into it, the others wait on the lock and map it.
@@ -35,7 +38,10 @@ bool is_safetensors_path(const std::string& path);
 struct LoadOptions {
   unsigned stripes = 8;            // reader threads
   uint64_t chunk_bytes = 8 << 20;  // unit of work and of the checksum; multiple of 4096
-  int direct = -1;                 // 1 = O_DIRECT, 0 = buffered, -1 = O_DIRECT unless mostly cached
+  // 1 = O_DIRECT into memory (a fresh allocation unless `destination`);
+  // 0 / -1 = through the page cache, mapped (into `destination`: -1 = O_DIRECT
+  // unless the file is mostly cached, 0 = buffered)
+  int direct = -1;
   bool share = false;              // share one read among the processes of this node
   bool verify = true;              // check against FILE.crc32c when it exists
   void* destination = nullptr;     // caller's buffer (>= file size), or nullptr to allocate
@@ -60,6 +66,7 @@ class LoadedFile {
   std::vector<uint32_t> chunk_crcs;
   uint32_t checksum = 0;     // crc32c over the chunk CRCs (little-endian), see chunked_checksum
   bool direct = false;       // read with O_DIRECT
+  bool mapped = false;       // data maps the file (its page cache), read-only
   bool shared = false;       // lives in a /dev/shm segment
   bool read_here = true;     // false: another process read it into the segment
   bool verified = false;     // matched FILE.crc32c

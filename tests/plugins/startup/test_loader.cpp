@@ -50,7 +50,7 @@ TEST_CASE("striped loads give the file's exact bytes whatever the stripes, chunk
   std::string whole = startup_test::read_text(d / "m.safetensors");
   uint32_t reference = 0;
   for (unsigned stripes : {1u, 3u, 8u}) {
-    for (int direct : {0, 1}) {
+    for (int direct : {-1, 0, 1}) {  // -1 (the default) and 0: mapped, through the page cache
       LoadOptions o;
       o.stripes = stripes;
       o.chunk_bytes = 1 << 20;
@@ -60,7 +60,8 @@ TEST_CASE("striped loads give the file's exact bytes whatever the stripes, chunk
       CAPTURE(direct);
       REQUIRE(f.size == whole.size());
       CHECK(std::memcmp(f.data, whole.data(), whole.size()) == 0);
-      CHECK(f.direct == bool(direct));
+      CHECK(f.direct == (direct == 1));
+      CHECK(f.mapped == (direct != 1));
       if (reference == 0) reference = f.checksum;
       CHECK(f.checksum == reference);
       REQUIRE(f.header.tensors.size() == 3);
