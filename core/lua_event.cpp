@@ -1,6 +1,7 @@
 #include "lua_event.hpp"
 
 #include <cstring>
+#include <iterator>
 
 namespace ballast {
 
@@ -52,43 +53,45 @@ int parse_part(EventConversion* c, const char* text, const char* what) {
 
 // ---- table builders (protected mode: these allocate Lua objects) ----------
 
-// Field names are interned once per state and set with lua_rawset: no
-// hashing or lookup of C strings per field.
+// Field names are interned once per state, as the upvalues of the event
+// closure (upvalue key + 1), and set with lua_rawset: no hashing or lookup
+// of C strings per field.
 enum Key : int { K_count, K_node, K_metric, K_ts_ns, K_value, K_flags, K_dp_rank, K_stage, K_rank, K_step, K_optype, K_start_s, K_duration_s, K_seq_id, K_mc, K_mb_id, K_gmc, K_state, K_comm_id, K_seq, K_op, K_dtype, K_algorithm, K_bytes, K_nranks, K_peer, K_status, K_issue_ns, K_start_ns, K_end_ns, K_chunks_posted, K_chunks_sent, K_chunks_received, K_chunks_reduced, K_subject, K_kind, K_score, K_confidence, K_since_ns, K_detected_ns, K_evidence, K_detector, K_job, K_name, K_pp_stage, K_dp_row, K_first_rank, K_max_dp_spread, K_max_pp_spread, K_objective, K_lower_bound, K_action, K_reason, K_args, K_policy, K_cause_topic, K_slowdown, K_launch_slowdown, K_dimension, K_first_step, K_last_step, K_topic, K_ts, K_schema, K_plugin, K_samples, K_ops, K_nodes, K_culprits, K_source, K_payload, kKeyCount };
 const char* const kKeyNames[] = {"count", "node", "metric", "ts_ns", "value", "flags", "dp_rank", "stage", "rank", "step", "optype", "start_s", "duration_s", "seq_id", "mc", "mb_id", "gmc", "state", "comm_id", "seq", "op", "dtype", "algorithm", "bytes", "nranks", "peer", "status", "issue_ns", "start_ns", "end_ns", "chunks_posted", "chunks_sent", "chunks_received", "chunks_reduced", "subject", "kind", "score", "confidence", "since_ns", "detected_ns", "evidence", "detector", "job", "name", "pp_stage", "dp_row", "first_rank", "max_dp_spread", "max_pp_spread", "objective", "lower_bound", "action", "reason", "args", "policy", "cause_topic", "slowdown", "launch_slowdown", "dimension", "first_step", "last_step", "topic", "ts", "schema", "plugin", "samples", "ops", "nodes", "culprits", "source", "payload"};
-char kKeysKey;             // registry: the interned names, a list indexed by Key + 1
-constexpr int kKeysIndex = 2;  // their stack slot in push_event
+static_assert(std::size(kKeyNames) == kKeyCount && kKeyCount <= 255, "one upvalue per key");
+char kClosureKey;  // registry: the event closure
+
+void push_key(lua_State* L, Key key) { lua_pushvalue(L, lua_upvalueindex(key + 1)); }
 
 // t[key] = value, with t below the value at the top.
 void set_top(lua_State* L, Key key) {
-  lua_rawgeti(L, kKeysIndex, key + 1);
+  push_key(L, key);
   lua_insert(L, -2);
   lua_rawset(L, -3);
 }
 
-
 // Key first, then the value: no stack rotation.
 void set_s(lua_State* L, Key key, const char* value) {
   if (value == nullptr) return;
-  lua_rawgeti(L, kKeysIndex, key + 1);
+  push_key(L, key);
   lua_pushstring(L, value);
   lua_rawset(L, -3);
 }
 
 void set_i(lua_State* L, Key key, int64_t value) {
-  lua_rawgeti(L, kKeysIndex, key + 1);
+  push_key(L, key);
   lua_pushinteger(L, lua_Integer(value));
   lua_rawset(L, -3);
 }
 
 void set_u(lua_State* L, Key key, uint64_t value) {
-  lua_rawgeti(L, kKeysIndex, key + 1);
+  push_key(L, key);
   lua_pushinteger(L, lua_Integer(value));  // ids keep their bits
   lua_rawset(L, -3);
 }
 
 void set_n(lua_State* L, Key key, double value) {
-  lua_rawgeti(L, kKeysIndex, key + 1);
+  push_key(L, key);
   lua_pushnumber(L, value);
   lua_rawset(L, -3);
 }
@@ -341,20 +344,15 @@ void prepare_event(const ballast_event& event, EventConversion* c) {
   }
 }
 
-int push_event(lua_State* L) {
-  const auto* c = static_cast<const EventConversion*>(lua_touserdata(L, 1));
+namespace {
+
+// The event closure: closure(conv) -> ev, or closure(conv, handler) ->
+// handler(ev), ev. Building the table inside the handler's protected call
+// saves a protected call per event.
+int event_closure(lua_State* L) {
+  auto* c = static_cast<EventConversion*>(lua_touserdata(L, 1));
   const ballast_event& e = *c->event;
-  lua_settop(L, 1);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &kKeysKey) == LUA_TNIL) {  // kKeysIndex
-    lua_pop(L, 1);
-    lua_createtable(L, kKeyCount, 0);
-    for (int k = 0; k < kKeyCount; ++k) {
-      lua_pushstring(L, kKeyNames[k]);
-      lua_rawseti(L, -2, k + 1);
-    }
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &kKeysKey);
-  }
+  lua_settop(L, 2);
   lua_createtable(L, 0, 6);
   set_s(L, K_topic, e.topic != nullptr ? e.topic : "");
   set_n(L, K_ts, double(e.ts_ns) / 1e9);
@@ -366,7 +364,31 @@ int push_event(lua_State* L) {
   set_s(L, K_plugin, e.source.plugin);
   set_top(L, K_source);
   if (!c->drop_payload && push_payload(L, *c)) set_top(L, K_payload);
+  c->built = true;
+  if (lua_type(L, 2) != LUA_TFUNCTION) return 1;
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_call(L, 1, 1);
+  lua_pushvalue(L, 3);
+  return 2;
+}
+
+int new_event_closure(lua_State* L) {
+  luaL_checkstack(L, kKeyCount + 1, "event closure");
+  for (int k = 0; k < kKeyCount; ++k) lua_pushstring(L, kKeyNames[k]);
+  lua_pushcclosure(L, event_closure, kKeyCount);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &kClosureKey);
   return 1;
+}
+
+}  // namespace
+
+LuaFailure push_event_closure(LuaSandbox& sandbox, std::string* error) {
+  lua_State* L = sandbox.state();
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &kClosureKey) == LUA_TFUNCTION) return LuaFailure::none;
+  lua_pop(L, 1);
+  return sandbox.protect(new_event_closure, nullptr, 1, error);
 }
 
 }  // namespace ballast

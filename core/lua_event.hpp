@@ -12,6 +12,7 @@
 #pragma once
 
 #include "lua_json.hpp"
+#include "lua_sandbox.hpp"
 
 #include <ballast/events.h>
 
@@ -28,6 +29,7 @@ struct EventConversion {
   int evidence_root = -1;  // fault_report.evidence
   int args_root = -1;      // recovery_action.args
   bool drop_payload = false;
+  bool built = false;      // set by the event closure
   std::string warning;     // why a part is delivered as text, or left out
 };
 
@@ -35,8 +37,11 @@ struct EventConversion {
 // across events: no allocation once warm).
 void prepare_event(const ballast_event& event, EventConversion* conv);
 
-// lua_CFunction for LuaSandbox::protect: its light userdata argument is the
-// prepared EventConversion; pushes the event table.
-int push_event(lua_State* L);
+// Push the state's event closure (made on first use, kept in the registry):
+//   closure(conv) -> ev                 the event table of a prepared conv
+//   closure(conv, handler) -> r, ev     also calls handler(ev), r its result
+// conv is a light userdata; conv->built is set once the table is complete
+// (false after a failure: the conversion failed, not the handler).
+LuaFailure push_event_closure(LuaSandbox& sandbox, std::string* error);
 
 }  // namespace ballast

@@ -31,11 +31,13 @@ char kStoppedKey;    // weak set of coroutines the deadline stopped
 constexpr double kPatternBudget = 4e8;
 constexpr lua_Unsigned kMaxShift = lua_Unsigned{1} << 22;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// The sandbox calls running on this thread, innermost first, for the
+// watchdog's signal handler.
+struct CallFrame {
+  LuaSandbox* sandbox;
+  CallFrame* outer;
+};
+thread_local CallFrame* t_calling __attribute__((tls_model("initial-exec"))) = nullptr;
 
 LuaSandbox* sandbox_of(lua_State* L) {
   void* ud = nullptr;
@@ -380,11 +382,21 @@ int wrapped_call(lua_State* L) {
 int sb_wrap(lua_State* L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_State* co = lua_newthread(L);
+  LuaSandbox::hook_coroutine(co);
   lua_pushvalue(L, 1);
   lua_xmove(L, co, 1);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_pushvalue(L, lua_upvalueindex(2));
   lua_pushcclosure(L, wrapped_call, 3);
+  return 1;
+}
+
+// coroutine.create(f): upvalue 1 is the original.
+int sb_create(lua_State* L) {
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  if (lua_type(L, -1) == LUA_TTHREAD) LuaSandbox::hook_coroutine(lua_tothread(L, -1));
   return 1;
 }
 
@@ -483,6 +495,9 @@ int open_libraries(lua_State* L) {
   lua_getfield(L, co, "close");
   lua_pushcclosure(L, sb_wrap, 2);
   lua_setfield(L, co, "wrap");
+  lua_getfield(L, co, "create");
+  lua_pushcclosure(L, sb_create, 1);
+  lua_setfield(L, co, "create");
   lua_getfield(L, co, "close");
   lua_pushcclosure(L, sb_close, 1);
   lua_setfield(L, co, "close");
@@ -581,12 +596,18 @@ int LuaSandbox::create(const LuaLimits& limits, std::unique_ptr<LuaSandbox>* out
   if (limits.deadline_ms == 0) return fail(BALLAST_EINVAL, "lua: the call deadline must be > 0 ms");
   std::unique_ptr<LuaSandbox> s(new LuaSandbox());
   s->limits_ = limits;
-  s->deadline_ns_ = INT64_MAX;
   s->L_ = lua_newstate(&LuaSandbox::allocate, s.get());
   if (s->L_ == nullptr) {
     return fail(BALLAST_ENOMEM, "lua: cannot create a state within a memory limit of " +
                                     std::to_string(limits.memory_limit_bytes) + " bytes");
   }
+  s->watched_.deadline_ms = limits.deadline_ms;
+  if (!watch(&s->watched_)) {
+    lua_close(s->L_);
+    s->L_ = nullptr;
+    return fail(BALLAST_ENOMEM, "lua: cannot start the deadline watchdog thread");
+  }
+  s->signal_ok_ = install_watchdog_handler(&LuaSandbox::on_watchdog_signal);
   lua_sethook(s->L_, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery);
   // Handlers make a few short-lived tables per event: the generational
   // collector suits that better than the incremental one.
@@ -599,7 +620,10 @@ int LuaSandbox::create(const LuaLimits& limits, std::unique_ptr<LuaSandbox>* out
 }
 
 LuaSandbox::~LuaSandbox() {
-  if (L_ != nullptr) lua_close(L_);
+  if (L_ != nullptr) {
+    unwatch(&watched_);
+    lua_close(L_);
+  }
   for (void*& head : free_lists_) {
     while (head != nullptr) {
       void* next = *static_cast<void**>(head);
@@ -668,7 +692,11 @@ void* LuaSandbox::allocate(void* ud, void* ptr, size_t osize, size_t nsize) {
 
 void LuaSandbox::hook(lua_State* L, lua_Debug* ar) {
   LuaSandbox* s = sandbox_of(L);
-  if (now_ns() < s->deadline_ns_) return;
+  if (!s->watched_.past_deadline()) {
+    // Set by a signal for a call that has ended since: off again.
+    if (s->lazy_hook_ && L == s->L_ && !s->fast_hook_) lua_sethook(L, nullptr, 0, 0);
+    return;
+  }
   s->timed_out_ = true;
   // From now on every instruction raises, so that a pcall catching this
   // error cannot keep the script running.
@@ -686,6 +714,32 @@ void LuaSandbox::hook(lua_State* L, lua_Debug* ar) {
   lua_pushfstring(L, "%s:%d: deadline of %d ms exceeded", ar->short_src, ar->currentline,
                   int(s->limits_.deadline_ms));
   lua_error(L);
+}
+
+// Runs on the thread of the call the watchdog found past its deadline:
+// hook every call of the thread that is past its own (lua_sethook is safe
+// here; nothing else is touched).
+void LuaSandbox::on_watchdog_signal(int) {
+  for (CallFrame* f = t_calling; f != nullptr; f = f->outer) {
+    LuaSandbox* s = f->sandbox;
+    if (s->watched_.past_deadline()) lua_sethook(s->L_, &LuaSandbox::hook, LUA_MASKCOUNT, 1);
+  }
+}
+
+void LuaSandbox::hook_coroutine(lua_State* co) {
+  lua_sethook(co, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery);
+}
+
+// No hook until the watchdog's signal (lazy), or one every kHookEvery
+// instructions.
+void LuaSandbox::set_hook_mode(bool lazy) {
+  if (lazy) {
+    lua_sethook(L_, nullptr, 0, 0);
+  } else {
+    lua_sethook(L_, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery);
+  }
+  lazy_hook_ = lazy;
+  fast_hook_ = false;
 }
 
 LuaFailure LuaSandbox::classify(int status) {
@@ -765,13 +819,14 @@ LuaFailure LuaSandbox::call(int nargs, int nresults, std::string* error) {
   lua_insert(L_, fidx);
   refused_ = false;
   timed_out_ = false;
-  if (fast_hook_) {
-    lua_sethook(L_, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery);
-    fast_hook_ = false;
-  }
-  deadline_ns_ = now_ns() + int64_t(limits_.deadline_ms) * 1000000;
+  bool lazy = signal_ok_ && thread_receives_watchdog_signal();
+  if (fast_hook_ || lazy != lazy_hook_) set_hook_mode(lazy);
+  CallFrame frame{this, t_calling};
+  t_calling = &frame;
+  uint64_t outer_call = watched_.begin();
   int status = lua_pcall(L_, nargs, nresults, fidx);
-  deadline_ns_ = INT64_MAX;
+  watched_.end(outer_call);
+  t_calling = frame.outer;
   LuaFailure f = classify(status);
   if (f != LuaFailure::none) describe(f, error);
   lua_remove(L_, fidx);

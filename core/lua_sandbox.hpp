@@ -16,9 +16,12 @@
 // - Every library table is a read-only proxy; the base is reached through
 //   the script's own global table, whose writes to protected names fail.
 //   getmetatable("") and getmetatable(<protected>) give "protected".
-// - A count hook every kHookEvery instructions checks a wall-clock deadline
-//   per call; once it has passed the hook fires on every instruction, so a
-//   script cannot swallow the error with pcall.
+// - A wall-clock deadline per call, watched by the watchdog thread
+//   (lua_watchdog.hpp): past it, an instruction-count hook is set on the
+//   state from the watchdog's signal and raises the error; from then on the
+//   hook fires on every instruction, so a script cannot swallow the error
+//   with pcall. Coroutines, and calls from threads that cannot take the
+//   signal, keep a count hook every kHookEvery instructions instead.
 // - A custom allocator refuses to grow the state past its memory limit
 //   (the bytes Lua asked for; up to 1 MiB of freed small blocks is kept
 //   for reuse on top of it).
@@ -30,6 +33,8 @@
 //
 // Thread-safety: one thread at a time.
 #pragma once
+
+#include "lua_watchdog.hpp"
 
 #include <lua.hpp>
 
@@ -57,7 +62,7 @@ int read_script_file(const std::string& path, const std::string& what, std::stri
 
 class LuaSandbox {
  public:
-  static constexpr int kHookEvery = 1000;  // instructions between deadline checks
+  static constexpr int kHookEvery = 1000;  // instructions between deadline checks where hooked
 
   // Create the state, open and wrap the allowed libraries. Status; the
   // message (fail()) says why.
@@ -69,7 +74,7 @@ class LuaSandbox {
   lua_State* state() const { return L_; }
   const LuaLimits& limits() const { return limits_; }
   uint64_t memory_in_use() const { return used_; }
-  // The deadline of the running call has passed.
+  // The deadline of the running call has passed (its error was raised).
   bool timed_out() const { return timed_out_; }
 
   // Run fn(L) with a light userdata `ud` as its argument under lua_pcall
@@ -90,6 +95,10 @@ class LuaSandbox {
   // message (with file:line and traceback when Lua gives them).
   LuaFailure call(int nargs, int nresults, std::string* error);
 
+  // Give a new coroutine of the state its count hook (coroutines keep
+  // theirs: the watchdog's signal sets a hook on the main state only).
+  static void hook_coroutine(lua_State* co);
+
   // The value Lua scripts see as ballast.null (JSON null).
   static void push_null(lua_State* L);
   static bool is_null(lua_State* L, int idx);
@@ -98,6 +107,8 @@ class LuaSandbox {
   LuaSandbox() = default;
   static void* allocate(void* ud, void* ptr, size_t osize, size_t nsize);
   static void hook(lua_State* L, lua_Debug* ar);
+  static void on_watchdog_signal(int);
+  void set_hook_mode(bool lazy);
   LuaFailure classify(int status);
   void describe(LuaFailure failure, std::string* error);
 
@@ -117,7 +128,9 @@ class LuaSandbox {
   bool refused_ = false;    // the allocator refused a block during this call
   bool timed_out_ = false;  // the deadline passed during this call
   bool fast_hook_ = false;  // the hook fires on every instruction
-  int64_t deadline_ns_ = 0; // steady clock; INT64_MAX when no call runs
+  bool signal_ok_ = false;  // the watchdog can signal (install_watchdog_handler)
+  bool lazy_hook_ = false;  // no hook until the watchdog's signal sets one
+  WatchedCall watched_;
 };
 
 }  // namespace ballast

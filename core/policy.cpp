@@ -505,24 +505,47 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
   prepare_event(event, &m.conv);
   if (!m.conv.warning.empty()) sink.on_log(BALLAST_LOG_WARN, "policy " + m.name + ": " + m.conv.warning);
   std::string error;
-  LuaFailure f = lua_checkstack(L, 8) ? m.sandbox->protect(push_event, &m.conv, 1, &error)
-                                      : LuaFailure::memory;
-  if (f != LuaFailure::none) {
-    std::string msg = "policy " + m.name + ": cannot convert event '" + topic + "' to a Lua table: " + error;
-    sink.on_error(msg);
+  auto conversion_failed = [&] {
+    sink.on_error("policy " + m.name + ": cannot convert event '" + topic + "' to a Lua table: " + error);
     sink.on_action(m.fallback(topic, error));
+  };
+  if (!lua_checkstack(L, 8)) {
+    error = "Lua stack overflow";
+    conversion_failed();
     return 0;
   }
-  const int ev = lua_gettop(L);
+  if (push_event_closure(*m.sandbox, &error) != LuaFailure::none) {
+    conversion_failed();
+    return 0;
+  }
+  const int closure = lua_gettop(L);
+  int ev = 0;  // the event table's slot, once a handler has run without error
   int ran = 0;
   std::string first_error;
   for (size_t i : m.matched) {
     const PolicyRuntime::Handler& h = m.handlers[i];
-    lua_rawgeti(L, LUA_REGISTRYINDEX, h.ref);
-    lua_pushvalue(L, ev);
-    ++ran;
+    LuaFailure f;
     m.actions.clear();
-    f = m.sandbox->call(1, 1, &error);
+    if (ev == 0) {  // build the table and call the handler in one protected call
+      lua_pushvalue(L, closure);
+      lua_pushlightuserdata(L, &m.conv);
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h.ref);
+      m.conv.built = false;
+      f = m.sandbox->call(2, 2, &error);
+      if (!m.conv.built) {
+        conversion_failed();
+        return ran;
+      }
+      if (f == LuaFailure::none) {
+        lua_insert(L, -2);  // [ev, result]
+        ev = lua_gettop(L) - 1;
+      }
+    } else {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h.ref);
+      lua_pushvalue(L, ev);
+      f = m.sandbox->call(1, 1, &error);
+    }
+    ++ran;
     const bool called = f == LuaFailure::none;
     if (called) {
       bool ok = false;

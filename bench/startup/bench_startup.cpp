@@ -3,7 +3,8 @@
 // against the device's O_DIRECT ceiling measured in the same run.
 //
 //   bench_startup [--dir DIR] [--reps 3] [--ckpt-mib 2560] [--tree-mib 300] [--files 4000] [--keep] [--reads-only]
-//                 [--no-reads] [--cases plain,...]   (a subset of the start cases; plain is always run)
+//                 [--no-reads] [--cases plain,...]   (a subset of the start cases; plain, or striped for the
+//                                                     striped_prefetch_* cases, is always run: the base they are compared with)
 //                 [--reuse]   (use the data set an earlier --keep run left in DIR; implies --keep)
 //                 [--trace]   (per start, on stderr: memory counters and the job's CPU time around the job)
 //                 [--settle S]  (pause after each drop, for freed memory to reach the host; default 15)
@@ -62,6 +63,8 @@ struct Config {
   bool trace = false;       // one line per start on stderr: memory counters around the job
   std::vector<std::string> cases = {"plain", "snapshot", "prefetch", "striped", "all", "prefetch_wrong",
                                     "prefetch_stale"};
+  // Chosen with --cases only.
+  std::vector<std::string> extra_cases = {"striped_prefetch_wrong", "striped_prefetch_stale"};
 };
 
 void emit(const std::string& c, const std::string& metric, double value, const std::string& unit) {
@@ -401,6 +404,10 @@ void warm_snapshot_first(HotProfile& p, const std::string& store) {
 //                   prefetcher is done, which the job then maps
 //   prefetch_wrong  prefetch of another job's profile
 //   prefetch_stale  prefetch of a profile whose files all changed since
+//   striped_prefetch_wrong, striped_prefetch_stale
+//                   the same two on top of "striped" (compared with it): a start a third as
+//                   long, with less of the fresh-memory cost that spreads the plain starts,
+//                   so a fixed cost of the wrong profile weighs more and shows more clearly
 struct Run {
   double total = 0, env = 0, imports = 0, ckpt = 0, resident = 0;
   std::string trace;  // counters around the job, for --trace
@@ -415,10 +422,11 @@ Run start_once(const Data& d, const std::string& c) {
   run.resident = make_cold(d);
   settle();
   const bool snapshot = c == "snapshot" || c == "all";
-  const bool striped = c == "striped" || c == "all";
+  const bool striped = c == "striped" || c == "all" || c.rfind("striped_prefetch_", 0) == 0;
   const bool shared = c == "all";
   std::string profile = c == "prefetch" ? d.profile_full : c == "all" ? d.profile_nockpt
-                        : c == "prefetch_wrong" ? d.profile_wrong : c == "prefetch_stale" ? d.profile_stale : "";
+                        : c == "prefetch_wrong" || c == "striped_prefetch_wrong" ? d.profile_wrong
+                        : c == "prefetch_stale" || c == "striped_prefetch_stale" ? d.profile_stale : "";
   const double t0 = now_s();
   std::unique_ptr<Prefetcher> pf;
   if (!profile.empty()) {
@@ -660,6 +668,7 @@ int main(int argc, char** argv) {
     }
     else if (k == "--cases") {
       std::vector<std::string> known = c.cases;
+      known.insert(known.end(), c.extra_cases.begin(), c.extra_cases.end());
       c.cases.clear();
       std::stringstream list(val());
       for (std::string one; std::getline(list, one, ',');) {
@@ -669,11 +678,19 @@ int main(int argc, char** argv) {
         }
         c.cases.push_back(one);
       }
-      if (std::find(c.cases.begin(), c.cases.end(), "plain") == c.cases.end()) c.cases.insert(c.cases.begin(), "plain");
+      // Every case is compared with plain, the striped_prefetch_* ones with striped.
+      auto add = [&](const char* base) {
+        if (std::find(c.cases.begin(), c.cases.end(), base) == c.cases.end()) c.cases.insert(c.cases.begin(), base);
+      };
+      bool need_plain = false, need_striped = false;
+      for (const auto& one : c.cases) (one.rfind("striped_prefetch_", 0) == 0 ? need_striped : need_plain) = true;
+      if (need_striped) add("striped");
+      if (need_plain) add("plain");
     } else {
       std::fprintf(stderr,
                    "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep] [--reuse] [--trace] [--settle S]\n"
-                   "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale]\n"
+                   "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale,\n"
+                   "                              striped_prefetch_wrong,striped_prefetch_stale]\n"
                    "                     [--reads buffered_sequential,striped_8,striped_8_direct,striped_2,striped_4,striped_8_16m,\n"
                    "                              buffered_sequential_ready_dst,striped_8_ready_dst]\n");
       return 2;
@@ -713,7 +730,7 @@ int main(int argc, char** argv) {
       }
     }
     emit("cold", "max_resident_after_drop", 100 * worst_resident, "%");
-    const double plain = median(times["plain"]);
+    const double plain = times.count("plain") ? median(times["plain"]) : 0;
     for (const auto& cs : cases) {
       double m = median(times[cs]);
       emit(cs, "end_to_end_s", m, "s");
@@ -728,13 +745,14 @@ int main(int argc, char** argv) {
       emit(cs, "environment_s", median(env), "s");
       emit(cs, "imports_s", median(imp), "s");
       emit(cs, "checkpoint_load_s", median(ck), "s");
-      if (cs != "plain") {
-        emit(cs, "vs_plain", m / plain, "ratio");
-        // Against the plain start of the same round (run minutes apart at
+      const std::string base = cs.rfind("striped_prefetch_", 0) == 0 ? "striped" : "plain";
+      if (cs != base && times.count(base)) {
+        emit(cs, "vs_" + base, m / median(times[base]), "ratio");
+        // Against the base start of the same round (run minutes apart at
         // most), which cancels the machine's slow drift: median of the ratios.
         std::vector<double> paired;
-        for (size_t i = 0; i < times[cs].size(); ++i) paired.push_back(times[cs][i] / times["plain"][i]);
-        emit(cs, "vs_plain_paired", median(paired), "ratio");
+        for (size_t i = 0; i < times[cs].size(); ++i) paired.push_back(times[cs][i] / times[base][i]);
+        emit(cs, "vs_" + base + "_paired", median(paired), "ratio");
       }
     }
     if (times.count("all")) {
