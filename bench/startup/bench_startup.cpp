@@ -462,6 +462,9 @@ Run start_once(const Data& d, const std::string& c) {
     rc = run_process(d.install, {{"BALLAST_ENV_DIR", d.env}});
   }
   run.env = now_s() - t0;
+  // Whether the prefetcher had finished its reads before the job started (a
+  // wrong profile's whole cost then falls in the environment stage).
+  const std::string pf_at_job = pf ? std::string(" prefetch_idle_at_job=") + (pf->idle() ? "1" : "0") : "";
   if (rc == 0) {
     auto args = job_args(d, d.imports_a, striped ? 8 : 0, shared);
     args.push_back("--stages");
@@ -482,7 +485,7 @@ Run start_once(const Data& d, const std::string& c) {
                           "workingset_refault_file", "pgscan_kswapd", "compact_stall", "thp_fault_alloc", "nr_dirtied",
                           "nr_written"})
       t << " d_" << k << "=" << after[k] - before[k];
-    run.trace = t.str();
+    run.trace = t.str() + pf_at_job;
   }
   if (pf) {
     pf->stop();
