@@ -315,6 +315,19 @@ struct JsonTape::Parser {
 
   bool string() {  // at the opening quote
     ++p;
+    const char* run = p;
+    while (p < end && *p != '"' && *p != '\\' && static_cast<unsigned char>(*p) >= 0x20) ++p;
+    if (p < end && *p == '"') {  // no escape: a view of the text
+      if (size_t(p - run) > UINT32_MAX) return fail("text too large");
+      Token t{};
+      t.kind = kView;
+      t.view.data = run;
+      t.view.length = uint32_t(p - run);
+      tape.tokens_.push_back(t);
+      ++p;
+      return true;
+    }
+    p = run;
     std::string& s = tape.chars_;
     size_t start = s.size();
     for (;;) {
@@ -449,13 +462,14 @@ size_t JsonTape::push_value(lua_State* L, size_t i) const {
     case kTrue: lua_pushboolean(L, 1); return i + 1;
     case kInteger: lua_pushinteger(L, lua_Integer(t.integer)); return i + 1;
     case kFloat: lua_pushnumber(L, t.number); return i + 1;
-    case kString: lua_pushlstring(L, chars_.data() + t.text.offset, t.text.length); return i + 1;
+    case kString:
+    case kView: push_string(L, t); return i + 1;
     case kObject: {
       lua_createtable(L, 0, int(std::min<uint32_t>(t.count, INT_MAX)));
       size_t j = i + 1;
       for (uint32_t c = 0; c < t.count; ++c) {
         const Token& key = tokens_[j];
-        lua_pushlstring(L, chars_.data() + key.text.offset, key.text.length);
+        push_string(L, key);
         j = push_value(L, j + 1);
         lua_rawset(L, -3);
       }
@@ -473,6 +487,14 @@ size_t JsonTape::push_value(lua_State* L, size_t i) const {
   }
   lua_pushnil(L);
   return i + 1;
+}
+
+void JsonTape::push_string(lua_State* L, const Token& t) const {
+  if (t.kind == kView) {
+    lua_pushlstring(L, t.view.data, t.view.length);
+  } else {
+    lua_pushlstring(L, chars_.data() + t.text.offset, t.text.length);
+  }
 }
 
 void JsonTape::push(lua_State* L, int root) const {

@@ -47,13 +47,17 @@ class JsonTape {
 
   void clear();
   // Parse `text` and append it; returns the root's index, or -1 with *error.
+  // `text` must stay valid until clear(): strings without escapes are
+  // pushed from it.
   int parse(std::string_view text, std::string* error);
   // Push the value whose root index is `root`. Allocates Lua objects: call
   // in protected mode. Needs kMaxDepth + 4 free stack slots.
   void push(lua_State* L, int root) const;
 
  private:
-  enum Kind : uint8_t { kNull, kFalse, kTrue, kInteger, kFloat, kString, kObject, kArray };
+  // kString: text with escapes, decoded into chars_; kView: text without,
+  // still in the parsed text (valid until clear(): the caller keeps it).
+  enum Kind : uint8_t { kNull, kFalse, kTrue, kInteger, kFloat, kString, kView, kObject, kArray };
   struct Token {
     Kind kind;
     uint32_t count;   // kObject: members, kArray: elements
@@ -61,12 +65,17 @@ class JsonTape {
       int64_t integer;
       double number;
       struct {
-        uint32_t offset, length;  // kString, and object keys, in chars_
+        uint32_t offset, length;  // kString, in chars_
       } text;
+      struct {
+        const char* data;
+        uint32_t length;  // kView
+      } view;
     };
   };
   struct Parser;
   size_t push_value(lua_State* L, size_t i) const;
+  void push_string(lua_State* L, const Token& t) const;
 
   std::vector<Token> tokens_;  // an object's members are (key string, value) pairs
   std::string chars_;

@@ -808,15 +808,19 @@ LuaFailure LuaSandbox::load(std::string_view source, const std::string& chunknam
   return LuaFailure::none;
 }
 
-LuaFailure LuaSandbox::call(int nargs, int nresults, std::string* error) {
+LuaFailure LuaSandbox::call(int nargs, int nresults, std::string* error, int traceback_index) {
   int fidx = lua_gettop(L_) - nargs;
   if (!lua_checkstack(L_, 2)) {
     lua_settop(L_, fidx - 1);
     if (error != nullptr) *error = "Lua stack overflow";
     return LuaFailure::memory;
   }
-  lua_pushcfunction(L_, traceback);
-  lua_insert(L_, fidx);
+  int msgh = traceback_index;
+  if (msgh == 0) {
+    lua_pushcfunction(L_, traceback);
+    lua_insert(L_, fidx);
+    msgh = fidx;
+  }
   refused_ = false;
   timed_out_ = false;
   bool lazy = signal_ok_ && thread_receives_watchdog_signal();
@@ -824,14 +828,16 @@ LuaFailure LuaSandbox::call(int nargs, int nresults, std::string* error) {
   CallFrame frame{this, t_calling};
   t_calling = &frame;
   uint64_t outer_call = watched_.begin();
-  int status = lua_pcall(L_, nargs, nresults, fidx);
+  int status = lua_pcall(L_, nargs, nresults, msgh);
   watched_.end(outer_call);
   t_calling = frame.outer;
   LuaFailure f = classify(status);
   if (f != LuaFailure::none) describe(f, error);
-  lua_remove(L_, fidx);
+  if (traceback_index == 0) lua_remove(L_, fidx);
   return f;
 }
+
+void LuaSandbox::push_traceback(lua_State* L) { lua_pushcfunction(L, traceback); }
 
 void LuaSandbox::push_null(lua_State* L) { lua_pushlightuserdata(L, &kNullKey); }
 

@@ -92,8 +92,11 @@ class LuaSandbox {
 
   // lua_pcall(nargs, nresults) with a traceback handler under the deadline.
   // On failure the function and arguments are popped and *error has the
-  // message (with file:line and traceback when Lua gives them).
-  LuaFailure call(int nargs, int nresults, std::string* error);
+  // message (with file:line and traceback when Lua gives them). `traceback`
+  // is the stack index of a handler pushed by push_traceback() for a series
+  // of calls, or 0: the call pushes and pops one itself.
+  LuaFailure call(int nargs, int nresults, std::string* error, int traceback = 0);
+  static void push_traceback(lua_State* L);
 
   // Give a new coroutine of the state its count hook (coroutines keep
   // theirs: the watchdog's signal sets a hook on the main state only).

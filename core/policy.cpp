@@ -172,13 +172,12 @@ bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<Poli
            lua_typename(L, t);
     return false;
   }
-  lua_rawgeti(L, idx, 1);
-  bool list = !lua_isnil(L, -1);
-  lua_pop(L, 1);
+  lua_pushnil(L);
+  if (lua_next(L, idx) == 0) return true;  // {}: no action
+  // An action has string keys only: a numeric key means a list.
+  bool list = lua_type(L, -2) == LUA_TNUMBER;
+  lua_pop(L, 2);
   if (!list) {
-    lua_pushnil(L);
-    if (lua_next(L, idx) == 0) return true;  // {}: no action
-    lua_pop(L, 2);
     out->emplace_back();
     if (!read_action(L, idx, &out->back(), why)) return false;
     out->back().cause_topic = topic;
@@ -519,6 +518,8 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
     return 0;
   }
   const int closure = lua_gettop(L);
+  LuaSandbox::push_traceback(L);
+  const int traceback = lua_gettop(L);
   int ev = 0;  // the event table's slot, once a handler has run without error
   int ran = 0;
   std::string first_error;
@@ -531,7 +532,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
       lua_pushlightuserdata(L, &m.conv);
       lua_rawgeti(L, LUA_REGISTRYINDEX, h.ref);
       m.conv.built = false;
-      f = m.sandbox->call(2, 2, &error);
+      f = m.sandbox->call(2, 2, &error, traceback);
       if (!m.conv.built) {
         conversion_failed();
         return ran;
@@ -543,7 +544,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
     } else {
       lua_rawgeti(L, LUA_REGISTRYINDEX, h.ref);
       lua_pushvalue(L, ev);
-      f = m.sandbox->call(1, 1, &error);
+      f = m.sandbox->call(1, 1, &error, traceback);
     }
     ++ran;
     const bool called = f == LuaFailure::none;

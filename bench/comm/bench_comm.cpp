@@ -116,31 +116,44 @@ Figures median_of(std::vector<Figures> v) {
   return f;
 }
 
-Figures ours(int n, const std::string& tls, uint64_t bytes, long iters, bool trace, int reps) {
-  std::vector<Figures> v;
-  for (int i = 0; i < reps; ++i) {
-    std::vector<std::string> a = {g_loop, "--bytes", std::to_string(bytes), "--iters", std::to_string(iters), "--warmup",
-                                  std::to_string(std::max<long>(3, iters / 10))};
-    if (!trace) a.push_back("--no-trace");
-    const std::string o = run(a, n, tls, true);
-    if (o.empty()) continue;
-    v.push_back({field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")});
-  }
-  return median_of(v);
+// One run of comm_loop (n ranks), traced or not; {} when it failed.
+std::vector<Figures> ours(int n, const std::string& tls, uint64_t bytes, long iters, bool trace) {
+  std::vector<std::string> a = {g_loop, "--bytes", std::to_string(bytes), "--iters", std::to_string(iters), "--warmup",
+                                std::to_string(std::max<long>(3, iters / 10))};
+  if (!trace) a.push_back("--no-trace");
+  const std::string o = run(a, n, tls, true);
+  if (o.empty()) return {};
+  return {{field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")}};
 }
 
-Figures mpi(int n, const std::string& tls, uint64_t bytes, long iters, int reps) {
-  std::vector<Figures> v;
+// One run of the Open MPI peer under mpirun with the settings a user gets:
+// its defaults (which, oversubscribed, yield the CPU when idle), with the
+// btl limited to tcp,self for the tcp rows.
+std::vector<Figures> mpi(int n, const std::string& tls, uint64_t bytes, long iters) {
   if (g_mpi.empty()) return {};
+  std::vector<std::string> a = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n)};
+  if (tls == "tcp") a.insert(a.end(), {"--mca", "btl", "tcp,self"});
+  a.insert(a.end(), {g_mpi, std::to_string(bytes), std::to_string(iters), std::to_string(std::max<long>(3, iters / 10))});
+  const std::string o = run(a, n, tls, false);
+  if (o.empty()) return {};
+  return {{field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")}};
+}
+
+struct Trio {
+  Figures traced, untraced, openmpi;
+};
+
+// reps rounds of [traced, untraced, Open MPI], each figure the median over
+// the rounds: the three alternate, so that a noisy stretch of the shared
+// machine falls on all three alike rather than on whichever ran then.
+Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps) {
+  std::vector<Figures> on, off, m;
   for (int i = 0; i < reps; ++i) {
-    std::vector<std::string> a = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n)};
-    if (tls == "tcp") a.insert(a.end(), {"--mca", "btl", "tcp,self"});
-    a.insert(a.end(), {g_mpi, std::to_string(bytes), std::to_string(iters), std::to_string(std::max<long>(3, iters / 10))});
-    const std::string o = run(a, n, tls, false);
-    if (o.empty()) continue;
-    v.push_back({field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")});
+    for (const Figures& f : ours(n, tls, bytes, iters, true)) on.push_back(f);
+    for (const Figures& f : ours(n, tls, bytes, iters, false)) off.push_back(f);
+    for (const Figures& f : mpi(n, tls, bytes, iters)) m.push_back(f);
   }
-  return median_of(v);
+  return {median_of(on), median_of(off), median_of(m)};
 }
 
 void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
@@ -277,8 +290,7 @@ int main(int argc, char** argv) {
       for (uint64_t b : lat_sizes) {
         const long iters = quick ? 500 : 2000;
         const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
-        const Figures on = ours(n, tls, b, iters, true, reps), off = ours(n, tls, b, iters, false, reps);
-        const Figures m = mpi(n, tls, b, iters, reps);
+        const auto [on, off, m] = measure(n, tls, b, iters, reps);
         emit(cs, "p50_ballast", on.p50, "us");
         emit(cs, "p99_ballast", on.p99, "us");
         emit(cs, "p50_ballast_notrace", off.p50, "us");
@@ -289,8 +301,7 @@ int main(int argc, char** argv) {
       for (uint64_t b : bw_sizes) {
         const long iters = long(std::clamp<uint64_t>((quick ? 256ull << 20 : 1ull << 30) / b, 9, 1000));
         const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
-        const Figures on = ours(n, tls, b, iters, true, reps), off = ours(n, tls, b, iters, false, reps);
-        const Figures m = mpi(n, tls, b, iters, reps);
+        const auto [on, off, m] = measure(n, tls, b, iters, reps);
         // The median call, not the mean: on a shared machine a descheduled
         // rank adds milliseconds to a few calls and would swamp the mean.
         auto busbw = [&](const Figures& f) { return f.p50 > 0 ? double(b) / (f.p50 * 1e-6) / 1e9 * factor : -1; };

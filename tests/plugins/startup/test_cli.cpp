@@ -54,6 +54,12 @@ TEST_CASE("ballast startup load, time and report run through the real executable
   auto j = nlohmann::json::parse(l.out);
   CHECK(j["tensors"] == 1);
   CHECK(j["bytes"] == 8 + h.size() + 4096);
+  CHECK(j["mapped"] == true);  // the default: into the page cache, mapped
+  Result direct = ballast("startup load " + (d / "m.safetensors") + " --json --direct");
+  REQUIRE(direct.rc == 0);
+  auto jd = nlohmann::json::parse(direct.out);
+  CHECK(jd["mapped"] == false);
+  CHECK(jd["checksum"] == j["checksum"]);
   REQUIRE(ballast("startup time comm_init --stages " + stages + " -- true").rc == 0);
   Result r = ballast("startup report --json " + stages);
   REQUIRE(r.rc == 0);
