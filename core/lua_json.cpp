@@ -214,7 +214,7 @@ struct JsonTape::Parser {
   bool push(Kind kind) {
     Token t{};
     t.kind = kind;
-    tape.tokens_.push_back(t);
+    tape.add(t);
     return true;
   }
 
@@ -242,7 +242,7 @@ struct JsonTape::Parser {
   // An object is (key string, value) pairs; an array values.
   bool container(size_t depth, Kind kind, char close) {
     if (depth >= kMaxDepth) return fail("nested deeper than 64 levels");
-    size_t at = tape.tokens_.size();
+    size_t at = tape.count_;
     push(kind);
     ++p;
     skip_space();
@@ -323,7 +323,7 @@ struct JsonTape::Parser {
       t.kind = kView;
       t.view.data = run;
       t.view.length = uint32_t(p - run);
-      tape.tokens_.push_back(t);
+      tape.add(t);
       ++p;
       return true;
     }
@@ -374,7 +374,7 @@ struct JsonTape::Parser {
     t.kind = kString;
     t.text.offset = uint32_t(start);
     t.text.length = uint32_t(s.size() - start);
-    tape.tokens_.push_back(t);
+    tape.add(t);
     return true;
   }
 
@@ -412,7 +412,7 @@ struct JsonTape::Parser {
       if (r.ec == std::errc() && r.ptr == p) {
         t.kind = kInteger;
         t.integer = v;
-        tape.tokens_.push_back(t);
+        tape.add(t);
         return true;
       }  // too large for an integer: a float
     }
@@ -421,18 +421,18 @@ struct JsonTape::Parser {
     if (r.ec != std::errc() || r.ptr != p) return fail("number out of range");
     t.kind = kFloat;
     t.number = d;
-    tape.tokens_.push_back(t);
+    tape.add(t);
     return true;
   }
 };
 
 void JsonTape::clear() {
-  tokens_.clear();
+  count_ = 0;
   chars_.clear();
 }
 
 int JsonTape::parse(std::string_view text, std::string* error) {
-  size_t root = tokens_.size();
+  size_t root = count_;
   size_t chars = chars_.size();
   bool ok = false;
   try {
@@ -447,7 +447,7 @@ int JsonTape::parse(std::string_view text, std::string* error) {
     ok = false;
   }
   if (!ok || root > size_t(INT_MAX)) {
-    tokens_.resize(root);
+    count_ = root;
     chars_.resize(chars);
     return -1;
   }

@@ -77,7 +77,15 @@ class JsonTape {
   size_t push_value(lua_State* L, size_t i) const;
   void push_string(lua_State* L, const Token& t) const;
 
-  std::vector<Token> tokens_;  // an object's members are (key string, value) pairs
+  // Append a token. The tape keeps its tokens between events, so that one
+  // of the same shape costs no allocation.
+  void add(const Token& t) {
+    if (count_ == tokens_.size()) tokens_.resize(count_ < 16 ? 16 : 2 * count_);
+    tokens_[count_++] = t;
+  }
+
+  std::vector<Token> tokens_;  // [0, count_): an object's members are (key string, value) pairs
+  size_t count_ = 0;
   std::string chars_;
 };
 

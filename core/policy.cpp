@@ -174,9 +174,13 @@ bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<Poli
   }
   lua_pushnil(L);
   if (lua_next(L, idx) == 0) return true;  // {}: no action
-  // An action has string keys only: a numeric key means a list.
+  // An action has string keys only: a list has a numeric key and t[1].
   bool list = lua_type(L, -2) == LUA_TNUMBER;
   lua_pop(L, 2);
+  if (list) {
+    list = lua_rawgeti(L, idx, 1) != LUA_TNIL;
+    lua_pop(L, 1);
+  }
   if (!list) {
     out->emplace_back();
     if (!read_action(L, idx, &out->back(), why)) return false;
