@@ -1,9 +1,15 @@
 // Real escape attempts against the policy sandbox: each is contained within
 // its budget, reported through on_error with the fallback action, and the
 // policy keeps working for the next event.
+#include "lua_watchdog.hpp"
 #include "policy_test_util.hpp"
 
 #include <lua.hpp>
+
+#include <pthread.h>
+
+#include <csignal>
+#include <thread>
 
 using ballast::Policy;
 using ballast::PolicyOptions;
@@ -145,6 +151,49 @@ TEST_CASE("string.rep memory bombs hit the memory cap") {
 TEST_CASE("infinite loops hit the deadline") {
   check_contained("while true do end", "deadline of 50 ms exceeded");
   check_contained("local i = 0 repeat i = i + 1 until false", "deadline of 50 ms exceeded");
+}
+
+TEST_CASE("the deadline holds in a thread that blocks the watchdog's signal") {
+  // The watchdog cannot interrupt such a thread: its calls keep a count hook.
+  std::thread t([] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, ballast::WatchedCall::kSignal);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    check_contained("while true do end", "deadline of 50 ms exceeded");
+  });
+  t.join();
+}
+
+// Publishes from one policy are handled by another, in the same thread.
+struct Forwarder : Recorder {
+  Policy* next = nullptr;
+  Recorder next_sink;
+  void on_publish(const std::string& topic, const std::string& json) override {
+    Recorder::on_publish(topic, json);
+    ballast_event e = make_event(topic.c_str());
+    next->handle(e, next_sink);
+  }
+};
+
+TEST_CASE("a policy run from inside another's handler: each stops at its own deadline") {
+  TempDir dir;
+  PolicyOptions slow = small_limits();
+  slow.call_deadline_ms = 200;
+  // The inner call outlives the outer one's deadline; the outer one is
+  // stopped as soon as it runs Lua again.
+  auto outer = load_script(dir, "ballast.on('go', function() ballast.publish('inner', {}) while true do end end)\n",
+                           small_limits(), "outer.lua");
+  auto inner = load_script(dir, "ballast.on('inner', function() while true do end end)\n", slow, "inner.lua");
+  Forwarder r;
+  r.next = inner.get();
+  ballast_event go = make_event("go");
+  CHECK(outer->handle(go, r) == 1);
+  REQUIRE(r.next_sink.errors.size() == 1);
+  CHECK(r.next_sink.errors[0].find("deadline of 200 ms exceeded") != std::string::npos);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("deadline of 50 ms exceeded") != std::string::npos);
+  CHECK(r.errors[0].find("outer.lua:1") != std::string::npos);
 }
 
 TEST_CASE("pcall, xpcall and coroutines cannot swallow the deadline") {
