@@ -2,8 +2,9 @@
 //
 // A policy is a Lua 5.4 script run in a sandbox: text-only load into an
 // allow-listed read-only environment, every call under lua_pcall with a
-// traceback, an instruction-count hook enforcing a wall-clock deadline per
-// call, and a memory cap through a custom allocator. The script registers
+// traceback, a wall-clock deadline per call enforced by an
+// instruction-count hook (set when the deadline passes: lua_sandbox.hpp),
+// and a memory cap through a custom allocator. The script registers
 // handlers with ballast.on(pattern, fn); a handler receives the event as a
 // table {topic=, ts=, source={node=,rank=,plugin=}, payload={...}} and may
 // return an action table ({action="evict", subject="node7", reason="...",
