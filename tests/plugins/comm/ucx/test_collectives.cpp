@@ -261,3 +261,11 @@ TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd") { e
 TEST_CASE("3 ranks over shared memory: ring steps overlapped, blocks of more chunks than in flight, uneven blocks") {
   expect_all_pass(3, "sm,self", false, {120001});
 }
+
+// Allreduce by recursive halving and doubling (4 ranks, up to 512 KiB): 70001
+// elements split into uneven blocks, the first halving step's half of 9 and
+// more 16 KiB chunks (more than in flight, staged and reduced chunk by chunk).
+// One round to all (tiny sizes) is covered by the 4- and 8-rank cases above.
+TEST_CASE("4 ranks over shared memory: recursive halving and doubling, more chunks than in flight, uneven blocks") {
+  expect_all_pass(4, "sm,self", false, {70001});
+}
