@@ -5,7 +5,6 @@
 #include <ballast/status.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdlib>

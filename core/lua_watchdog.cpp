@@ -109,7 +109,7 @@ bool install_watchdog_handler(void (*handler)(int)) {
 }
 
 bool thread_receives_watchdog_signal() {
-  thread_local int receives = -1;
+  thread_local int receives __attribute__((tls_model("initial-exec"))) = -1;
   if (receives < 0) {
     sigset_t blocked;
     sigemptyset(&blocked);
