@@ -91,7 +91,7 @@ void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t 
 // Why not a fresh anonymous buffer: the kernel zeroes every page of one before
 // a read may land in it, and in a VM whose freed memory has gone back to the
 // host each of those first writes is a host fault charged to the guest's
-// vCPUs (about 1.1-1.8 s of CPU per GiB here, against 0.1-0.4 s for the page
+// vCPUs (about 1.2-1.8 s of CPU per GiB here, against 0.1-0.5 s for the page
 // cache, whose pages the device fills without being zeroed first).
 void read_mapped(const std::string& path, int fd, const unsigned char* map, uint64_t size, uint64_t chunk,
                  unsigned stripes, std::vector<uint32_t>& crcs) {
