@@ -19,7 +19,8 @@ extern "C" {
 #define BALLAST_STARTUP_VERSION 1
 
 enum ballast_startup_load_flags {
-  BALLAST_LOAD_DIRECT = 1u << 0,    /* always O_DIRECT (default: unless the file is mostly cached) */
+  BALLAST_LOAD_DIRECT = 1u << 0,    /* O_DIRECT into a fresh allocation (default without a
+                                       destination: mapped, read through the page cache) */
   BALLAST_LOAD_BUFFERED = 1u << 1,  /* never O_DIRECT */
   BALLAST_LOAD_SHARE = 1u << 2,     /* one read per node through /dev/shm; the others map it */
   BALLAST_LOAD_NO_VERIFY = 1u << 3  /* ignore the FILE.crc32c checksums */
@@ -31,8 +32,10 @@ typedef struct ballast_startup_load_options {
   uint64_t chunk_bytes; /* stripe unit, multiple of 4096, 0 = 8 MiB */
   uint32_t flags;       /* enum ballast_startup_load_flags */
   uint32_t reserved;
-  void* destination;    /* the caller's buffer for the whole file, or NULL: the plugin allocates.
-                           Page-aligned and a multiple of 4096 long for O_DIRECT. Ignored with SHARE. */
+  void* destination;    /* the caller's buffer for the whole file, or NULL: the file is mapped
+                           read-only and the stripes read it into the page cache (with DIRECT:
+                           the plugin allocates). Page-aligned and a multiple of 4096 long for
+                           O_DIRECT. Ignored with SHARE. */
   uint64_t capacity;    /* bytes at destination */
 } ballast_startup_load_options;
 
