@@ -41,12 +41,13 @@ struct Fd {
   }
 };
 
-// The stripes: threads take chunks in order, pread them into place, and
-// checksum each right after reading it.
-void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t size, uint64_t chunk,
-                  unsigned stripes, bool direct, std::vector<uint32_t>& crcs) {
+// Up to `stripes` threads (the caller's among them) take the chunks of a
+// `size`-byte file in order and run read_chunk(i, offset, length) on each,
+// which returns "" or what went wrong; the first error stops the others and
+// is thrown.
+template <typename ReadChunk>
+void for_each_chunk(uint64_t size, uint64_t chunk, unsigned stripes, ReadChunk read_chunk) {
   size_t n = size_t((size + chunk - 1) / chunk);
-  crcs.assign(n, 0);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::string error;
@@ -56,23 +57,12 @@ void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t 
       size_t i = next.fetch_add(1);
       if (i >= n || failed.load()) return;
       uint64_t off = uint64_t(i) * chunk;
-      uint64_t len = std::min(chunk, size - off);
-      // O_DIRECT needs whole pages: the buffer has room for the rounded tail.
-      uint64_t want = direct ? round_up(len, kPage) : len;
-      uint64_t got = 0;
-      while (got < len) {
-        ssize_t r = ::pread(fd, dst + off + got, want - got, off_t(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-          std::lock_guard<std::mutex> g(error_mu);
-          error = path + ": read at offset " + std::to_string(off + got) + ": " +
-                  (r < 0 ? errno_text(errno) : std::string("file shrank while loading"));
-          failed.store(true);
-          return;
-        }
-        got += uint64_t(r);
+      std::string why = read_chunk(i, off, std::min(chunk, size - off));
+      if (!why.empty()) {
+        std::lock_guard<std::mutex> g(error_mu);
+        if (!failed.exchange(true)) error = std::move(why);
+        return;
       }
-      crcs[i] = crc32c(dst + off, len);
     }
   };
   std::vector<std::thread> threads;
@@ -81,6 +71,29 @@ void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t 
   worker();
   for (auto& th : threads) th.join();
   if (failed.load()) throw Error(error);
+}
+
+// The stripes pread their chunks into place and checksum each right after
+// reading it.
+void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t size, uint64_t chunk,
+                  unsigned stripes, bool direct, std::vector<uint32_t>& crcs) {
+  crcs.assign(size_t((size + chunk - 1) / chunk), 0);
+  for_each_chunk(size, chunk, stripes, [&](size_t i, uint64_t off, uint64_t len) -> std::string {
+    // O_DIRECT needs whole pages: the buffer has room for the rounded tail.
+    uint64_t want = direct ? round_up(len, kPage) : len;
+    uint64_t got = 0;
+    while (got < len) {
+      ssize_t r = ::pread(fd, dst + off + got, want - got, off_t(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        return path + ": read at offset " + std::to_string(off + got) + ": " +
+               (r < 0 ? errno_text(errno) : std::string("file shrank while loading"));
+      }
+      got += uint64_t(r);
+    }
+    crcs[i] = crc32c(dst + off, len);
+    return {};
+  });
 }
 
 // The mapped load: the file is mapped and the stripes bring it into the page
@@ -95,37 +108,18 @@ void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t 
 // cache, whose pages the device fills without being zeroed first).
 void read_mapped(const std::string& path, int fd, const unsigned char* map, uint64_t size, uint64_t chunk,
                  unsigned stripes, std::vector<uint32_t>& crcs) {
-  size_t n = size_t((size + chunk - 1) / chunk);
-  crcs.assign(n, 0);
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::string error;
-  std::mutex error_mu;
-  auto worker = [&] {
-    for (;;) {
-      size_t i = next.fetch_add(1);
-      if (i >= n || failed.load()) return;
-      uint64_t off = uint64_t(i) * chunk;
-      uint64_t len = std::min(chunk, size - off);
-      ::readahead(fd, off_t(off), size_t(len));  // a hint: failing it only costs speed
-      // EINVAL: a kernel before 5.14; the checksum's own page faults read the chunk then.
-      int rc = ::madvise(const_cast<unsigned char*>(map) + off, size_t(len), MADV_POPULATE_READ);
-      if (rc != 0 && errno != EINVAL) {
-        std::lock_guard<std::mutex> g(error_mu);
-        error = path + ": read of bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
-                "): " + (errno == EFAULT ? std::string("file shrank while loading, or an I/O error") : errno_text(errno));
-        failed.store(true);
-        return;
-      }
-      crcs[i] = crc32c(map + off, len);
+  crcs.assign(size_t((size + chunk - 1) / chunk), 0);
+  for_each_chunk(size, chunk, stripes, [&](size_t i, uint64_t off, uint64_t len) -> std::string {
+    ::readahead(fd, off_t(off), size_t(len));  // a hint: failing it only costs speed
+    // EINVAL: a kernel before 5.14; the checksum's own page faults read the chunk then.
+    int rc = ::madvise(const_cast<unsigned char*>(map) + off, size_t(len), MADV_POPULATE_READ);
+    if (rc != 0 && errno != EINVAL) {
+      return path + ": read of bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
+             "): " + (errno == EFAULT ? std::string("file shrank while loading, or an I/O error") : errno_text(errno));
     }
-  };
-  std::vector<std::thread> threads;
-  unsigned t = std::max(1u, std::min<unsigned>(stripes, unsigned(std::max<size_t>(n, 1))));
-  for (unsigned k = 1; k < t; ++k) threads.emplace_back(worker);
-  worker();
-  for (auto& th : threads) th.join();
-  if (failed.load()) throw Error(error);
+    crcs[i] = crc32c(map + off, len);
+    return {};
+  });
 }
 
 // An open-file-description lock on one byte; wait = block until granted.
