@@ -1,7 +1,7 @@
 // bench_policy: the cost of one Lua policy handler call, end to end: the
 // event converted to a table (a fault report, or a JSON payload of 5
-// fields), the handler under the sandbox (pcall with traceback, deadline
-// hook, memory-capped allocator), and the action it returns read back and
+// fields), the handler under the sandbox (pcall with traceback, the
+// deadline watched, memory-capped allocator), and the action it returns read back and
 // handed to the sink. The peer is a bare lua_pcall of an empty Lua function
 // with a prebuilt table in a plain state, measured in the same run.
 //
