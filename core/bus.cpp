@@ -418,7 +418,9 @@ struct Bus::Impl {
 
   // Copy `ev` into `s`'s queue; blocks while a lossless queue is full.
   // `flat`/`flat_bytes`/`flat_ev` cache one flattened copy for several queues.
-  void enqueue(Sub& s, const ballast_event& ev, bool single, std::vector<uint64_t>& scratch,
+  // Copies point at the interned topic name (topics live as long as the
+  // bus) instead of copying it.
+  void enqueue(Sub& s, const ballast_event& ev, const Topic& topic, bool single, std::vector<uint64_t>& scratch,
                size_t& flat_bytes, ballast_event& flat_ev) {
     uint64_t pos = 0;
     Ring::Slot* slot = nullptr;
@@ -460,16 +462,17 @@ struct Bus::Impl {
     }
     if (single) {
       size_t bytes = 0;
-      if (!codec::flatten_into(ev, slot->inline_buf, Ring::kInline, &slot->event, &bytes)) {
+      const char* name = topic.name.c_str();
+      if (!codec::flatten_into(ev, slot->inline_buf, Ring::kInline, &slot->event, &bytes, name)) {
         unsigned char* buf = Ring::buffer(*slot, bytes);
-        if (buf != nullptr) codec::flatten(ev, buf, &slot->event);
+        if (buf != nullptr) codec::flatten(ev, buf, &slot->event, name);
         else slot->event.topic = nullptr;
       }
     } else {
       if (flat_bytes == 0) {
-        flat_bytes = codec::flat_size(ev);
+        flat_bytes = codec::flat_size(ev, topic.name.c_str());
         if (scratch.size() * 8 < flat_bytes) scratch.resize((flat_bytes + 7) / 8);
-        codec::flatten(ev, reinterpret_cast<unsigned char*>(scratch.data()), &flat_ev);
+        codec::flatten(ev, reinterpret_cast<unsigned char*>(scratch.data()), &flat_ev, topic.name.c_str());
       }
       unsigned char* buf = Ring::buffer(*slot, flat_bytes);
       if (buf != nullptr)
@@ -652,7 +655,7 @@ int Bus::publish(const ballast_event& event) {
       continue;
     }
     thread_local std::vector<uint64_t> scratch;  // one flattened copy for several queues
-    m.enqueue(*e.sub, event, list->queued == 1, scratch, flat_bytes, flat_ev);
+    m.enqueue(*e.sub, event, *topic, list->queued == 1, scratch, flat_bytes, flat_ev);
     queued = true;
   }
   if (delivered > 0) bump(c.delivered, delivered);

@@ -23,20 +23,24 @@ inline constexpr size_t kFlatAlign = 8;
 // (static text) says what is wrong.
 bool check_event(const ballast_event& event, const char** why);
 
-// Bytes a flattened copy of a checked event needs.
-size_t flat_size(const ballast_event& event);
+// Bytes a flattened copy of a checked event needs. `stable_topic`, when
+// given, is a string equal to event.topic that outlives every copy (the
+// bus's interned topic name): copies point at it instead of copying it.
+size_t flat_size(const ballast_event& event, const char* stable_topic = nullptr);
 
 // Copy a checked `event` into `buf` (kFlatAlign-aligned, flat_size bytes)
 // and point *out at the copy. A well-known payload is copied as its v1
 // struct (size fields set to sizeof); any other payload as payload_size
 // bytes followed by a NUL (not counted in payload_size), so that JSON text
 // can be read as a C string.
-void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out);
+void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out,
+             const char* stable_topic = nullptr);
 
 // flatten() into a buffer of `cap` bytes when the copy fits (true); else
 // nothing usable is written and false is returned. Either way *needed is
 // flat_size(): one pass over the event in the common case.
-bool flatten_into(const ballast_event& event, unsigned char* buf, size_t cap, ballast_event* out, size_t* needed);
+bool flatten_into(const ballast_event& event, unsigned char* buf, size_t cap, ballast_event* out, size_t* needed,
+                  const char* stable_topic = nullptr);
 
 // Copy a flattened event whose buffer starts at `from` (`bytes` long) to
 // `to` and point *out at the copy: a memcpy and a pointer shift, cheaper

@@ -10,7 +10,7 @@
 // Queued delivery is timed by the wall clock from the first publish to the
 // last delivery, with the producer's CPU time per event beside it.
 //
-//   bench_bus [--runs N] [--quick] [--only inline|sides|queued]
+//   bench_bus [--runs N] [--quick] [--only inline|sides|queued] [--subs 1|4|16]
 #include "bus.hpp"
 
 #include <ballast/events.h>
@@ -220,6 +220,7 @@ int main(int argc, char** argv) {
   int runs = 7;
   uint64_t scale = 1;
   std::string only;  // one group of cases; all when empty
+  unsigned only_subs = 0;  // one subscriber count; all when 0
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
@@ -227,8 +228,10 @@ int main(int argc, char** argv) {
       scale = 10;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--subs") == 0 && i + 1 < argc) {
+      only_subs = static_cast<unsigned>(std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_bus [--runs N] [--quick] [--only inline|sides|queued]\n");
+      std::fprintf(stderr, "usage: bench_bus [--runs N] [--quick] [--only inline|sides|queued] [--subs 1|4|16]\n");
       return 2;
     }
   }
@@ -237,8 +240,10 @@ int main(int argc, char** argv) {
   emit("machine", "hardware_threads", hw, "threads");
 
   const auto want = [&](const char* group) { return only.empty() || only == group; };
+  const auto want_subs = [&](unsigned subs) { return only_subs == 0 || only_subs == subs; };
   for (unsigned subs : {1u, 4u, 16u}) {
     if (!want("inline")) break;
+    if (!want_subs(subs)) continue;
     const uint64_t events = 4000000 / subs / scale;
     std::vector<double> plain_cpu, plain_wall, inl_cpu, inl_wall, ratio;
     for (int r = 0; r < runs; ++r) {
@@ -277,6 +282,7 @@ int main(int argc, char** argv) {
     // One dispatcher; with several subscribers also as many dispatchers as
     // the machine has cores besides the producer's.
     if (!want("queued")) break;
+    if (!want_subs(subs)) continue;
     std::vector<unsigned> dispatcher_counts = {1};
     const unsigned more = std::min(subs, hw > 1 ? hw - 1 : 1);
     if (more > 1) dispatcher_counts.push_back(more);
