@@ -1,12 +1,16 @@
 // The bounded queue of one queued subscription.
 //
-// Many publishers, one consumer (the subscription's dispatcher), after
-// D. Vyukov's bounded queue: each slot has a sequence number that says
-// whether it is free for position p (seq == p) or holds position p
-// (seq == p + 1). A publisher claims a position with one CAS on the tail,
-// fills the slot, then publishes it by storing its sequence, so that
-// positions, and with them the events of any one publisher, are consumed
-// in order.
+// Many publishers, one consumer (the subscription's dispatcher). A publisher
+// claims a position with one CAS on the tail, fills the slot, then publishes
+// it by storing the slot's sequence number (position + 1), so that
+// positions, and with them the events of any one publisher, are consumed in
+// order. The consumer reads a slot once its sequence says it holds the
+// position it expects, and frees it by moving the head: it never writes to
+// the slots, so a slot's lines travel from publisher to consumer and not
+// back (a publisher taking one again only invalidates the consumer's copy).
+// Publishers check for room against the head as last seen, and read the
+// consumer's head (a line the consumer writes at every event) only when
+// that says the ring is full.
 //
 // A slot holds a deep copy of the event, flattened (codec_flat.hpp) into
 // the slot's own inline buffer when it fits, else into a heap buffer that
@@ -56,7 +60,6 @@ class Ring {
     while (cap < capacity) cap <<= 1;
     mask_ = cap - 1;
     slots_.reset(new Slot[cap]);
-    for (uint32_t i = 0; i < cap; ++i) slots_[i].seq.store(i, std::memory_order_relaxed);
   }
   ~Ring() {
     for (uint32_t i = 0; i <= mask_; ++i) delete[] reinterpret_cast<uint64_t*>(slots_[i].heap);
@@ -71,19 +74,17 @@ class Ring {
   Slot* claim(uint64_t* pos) {
     uint64_t p = tail_.load(std::memory_order_relaxed);
     for (;;) {
-      Slot& s = slots_[p & mask_];
-      const uint64_t seq = s.seq.load(std::memory_order_acquire);
-      const auto diff = static_cast<int64_t>(seq - p);
-      if (diff == 0) {
-        if (tail_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
-          *pos = p;
-          prefetch_for_write(p + 2);  // the lines the next publishes will write
-          return &s;
-        }
-      } else if (diff < 0) {
-        return nullptr;  // the slot still holds position p - capacity: full
-      } else {
-        p = tail_.load(std::memory_order_relaxed);
+      // Signed: p may be older than the head another publisher saw (then
+      // the CAS below fails and p is reloaded).
+      if (static_cast<int64_t>(p - head_seen_.load(std::memory_order_acquire)) > static_cast<int64_t>(mask_)) {
+        const uint64_t h = head_.load(std::memory_order_acquire);
+        head_seen_.store(h, std::memory_order_release);
+        if (static_cast<int64_t>(p - h) > static_cast<int64_t>(mask_)) return nullptr;  // full
+      }
+      if (tail_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+        *pos = p;
+        prefetch_for_write(p + 2);  // the lines the next publishes will write
+        return &slots_[p & mask_];
       }
     }
   }
@@ -113,11 +114,7 @@ class Ring {
     Slot& s = slots_[h & mask_];
     return s.seq.load(std::memory_order_acquire) == h + 1 ? &s : nullptr;
   }
-  void pop() {
-    const uint64_t h = head_.load(std::memory_order_relaxed);
-    slots_[h & mask_].seq.store(h + mask_ + 1, std::memory_order_release);
-    head_.store(h + 1, std::memory_order_release);
-  }
+  void pop() { head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
   // Any thread: whether no claimed position is left unconsumed.
   bool empty() const {
     return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
@@ -146,8 +143,9 @@ class Ring {
   // from the publishers at every event.
   alignas(64) uint32_t mask_ = 0;
   std::unique_ptr<Slot[]> slots_;
-  alignas(64) std::atomic<uint64_t> tail_{0};  // next position to claim
-  alignas(64) std::atomic<uint64_t> head_{0};  // next position to consume (written by the consumer)
+  alignas(64) std::atomic<uint64_t> tail_{0};       // next position to claim
+  std::atomic<uint64_t> head_seen_{0};              // head_ as publishers last read it (<= head_)
+  alignas(64) std::atomic<uint64_t> head_{0};       // next position to consume (written by the consumer)
   // (alignas(64) members round the size up: nothing else shares head_'s line)
 };
 
