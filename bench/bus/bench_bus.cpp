@@ -8,7 +8,9 @@
 // the wall clock also counts the time other processes held the core (the
 // "cpu_share" line says how much of a core a busy thread got at the start).
 // Queued delivery is timed by the wall clock from the first publish to the
-// last delivery, with the producer's CPU time per event beside it.
+// last delivery, with the producer's CPU time per event beside it, and the
+// round trip of a cache line between two threads measured before and after
+// (queued events move between cores, at that price).
 //
 //   bench_bus [--runs N] [--quick] [--only inline|sides|queued] [--subs 1|4|16]
 #include "bus.hpp"
@@ -83,6 +85,39 @@ double cpu_share() {
   while (seconds(t0, Clock::now()) < 0.2) {
   }
   return (thread_cpu() - c0) / seconds(t0, Clock::now());
+}
+
+// The round trip of one cache line between this thread and another one (two
+// flags, each written by one side and polled by the other), median of 5
+// runs: what every queued event pays in part, since its slot's lines move
+// from the producer's core to the dispatcher's. On a VM it changes with
+// where the host puts the two vCPUs, and queued delivery with it.
+double line_round_trip_ns() {
+  struct alignas(64) Flag {
+    std::atomic<uint64_t> v{0};
+  };
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    Flag ping, pong;
+    constexpr uint64_t kTrips = 20000;
+    std::thread echo([&] {
+      for (uint64_t i = 1; i <= kTrips; ++i) {
+        while (ping.v.load(std::memory_order_acquire) != i) {
+        }
+        pong.v.store(i, std::memory_order_release);
+      }
+    });
+    const auto t0 = Clock::now();
+    for (uint64_t i = 1; i <= kTrips; ++i) {
+      ping.v.store(i, std::memory_order_release);
+      while (pong.v.load(std::memory_order_acquire) != i) {
+      }
+    }
+    runs.push_back(seconds(t0, Clock::now()) * 1e9 / kTrips);
+    echo.join();
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
 }
 
 // Per delivery: thread CPU time and wall time, in ns.
@@ -238,6 +273,7 @@ int main(int argc, char** argv) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   emit("machine", "cpu_share", cpu_share(), "cores");
   emit("machine", "hardware_threads", hw, "threads");
+  if (hw > 1) emit("machine", "line_round_trip_ns", line_round_trip_ns(), "ns");
 
   const auto want = [&](const char* group) { return only.empty() || only == group; };
   const auto want_subs = [&](unsigned subs) { return only_subs == 0 || only_subs == subs; };
@@ -302,5 +338,6 @@ int main(int argc, char** argv) {
       emit(c, "producer_cpu_ns_per_event", median(cpu), "ns");
     }
   }
+  if (want("queued") && hw > 1) emit("machine", "line_round_trip_ns_after", line_round_trip_ns(), "ns");
   return 0;
 }
