@@ -18,7 +18,7 @@
 // reads slots in order right behind the publisher, fetched the slots the
 // publisher was writing at that moment and took their lines away from it.
 // Queued delivery from one producer, alternating runs on the development
-// VM: 10.3-11.9 M events/s adjacent against 13.3-14.5 M spread with the
+// VM: 10.3-11.9 M events/s adjacent against 12.5-14.2 M spread with the
 // default 4096 slots (and 9.5-10.4 against 16-17 M with 16384 spread over
 // the whole ring); nothing gained with 256, and spreading over blocks of
 // 256 or 1024 slots in a 4096 ring lost most of the gain. The constant was
