@@ -89,8 +89,8 @@ class Ring {
 
   uint32_t capacity() const { return mask_ + 1; }
 
-  // Claim a slot; nullptr when the ring is full. The caller fills it with
-  // fill() and then must call commit() on it.
+  // Claim a slot; nullptr when the ring is full. The caller fills it (its
+  // inline buffer, or buffer()) and then must call commit() on it.
   Slot* claim(uint64_t* pos) {
     uint64_t p = tail_.load(std::memory_order_relaxed);
     for (;;) {
