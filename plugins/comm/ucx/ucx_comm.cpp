@@ -4,6 +4,7 @@
 #include "reduce.hpp"
 #include "trace_ring.hpp"
 
+#include <poll.h>
 #include <sched.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -168,6 +169,8 @@ struct World {
   size_t direct_bytes = 1 << 10;
   size_t halving_bytes = 512 << 10;
   bool yield = false;  // more local ranks than CPUs: yield while waiting
+  int efd = -1;             // the worker's event fd (UCP_FEATURE_WAKEUP) when yield: comm_wait may sleep on it
+  int64_t block_ns = -1;    // ... after this long without UCX events (< 0: never sleep)
   bool exact_ticks = false;  // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
 
   ~World() {
@@ -1121,6 +1124,13 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG;
+  cpu_set_t cpus;
+  const int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  // Wakeup support only where ranks may outnumber CPUs (see comm_wait);
+  // BALLAST_COMM_BLOCK_US: how long a waiting rank goes without events
+  // before it sleeps (-1: never).
+  w->block_ns = env_i64("BALLAST_COMM_BLOCK_US", 20) * 1000;
+  if (w->block_ns >= 0 && nranks > ncpu) params.features |= UCP_FEATURE_WAKEUP;
   ucs_status_t st = ucp_init(&params, config, &w->ctx);
   ucp_config_release(config);
   if (st != UCS_OK) {
@@ -1179,9 +1189,9 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   }
   int local = 0;
   for (const auto& p : w->peers) local += p.local ? 1 : 0;
-  cpu_set_t cpus;
-  const int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   w->yield = env_i64("BALLAST_COMM_YIELD", local > ncpu ? 1 : 0) != 0;
+  if (w->yield && (params.features & UCP_FEATURE_WAKEUP) && ucp_worker_get_efd(w->worker, &w->efd) != UCS_OK)
+    w->efd = -1;
   const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
   if (trace) {
     std::string terr;
@@ -1429,18 +1439,53 @@ int comm_wait(ballast_comm_request* req) {
   // not yield, since more are then usually on their way from ranks running
   // on the other CPUs: yielding after every poll that did not finish the
   // operation gave the CPU away between the messages of one step.
-  // sched_yield, not a sleep: a sleep costs its timer slack (50 us and more)
-  // per step, while a yield with nobody queued returns at once. Measured
-  // with 4 ranks on 2 CPUs, 8 B allreduce p50: 141 us with 20 us sleeps,
-  // 11.3 us yielding after every poll that did not finish the operation
-  // (2000 calls, median of 10 alternating runs), 7.05 us yielding after 2
-  // idle polls in a row, Open MPI 6.35 us; yielding after each idle poll
-  // instead of 2 made no difference there, and at 256 KiB and 4 MiB was
-  // faster in 2 of 3 and 5 of 6 alternating runs (4 MiB: 2.40-3.20 ms
-  // against 2.65-3.63 ms, Open MPI 2.50-3.23 ms).
-  const bool yield = op.comm->w->yield;
-  while (op.comm->busy && !progress(op))
-    if (yield && op.events == 0) sched_yield();
+  // sched_yield, not a timed sleep: a sleep costs its timer slack (50 us and
+  // more) per step, while a yield with nobody queued returns at once.
+  // Measured with 4 ranks on 2 CPUs, 8 B allreduce p50: 141 us with 20 us
+  // sleeps, 11.3 us yielding after every poll that did not finish the
+  // operation (2000 calls, median of 10 alternating runs), 7.05 us yielding
+  // after 2 idle polls in a row, Open MPI 6.35 us; yielding after each idle
+  // poll instead of 2 made no difference there, and at 256 KiB and 4 MiB was
+  // faster in 2 of 3 and 5 of 6 alternating runs.
+  //
+  // But a yield does not always hand the CPU over: Linux's fair scheduler
+  // (EEVDF here, 6.18) runs the yielder again while the other task on its
+  // CPU has had more than its share, so a rank with nothing to do keeps its
+  // CPU in turns of sched_yield while the rank that has a block to copy and
+  // reduce waits (counted at 4 ranks, 1 MiB: in slow runs 5 to 10 yields per
+  // context switch, in fast ones 1). And a rank that never sleeps is always
+  // runnable, so the load balancer never sees an idle CPU to move work to.
+  // So a wait that has seen no event for block_ns (20 us) sleeps on the
+  // worker's event fd (ucp_worker_arm + poll), woken by the next message,
+  // for 1 ms at most (abort, deadlines and dead peers are looked at after).
+  // Short waits, as in small operations, never get there. 4 ranks on 2
+  // CPUs, untraced p50, alternating runs (medians): sm 256 KiB 183 -> 138 us,
+  // 1 MiB 470 -> 458 us, 4 MiB 2.94 -> 2.64 ms (Open MPI 174 us, 495 us,
+  // 2.79 ms; 8 runs each), 64 KiB 45 -> 34 us; 8 B and tcp the same within
+  // the noise (8 B sm 7.05 / 6.7 us, tcp 34.9 / 30.0 us, 1 and 4 MiB tcp).
+  World& w = *op.comm->w;
+  const bool yield = w.yield;
+  int64_t idle_since = 0;
+  while (op.comm->busy && !progress(op)) {
+    if (!yield) continue;
+    if (op.events) {
+      idle_since = 0;
+      continue;
+    }
+    if (w.efd >= 0) {
+      const int64_t now = monotonic_ns();
+      if (idle_since == 0) idle_since = now;
+      if (now - idle_since >= w.block_ns) {
+        idle_since = 0;
+        if (ucp_worker_arm(w.worker) == UCS_OK) {
+          pollfd pfd{w.efd, POLLIN, 0};
+          poll(&pfd, 1, 1);
+        }
+        continue;
+      }
+    }
+    sched_yield();
+  }
   return set_last_error(op.status, op.msg);
 }
 
