@@ -444,7 +444,7 @@ void begin_step(Op& op) {
 }
 
 void add_xfer(Op& op, bool send, int peer, char* buf, size_t len, char* reduce_dst = nullptr) {
-  Xfer x;
+  Xfer& x = op.xfers.emplace_back();  // in place: an Xfer is some 500 bytes
   x.send = send;
   x.peer = peer;
   x.buf = buf ? buf : &g_zero_byte;
@@ -452,7 +452,6 @@ void add_xfer(Op& op, bool send, int peer, char* buf, size_t len, char* reduce_d
   x.reduce_dst = reduce_dst;
   x.staged = !send && reduce_dst;
   x.nchunks = len == 0 ? 1 : (len + op.chunk - 1) / op.chunk;
-  op.xfers.push_back(x);
   op.steps.back().last = uint32_t(op.xfers.size());
   op.chunks_total += x.nchunks;
 }
@@ -809,20 +808,20 @@ int complete_chunk(Op& op, Xfer& x) {
     ucp_request_free(p.req);
     p.req = nullptr;
   }
-  const std::string who = "rank " + std::to_string(x.peer);
+  auto who = [&] { return "rank " + std::to_string(x.peer); };  // for the messages only: not built per chunk
   if (!x.send && (st == UCS_ERR_MESSAGE_TRUNCATED ||
                   (st == UCS_OK && ((p.info.sender_tag & 0xFFF) != op.low || p.info.length != p.len)))) {
     const uint32_t theirs = st == UCS_OK ? uint32_t(p.info.sender_tag & 0xFFF) : op.low;
-    std::string m = "mismatched collectives at " + op_words(op) + ": " + who + " called " + low_name(theirs) +
+    std::string m = "mismatched collectives at " + op_words(op) + ": " + who() + " called " + low_name(theirs) +
                     " while rank " + std::to_string(op.comm->rank) + " called " + low_name(op.low);
     if (theirs == op.low)
-      m = "mismatched sizes at " + op_words(op) + ": " + who + " sent " +
+      m = "mismatched sizes at " + op_words(op) + ": " + who() + " sent " +
           (st == UCS_OK ? std::to_string(p.info.length) : std::string("more than ")) + " bytes where " +
           std::to_string(p.len) + " were expected (different counts on different ranks)";
     return finish(op, BALLAST_EINVAL, m, true);
   }
   if (st != UCS_OK)
-    return fail_peer(op, op_words(op) + ": transfer with " + who + " failed: " + ucs_status_string(st));
+    return fail_peer(op, op_words(op) + ": transfer with " + who() + " failed: " + ucs_status_string(st));
   if (x.reduce_dst)
     reduce_to(x.reduce_dst + p.off, (x.reduce_in ? x.reduce_in : x.reduce_dst) + p.off, p.at, p.len / op.esize,
               op.args.dtype, op.args.redop);
