@@ -171,7 +171,7 @@ struct World {
   bool yield = false;  // more local ranks than CPUs: yield while waiting
   int efd = -1;             // the worker's event fd (UCP_FEATURE_WAKEUP) when yield: comm_wait may sleep on it
   int64_t block_ns = -1;    // ... after this long without UCX events (< 0: never sleep)
-  bool ring_direct = true;  // out of place, a ring receives into the output (ring_reduce_scatter)
+  size_t ring_direct_bytes = 4 << 20;  // from this size, out of place, a ring receives into the output (ring_reduce_scatter)
   bool exact_ticks = false;  // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
 
   ~World() {
@@ -482,10 +482,12 @@ size_t ring_scratch(Op& op, size_t block) {
 // buf = in op received, and the first step sends straight from in. Out of
 // place, the received chunks land in buf itself, not in a staging slot,
 // and are reduced there (buf = in op buf, element by element): no staging
-// buffer (8 slots of a chunk, 2 MiB with 256 KiB chunks) competes for the
-// cache. 4 ranks on 2 CPUs, sm, 4 MiB: 3.59 -> 3.19 ms p50, median of 8
-// alternating runs (Open MPI 3.71 ms); 1 MiB, where a block is one chunk,
-// the same (499 us). BALLAST_COMM_RING_DIRECT=0 stages as in place.
+// buffer (8 slots of a chunk, 2 MiB with 256 KiB chunks) adds to the working
+// set. From 4 MiB (BALLAST_COMM_RING_DIRECT_BYTES): below, the staging slots
+// stay in cache and win. sm, untraced p50, medians of 6-8 alternating runs:
+// 4 ranks on 2 CPUs, 4 MiB 3.59 -> 3.19 ms (Open MPI 3.71 ms), 1 MiB the
+// same (499 us); 2 ranks, 4 MiB 658 -> 575 us (Open MPI 638 us), but 1 MiB
+// 148 -> 158 us, so 1 MiB stays staged.
 void ring_reduce_scatter(Op& op, char* buf, const char* in, const Blocks& b, char* scratch) {
   const int n = op.comm->n, r = op.comm->rank;
   op.ring = true;
@@ -493,7 +495,7 @@ void ring_reduce_scatter(Op& op, char* buf, const char* in, const Blocks& b, cha
     const int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
     begin_step(op);
     add_xfer(op, true, mod(r + 1, n), const_cast<char*>(s == 0 ? in : buf) + b.off(sb), b.len(sb));
-    if (in != buf && op.comm->w->ring_direct) {
+    if (in != buf && b.count * b.es >= op.comm->w->ring_direct_bytes) {
       add_xfer(op, false, mod(r - 1, n), buf + b.off(rb), b.len(rb), buf + b.off(rb));
       op.xfers.back().staged = false;
       op.xfers.back().reduce_in = in + b.off(rb);
@@ -1105,7 +1107,7 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // 4 ranks, 8 B allreduce 24 us by recursive doubling, 43 us in one round.
   w->direct_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_DIRECT_BYTES", tcp ? 0 : 1 << 10)));
   w->halving_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_HALVING_BYTES", 512 << 10)));
-  w->ring_direct = env_i64("BALLAST_COMM_RING_DIRECT", 1) != 0;
+  w->ring_direct_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_RING_DIRECT_BYTES", 4 << 20)));
 
   // tcp sockets with 4 MiB buffers from the start (the kernel caps them at
   // net.core.[wr]mem_max) instead of autotuned ones that start at 16 KiB: 2

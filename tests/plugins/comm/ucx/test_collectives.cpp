@@ -262,6 +262,15 @@ TEST_CASE("3 ranks over shared memory: ring steps overlapped, blocks of more chu
   expect_all_pass(3, "sm,self", false, {120001});
 }
 
+// Out of place, large rings receive into the output and reduce there
+// (BALLAST_COMM_RING_DIRECT_BYTES, 4 MiB by default): the same sizes with
+// that path taken at every size.
+TEST_CASE("3 ranks over shared memory: ring receiving into the output, every op and dtype, uneven blocks") {
+  setenv("BALLAST_COMM_RING_DIRECT_BYTES", "0", 1);
+  expect_all_pass(3, "sm,self", false, {12289, 120001});
+  unsetenv("BALLAST_COMM_RING_DIRECT_BYTES");
+}
+
 // Allreduce by recursive halving and doubling (4 ranks, up to 512 KiB): 70001
 // elements split into uneven blocks, the first halving step's half of 9 and
 // more 16 KiB chunks (more than in flight, staged and reduced chunk by chunk).
