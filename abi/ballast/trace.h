@@ -20,9 +20,10 @@
  *
  * Times are ticks of the writer's clock; convert with
  * wall_ns = clock_wall_ns + (tick - clock_tick) * ns_per_tick. The bundled
- * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1), read
- * coarsely (steps of a few ms) for operations under 64 KiB unless
- * BALLAST_TRACE_EXACT=1; readers on the same host may compare those ticks
+ * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1); the
+ * end of an operation under 64 KiB is read coarsely (steps of a few ms, and
+ * never before its start) unless BALLAST_TRACE_EXACT=1; readers on the same
+ * host may compare those ticks
  * with their own CLOCK_MONOTONIC. Other writers must say so through
  * clock_wall_ns, clock_tick and ns_per_tick. */
 #ifndef BALLAST_TRACE_H

@@ -255,6 +255,7 @@ struct Op {
   unsigned events = 0;  // UCX events the last progress() call handled
   bool large = false;
   bool exact_ticks = false;  // trace with the exact clock (else the coarse one, see trace_ring.hpp)
+  uint64_t start_tick = 0;   // the record's start (exact: the clock read for the deadline)
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to
@@ -418,7 +419,9 @@ int finish(Op& op, int status, const std::string& msg, bool notify) {
   }
   if (op.slot) {
     op.slot->status = status;
-    __atomic_store_n(&op.slot->end_tick, op.exact_ticks ? trace_tick() : trace_tick_coarse(), __ATOMIC_RELAXED);
+    // The coarse clock lags the exact one by up to a step: never an end before the start.
+    const uint64_t end = op.exact_ticks ? trace_tick() : std::max(trace_tick_coarse(), op.start_tick);
+    __atomic_store_n(&op.slot->end_tick, end, __ATOMIC_RELAXED);
     __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
                      __ATOMIC_RELEASE);
     op.slot = nullptr;
@@ -1395,8 +1398,10 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   if (c->trace) {
     // Written straight into the slot, each of its 3 cache lines once, in
     // order (gen stays 0 until publish): no copy through the stack.
+    // The start is the exact clock read above for the deadline (the ring's
+    // timeline is CLOCK_MONOTONIC too): no second read of the clock.
     ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
-    const uint64_t now = op.exact_ticks ? trace_tick() : trace_tick_coarse();
+    op.start_tick = uint64_t(now);
     *s = ballast_trace_slot{.gen = 0,
                             .comm_id = c->id,
                             .seq = op.seq,
@@ -1418,10 +1423,10 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
                             .steps = uint32_t(op.steps.size()),
                             .step = 0,
                             .reserved0 = 0,
-                            .issue_tick = now,
-                            .start_tick = now,
+                            .issue_tick = op.start_tick,
+                            .start_tick = op.start_tick,
                             .end_tick = 0,
-                            .progress_tick = now,
+                            .progress_tick = op.start_tick,
                             .chunks_total = op.chunks_total,
                             .chunks_posted = 0,
                             .chunks_sent = 0,
