@@ -1,6 +1,7 @@
 #include "ucx_comm.hpp"
 
 #include "bootstrap.hpp"
+#include "cpus.hpp"
 #include "reduce.hpp"
 #include "trace_ring.hpp"
 
@@ -1242,9 +1243,14 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
       return nullptr;
     }
   }
-  int local = 0;
-  for (const auto& p : w->peers) local += p.local ? 1 : 0;
-  w->yield = env_i64("BALLAST_COMM_YIELD", local > ncpu ? 1 : 0) != 0;
+  // Oversubscribed when this host's ranks outnumber the CPUs they may run
+  // on together: ranks bound one to a CPU each (as mpirun, srun or numactl
+  // do) are not, though each one's own mask holds a single CPU.
+  std::vector<pid_t> local_pids;
+  for (const auto& p : w->peers)
+    if (p.local) local_pids.push_back(p.pid);
+  const bool oversubscribed = int(local_pids.size()) > cpus_of(local_pids);
+  w->yield = env_i64("BALLAST_COMM_YIELD", oversubscribed ? 1 : 0) != 0;
   if (w->yield && (params.features & UCP_FEATURE_WAKEUP) && ucp_worker_get_efd(w->worker, &w->efd) != UCS_OK)
     w->efd = -1;
   const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
