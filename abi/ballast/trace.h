@@ -113,7 +113,7 @@ typedef struct ballast_trace_slot {
   uint64_t issue_tick;
   uint64_t start_tick;
   uint64_t end_tick;      /* 0 while in flight */
-  uint64_t progress_tick; /* last time a chunk completed */
+  uint64_t progress_tick; /* last time a chunk completed, to within a few ms */
   uint64_t chunks_total;  /* chunks this rank sends plus receives */
   uint64_t chunks_posted;
   uint64_t chunks_sent;
