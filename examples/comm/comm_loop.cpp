@@ -10,7 +10,10 @@
 // tests and demonstrations of the hang detector): kill (SIGKILL itself),
 // stop (SIGSTOP itself), skip (leave the collective out), other (call a
 // broadcast instead), exit (exit 3 without a word), slow (sleep 50 ms before
-// every collective from that iteration on).
+// every collective from that iteration on). Just before, the faulty rank
+// writes "comm_loop: rank R: fault KIND at iteration I, monotonic_ns T" to
+// stderr (CLOCK_MONOTONIC, the same clock in every process of the host), so
+// that a harness can time how long the detection took.
 #include <ballast/comm.h>
 #include <ballast/plugin.h>
 
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -225,6 +229,11 @@ int main(int argc, char** argv) {
   int rc = BALLAST_OK;
   for (long it = -warmup; it < iters && rc == BALLAST_OK; ++it) {
     if (!fault.empty() && rank == fault_rank && it == fault_iter) {
+      timespec now{};
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      std::fprintf(stderr, "comm_loop: rank %d: fault %s at iteration %ld, monotonic_ns %lld\n", rank, fault.c_str(), it,
+                   (long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+      std::fflush(stderr);
       if (fault == "kill") raise(SIGKILL);
       if (fault == "stop") raise(SIGSTOP);
       if (fault == "exit") _exit(3);

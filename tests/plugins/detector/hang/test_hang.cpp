@@ -115,6 +115,7 @@ TEST_CASE("a rank killed during the job is named crashed") {
   const auto r = launch(fresh_dir("kill"), {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "100"});
   CHECK(r.code == 1);
   CHECK(r.err.find("rank 1") != std::string::npos);
+  CHECK(r.err.find("comm_loop: rank 1: fault kill at iteration 100, monotonic_ns ") != std::string::npos);  // bench/hang's clock
   expect_cause(verdict(r), "hang", 1, "crashed");
 }
 
@@ -135,6 +136,21 @@ TEST_CASE("a rank in another collective is named mismatch") {
   const auto r = launch(fresh_dir("other"), {"--fault", "other", "--fault-rank", "1", "--fault-iter", "100"});
   CHECK(r.code == 1);
   expect_cause(verdict(r), "mismatch", 1, "mismatch");
+}
+
+// The root of a broadcast is done once its eager sends are out: rank 0 has
+// moved on to the next allreduce while the others failed on its broadcast,
+// so the last records alone show ranks 1 and 2 behind it (seen by bench/hang
+// as "not_joined"). The verdict must still be the mismatch, at its seq.
+TEST_CASE("the root of a broadcast among allreduces is named mismatch, though it moved on") {
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto r = launch(fresh_dir("other-root"), {"--fault", "other", "--fault-rank", "0", "--fault-iter", "100"});
+    CHECK(r.code == 1);
+    const auto v = verdict(r);
+    expect_cause(v, "mismatch", 0, "mismatch");
+    CHECK(v["root_cause"].size() == 1);
+    CHECK(v["seq"] == 101);  // iteration 100 is the 101st collective (seqs count from 1)
+  }
 }
 
 TEST_CASE("a rank that enters every collective late is named slow by analyze") {
