@@ -35,6 +35,28 @@ std::string call(const ballast_trace_slot& s) {
   return t + ")";
 }
 
+// What a rank called, as compared across ranks at one seq.
+struct CallKey {
+  uint32_t op, dtype, redop;
+  uint64_t count;
+  int32_t peer;
+  auto operator<=>(const CallKey&) const = default;
+  std::string words() const {
+    ballast_trace_slot s{};
+    s.op = op;
+    s.dtype = dtype;
+    s.redop = redop;
+    s.count = count;
+    s.peer = peer;
+    return call(s);
+  }
+};
+
+CallKey key_of(const ballast_trace_slot& s) {
+  const bool reduces = s.op == BALLAST_OP_ALLREDUCE || s.op == BALLAST_OP_REDUCE || s.op == BALLAST_OP_REDUCE_SCATTER;
+  return {s.op, s.dtype, reduces ? s.redop : 0, s.count, s.peer};  // a redop only counts where it is used
+}
+
 std::string ranks_list(const std::vector<int>& v) {
   std::string s;
   for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
@@ -221,24 +243,32 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   v.op = ballast_op_name(ref->last->op);
   for (const auto& [rank, m] : members) v.last_progress_ns = std::max(v.last_progress_ns, m.progress_ns);
 
-  // 1. Ranks in different operations at the same sequence number.
-  std::map<std::string, std::vector<int>> calls;
-  for (const auto& [rank, m] : members)
-    if (m.last->seq == max_seq) calls[call(*m.last)].push_back(rank);
-  if (calls.size() > 1) {
+  // 1. Ranks in different operations at the same sequence number: the
+  // earliest such seq still in the rings. Not only the last records: a rank
+  // may have passed the mismatched one (the root of a broadcast is done once
+  // its sends are out) and now waits in the next, which alone would look
+  // like the others lagging.
+  std::map<uint64_t, std::map<CallKey, std::vector<int>>> by_seq;  // seq -> call -> ranks
+  for (const auto& r : rings)
+    for (const auto& s : r.records)
+      if (s.comm_id == bad && !(s.flags & BALLAST_TRACE_P2P)) by_seq[s.seq][key_of(s)].push_back(r.header.rank);
+  for (const auto& [seq, calls] : by_seq) {
+    if (calls.size() < 2) continue;
     v.verdict = "mismatch";
+    v.seq = seq;
     // The culprits are the smaller group (on a tie, the one without the lowest rank).
     auto majority = calls.begin();
     for (auto it = calls.begin(); it != calls.end(); ++it)
       if (it->second.size() > majority->second.size() ||
           (it->second.size() == majority->second.size() && it->second.front() < majority->second.front()))
         majority = it;
-    for (const auto& [c, ranks] : calls) {
-      if (c == majority->first) continue;
+    v.op = ballast_op_name(majority->first.op);
+    for (const auto& [k, ranks] : calls) {
+      if (k == majority->first) continue;
       for (int r : ranks)
         v.causes.push_back({r, "mismatch",
-                            "called " + c + " at seq " + std::to_string(max_seq) + " where rank(s) " +
-                                ranks_list(majority->second) + " called " + majority->first});
+                            "called " + k.words() + " at seq " + std::to_string(seq) + " where rank(s) " +
+                                ranks_list(majority->second) + " called " + majority->first.words()});
     }
     return v;
   }
