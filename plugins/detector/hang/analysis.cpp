@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -252,16 +253,31 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   for (const auto& r : rings)
     for (const auto& s : r.records)
       if (s.comm_id == bad && !(s.flags & BALLAST_TRACE_P2P)) by_seq[s.seq][key_of(s)].push_back(r.header.rank);
-  for (const auto& [seq, calls] : by_seq) {
+  // A rank told of the failure before it entered that seq has no record of
+  // it, so the groups there may tie (rank 0 alone against rank 2 alone):
+  // then the call the most ranks made at the seq before is the job's, as a
+  // training loop repeats its collectives; then the group with the lowest rank.
+  auto most_called = [](const std::map<CallKey, std::vector<int>>& calls) {
+    auto best = calls.begin();
+    for (auto it = calls.begin(); it != calls.end(); ++it)
+      if (it->second.size() > best->second.size()) best = it;
+    return best->first;
+  };
+  for (auto at = by_seq.begin(); at != by_seq.end(); ++at) {
+    const auto& [seq, calls] = *at;
     if (calls.size() < 2) continue;
     v.verdict = "mismatch";
     v.seq = seq;
-    // The culprits are the smaller group (on a tie, the one without the lowest rank).
+    const auto before = at == by_seq.begin() || std::prev(at)->first != seq - 1 ? nullptr : &std::prev(at)->second;
+    auto usual = [&](const CallKey& k) { return before && k == most_called(*before); };
+    // The culprits are the smaller group.
     auto majority = calls.begin();
-    for (auto it = calls.begin(); it != calls.end(); ++it)
-      if (it->second.size() > majority->second.size() ||
-          (it->second.size() == majority->second.size() && it->second.front() < majority->second.front()))
+    for (auto it = calls.begin(); it != calls.end(); ++it) {
+      const size_t a = it->second.size(), b = majority->second.size();
+      if (a > b || (a == b && usual(it->first) && !usual(majority->first)) ||
+          (a == b && usual(it->first) == usual(majority->first) && it->second.front() < majority->second.front()))
         majority = it;
+    }
     v.op = ballast_op_name(majority->first.op);
     for (const auto& [k, ranks] : calls) {
       if (k == majority->first) continue;

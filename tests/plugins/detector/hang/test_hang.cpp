@@ -221,3 +221,55 @@ TEST_CASE("end to end: the real `ballast launch` and `ballast analyze` name a ki
   CHECK(a.code == 1);
   expect_cause(verdict(a), "hang", 1, "crashed");
 }
+
+namespace {
+
+// A ring of `rank` (of 4) holding one record per call, seqs from `first`.
+ballast::hang::RankRing ring_of(int rank, uint64_t first, const std::vector<uint32_t>& ops, uint32_t last_state) {
+  ballast::hang::RankRing r;
+  r.header.rank = rank;
+  r.header.pid = 1000 + rank;
+  r.header.ns_per_tick = 1;
+  r.state = ballast::hang::ProcState::alive;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ballast_trace_slot s{};
+    s.comm_id = 0xc0;
+    s.seq = first + i;
+    s.op = ops[i];
+    s.dtype = BALLAST_DT_F32;
+    s.count = 16384;
+    s.rank = s.world_rank = rank;
+    s.nranks = 4;
+    s.peer = ops[i] == BALLAST_OP_BROADCAST ? 0 : -1;
+    s.start_tick = 1000 * (i + 1);
+    s.end_tick = s.start_tick + 10;
+    s.state = i + 1 == ops.size() ? last_state : BALLAST_TRACE_DONE;
+    r.records.push_back(s);
+  }
+  return r;
+}
+
+}  // namespace
+
+// Rank 0 broadcast at seq 12 and moved on; rank 2 failed on it; ranks 1 and 3
+// were told of the failure while still in seq 11. At seq 12 one rank stands
+// against one: the call all ranks made at seq 11 tells which is the job's.
+TEST_CASE("a mismatch between two lone ranks names the one that left the job's pattern") {
+  constexpr uint32_t AR = BALLAST_OP_ALLREDUCE, BC = BALLAST_OP_BROADCAST;
+  for (const bool swap : {false, true}) {  // the culprit with the lower and with the higher rank
+    const int odd = swap ? 2 : 0, even = swap ? 0 : 2;
+    std::vector<ballast::hang::RankRing> rings = {
+        ring_of(odd, 10, {AR, AR, BC, AR}, BALLAST_TRACE_STARTED),
+        ring_of(1, 10, {AR, AR}, BALLAST_TRACE_FAILED),
+        ring_of(even, 10, {AR, AR, AR}, BALLAST_TRACE_FAILED),
+        ring_of(3, 10, {AR, AR}, BALLAST_TRACE_FAILED),
+    };
+    const auto v = ballast::hang::analyze(rings, {});
+    INFO(v.to_text());
+    CHECK(v.verdict == "mismatch");
+    CHECK(v.seq == 12);
+    REQUIRE(v.causes.size() == 1);
+    CHECK(v.causes[0].rank == odd);
+    CHECK(v.causes[0].kind == "mismatch");
+  }
+}
