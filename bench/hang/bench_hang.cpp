@@ -15,7 +15,6 @@
 // "all" sums the faults.
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -85,7 +84,11 @@ Outcome run_once(const std::string& ballast, const std::string& loop, int n, con
     return o;
   }
   int out[2], err[2];
-  if (pipe(out) != 0 || pipe(err) != 0) return o;
+  if (pipe(out) != 0 || pipe(err) != 0) {
+    o.summary = "cannot create pipes";
+    std::filesystem::remove_all(dir);
+    return o;
+  }
   const std::vector<std::string> args = {ballast, "launch", "-n", std::to_string(n), "--stall", std::to_string(stall),
                                          "--trace-dir", dir, "--json", "--", loop, "--bytes", std::to_string(bytes),
                                          "--iters", std::to_string(iters), "--warmup", "3", "--fault", fault,

@@ -291,7 +291,11 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
 
   v.verdict = "hang";
   const std::string op = ref ? call(*ref->last) : "?";
-  // 2. Ranks that never entered the operation the others wait in.
+  // 2. Ranks that never entered the operation the others wait in. A live
+  // rank whose last operation failed was stopped by the fault, told of it
+  // (or its link to the faulty rank broke) before it got there: it is named
+  // only when no other rank lags for a reason of its own.
+  std::vector<Cause> stopped_by_fault;
   for (const auto& r : rings) {
     auto it = members.find(r.header.rank);
     const bool member_world = int(rings.size()) == nranks;  // rings without a record count only for the world
@@ -299,8 +303,12 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
       if (member_world) v.causes.push_back(lagging_cause(Member{&r, nullptr, 0}, max_seq, op, now));
       continue;
     }
-    if (it->second.last->seq < max_seq) v.causes.push_back(lagging_cause(it->second, max_seq, op, now));
+    if (it->second.last->seq >= max_seq) continue;
+    Cause c = lagging_cause(it->second, max_seq, op, now);
+    if (c.kind == "not_joined" && it->second.last->state == BALLAST_TRACE_FAILED) stopped_by_fault.push_back(c);
+    else v.causes.push_back(c);
   }
+  if (v.causes.empty()) v.causes = std::move(stopped_by_fault);
   if (!v.causes.empty()) {
     v.last_progress_ns = 0;
     for (const auto& [rank, m] : members)

@@ -273,3 +273,29 @@ TEST_CASE("a mismatch between two lone ranks names the one that left the job's p
     CHECK(v.causes[0].kind == "mismatch");
   }
 }
+
+// Rank 3 exited after seq 11; ranks 1 and 2 failed in seq 11 when their link
+// to it broke, before they got to seq 12 where rank 0 waits. Only rank 3 is
+// the cause: the other two lag because of it.
+TEST_CASE("ranks stopped by another's crash before they joined are not named beside it") {
+  constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
+  std::vector<ballast::hang::RankRing> rings = {
+      ring_of(0, 10, {AR, AR, AR}, BALLAST_TRACE_STARTED),
+      ring_of(1, 10, {AR, AR}, BALLAST_TRACE_FAILED),
+      ring_of(2, 10, {AR, AR}, BALLAST_TRACE_FAILED),
+      ring_of(3, 10, {AR, AR}, BALLAST_TRACE_DONE),
+  };
+  rings[3].state = ballast::hang::ProcState::gone;
+  auto v = ballast::hang::analyze(rings, {});
+  INFO(v.to_text());
+  CHECK(v.verdict == "hang");
+  REQUIRE(v.causes.size() == 1);
+  CHECK(v.causes[0].rank == 3);
+  CHECK(v.causes[0].kind == "crashed");
+
+  // With no other cause, a rank whose last operation failed is still named.
+  rings.pop_back();
+  v = ballast::hang::analyze(rings, {});
+  INFO(v.to_text());
+  CHECK(v.causes.size() == 2);
+}
