@@ -292,9 +292,10 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   v.verdict = "hang";
   const std::string op = ref ? call(*ref->last) : "?";
   // 2. Ranks that never entered the operation the others wait in. A live
-  // rank whose last operation failed was stopped by the fault, told of it
-  // (or its link to the faulty rank broke) before it got there: it is named
-  // only when no other rank lags for a reason of its own.
+  // rank still in an earlier operation, or failed in it, was held up by the
+  // fault (told of it, its link to the faulty rank broken, or still waiting
+  // for data that rank sent before it died): it is named only when no other
+  // rank lags for a reason of its own.
   std::vector<Cause> stopped_by_fault;
   for (const auto& r : rings) {
     auto it = members.find(r.header.rank);
@@ -305,7 +306,8 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     }
     if (it->second.last->seq >= max_seq) continue;
     Cause c = lagging_cause(it->second, max_seq, op, now);
-    if (c.kind == "not_joined" && it->second.last->state == BALLAST_TRACE_FAILED) stopped_by_fault.push_back(c);
+    const ballast_trace_slot& last = *it->second.last;
+    if (c.kind == "not_joined" && (last.state == BALLAST_TRACE_FAILED || unfinished(last))) stopped_by_fault.push_back(c);
     else v.causes.push_back(c);
   }
   if (v.causes.empty()) v.causes = std::move(stopped_by_fault);

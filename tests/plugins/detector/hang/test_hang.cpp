@@ -274,15 +274,16 @@ TEST_CASE("a mismatch between two lone ranks names the one that left the job's p
   }
 }
 
-// Rank 3 exited after seq 11; ranks 1 and 2 failed in seq 11 when their link
-// to it broke, before they got to seq 12 where rank 0 waits. Only rank 3 is
-// the cause: the other two lag because of it.
-TEST_CASE("ranks stopped by another's crash before they joined are not named beside it") {
+// Rank 3 exited after seq 11; rank 1 failed in seq 11 when its link to it
+// broke, and rank 2 still waits there for data rank 3 sent before it died,
+// while rank 0 waits in seq 12. Only rank 3 is the cause: the other two lag
+// because of it.
+TEST_CASE("ranks held up by another's crash before they joined are not named beside it") {
   constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
   std::vector<ballast::hang::RankRing> rings = {
       ring_of(0, 10, {AR, AR, AR}, BALLAST_TRACE_STARTED),
       ring_of(1, 10, {AR, AR}, BALLAST_TRACE_FAILED),
-      ring_of(2, 10, {AR, AR}, BALLAST_TRACE_FAILED),
+      ring_of(2, 10, {AR, AR}, BALLAST_TRACE_STARTED),
       ring_of(3, 10, {AR, AR}, BALLAST_TRACE_DONE),
   };
   rings[3].state = ballast::hang::ProcState::gone;
@@ -293,7 +294,7 @@ TEST_CASE("ranks stopped by another's crash before they joined are not named bes
   CHECK(v.causes[0].rank == 3);
   CHECK(v.causes[0].kind == "crashed");
 
-  // With no other cause, a rank whose last operation failed is still named.
+  // With no other cause, the ranks held up in seq 11 are still named.
   rings.pop_back();
   v = ballast::hang::analyze(rings, {});
   INFO(v.to_text());
