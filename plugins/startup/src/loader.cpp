@@ -290,7 +290,10 @@ LoadedFile::~LoadedFile() {
   if (lock_fd_ >= 0) {
     // The last process to let go removes the segment (if the path still
     // names it); one that opened it in between keeps a valid unlinked copy.
+    // Our own read lock goes first: two users leaving together each held it
+    // while the other tried for the write lock, and neither removed it.
     struct stat mine{}, named{};
+    ofd_lock(lock_fd_, F_UNLCK, 1, false);
     if (ofd_lock(lock_fd_, F_WRLCK, 1, false) && ::fstat(lock_fd_, &mine) == 0 &&
         ::stat(shm_path_.c_str(), &named) == 0 && mine.st_ino == named.st_ino)
       ::unlink(shm_path_.c_str());
