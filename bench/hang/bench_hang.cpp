@@ -7,10 +7,11 @@
 // comm_loop writes just before it, to the verdict, as the time launch prints
 // it. A slow rank (50 ms before each collective: no hang) must get no verdict.
 //
-//   bench_hang [--ranks 4] [--reps 5] [--stall 10] [--bytes 65536,4194304] [--tls sm|tcp]
+//   bench_hang [--ranks 4] [--reps 5] [--stall 10] [--bytes 65536,4194304] [--tls sm|tcp] [--seed N]
 //
 // --stall is launch's: seconds without progress before a job counts as hung
-// (10 by default, as launch's own default). One JSON object per line:
+// (10 by default, as launch's own default); --seed picks other faulty ranks and
+// iterations (20261125 by default). One JSON object per line:
 // {"bench","case","metric","value","unit"}; a case is FAULT/NRANKS/BYTES, and
 // "all" sums the faults.
 #include <nlohmann/json.hpp>
@@ -210,18 +211,20 @@ int main(int argc, char** argv) {
   double stall = 10;
   std::string tls = "sm,self";
   std::vector<uint64_t> sizes = {65536, 4u << 20};
+  unsigned seed = 20261125;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--ranks" && v) n = std::atoi(argv[++i]);
     else if (a == "--reps" && v) reps = std::atoi(argv[++i]);
     else if (a == "--stall" && v) stall = std::atof(argv[++i]);
+    else if (a == "--seed" && v) seed = unsigned(std::strtoul(argv[++i], nullptr, 10));
     else if (a == "--tls" && v) tls = std::string(argv[++i]) == "sm" ? "sm,self" : argv[i];
     else if (a == "--bytes" && v) {
       sizes.clear();
       for (const auto& b : split(argv[++i])) sizes.push_back(std::strtoull(b.c_str(), nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: bench_hang [--ranks N] [--reps N] [--stall S] [--bytes B,B,...] [--tls sm|tcp]\n");
+      std::fprintf(stderr, "usage: bench_hang [--ranks N] [--reps N] [--stall S] [--bytes B,B,...] [--tls sm|tcp] [--seed N]\n");
       return 2;
     }
   }
@@ -231,7 +234,7 @@ int main(int argc, char** argv) {
   }
   emit("mycroft_published", "anomaly_within_15s", 90, "%");
   emit("mycroft_published", "root_cause_within_20s", 60, "%");
-  std::mt19937 rng(20261125);
+  std::mt19937 rng(seed);
   const std::string tl = tls == "sm,self" ? "sm" : tls;
   Tally all;
   int false_alarms = 0, slow_runs = 0;
