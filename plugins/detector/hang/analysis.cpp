@@ -268,8 +268,9 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     if (calls.size() < 2) continue;
     v.verdict = "mismatch";
     v.seq = seq;
-    const auto before = at == by_seq.begin() || std::prev(at)->first != seq - 1 ? nullptr : &std::prev(at)->second;
-    auto usual = [&](const CallKey& k) { return before && k == most_called(*before); };
+    const bool after_one = at != by_seq.begin() && std::prev(at)->first == seq - 1;
+    const CallKey job_call = after_one ? most_called(std::prev(at)->second) : CallKey{};
+    auto usual = [&](const CallKey& k) { return after_one && k == job_call; };
     // The culprits are the smaller group.
     auto majority = calls.begin();
     for (auto it = calls.begin(); it != calls.end(); ++it) {
@@ -296,7 +297,7 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   // fault (told of it, its link to the faulty rank broken, or still waiting
   // for data that rank sent before it died): it is named only when no other
   // rank lags for a reason of its own.
-  std::vector<Cause> stopped_by_fault;
+  std::vector<Cause> held_up;
   for (const auto& r : rings) {
     auto it = members.find(r.header.rank);
     const bool member_world = int(rings.size()) == nranks;  // rings without a record count only for the world
@@ -307,10 +308,10 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     if (it->second.last->seq >= max_seq) continue;
     Cause c = lagging_cause(it->second, max_seq, op, now);
     const ballast_trace_slot& last = *it->second.last;
-    if (c.kind == "not_joined" && (last.state == BALLAST_TRACE_FAILED || unfinished(last))) stopped_by_fault.push_back(c);
+    if (c.kind == "not_joined" && (last.state == BALLAST_TRACE_FAILED || unfinished(last))) held_up.push_back(c);
     else v.causes.push_back(c);
   }
-  if (v.causes.empty()) v.causes = std::move(stopped_by_fault);
+  if (v.causes.empty()) v.causes = std::move(held_up);
   if (!v.causes.empty()) {
     v.last_progress_ns = 0;
     for (const auto& [rank, m] : members)
