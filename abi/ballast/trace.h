@@ -20,12 +20,13 @@
  *
  * Times are ticks of the writer's clock; convert with
  * wall_ns = clock_wall_ns + (tick - clock_tick) * ns_per_tick. The bundled
- * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1); the
- * end of an operation under 64 KiB is read coarsely (steps of a few ms, and
- * never before its start) unless BALLAST_TRACE_EXACT=1; readers on the same
- * host may compare those ticks
- * with their own CLOCK_MONOTONIC. Other writers must say so through
- * clock_wall_ns, clock_tick and ns_per_tick. */
+ * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1), read
+ * exactly or, where the kernel does not count time with the TSC, for the
+ * end of an operation under 64 KiB, coarsely (steps of a few ms, never
+ * before its start; exact with BALLAST_TRACE_EXACT=1). Progress times are
+ * coarse. Readers on the same host may compare those ticks with their own
+ * CLOCK_MONOTONIC. Other writers must say so through clock_wall_ns,
+ * clock_tick and ns_per_tick. */
 #ifndef BALLAST_TRACE_H
 #define BALLAST_TRACE_H
 

@@ -182,10 +182,11 @@ double memcpy_gbs(uint64_t bytes) {
 
 // The cost of one operation's bookkeeping with and without its trace record:
 // an 8-byte allreduce in a world of one (no communication), in process.
-// Untraced, traced and traced with the exact clock (as operations of 64 KiB
-// and more are; small ones read the coarse clock) blocks alternate, and the
-// median differences are taken, so that a noisy machine slows all alike.
-// Returns the two record costs in ns (coarse clock, exact clock).
+// Untraced, traced, and traced with an exact end time (as operations of
+// 64 KiB and more always are; small ones end on the coarse clock where the
+// kernel's clocksource is not the TSC, else the same) blocks alternate, and
+// the median differences are taken, so that a noisy machine slows all alike.
+// Returns the two record costs in ns (small operations, large ones).
 std::pair<double, double> trace_cost() {
   using namespace ballast::comm;
   unsetenv("RANK");

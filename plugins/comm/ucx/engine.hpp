@@ -5,6 +5,7 @@
 
 #include "bootstrap.hpp"
 #include "trace_ring.hpp"
+#include "tsc_clock.hpp"
 #include "ucx_comm.hpp"
 
 #include <ucp/api/ucp.h>
@@ -159,8 +160,8 @@ struct Op {
   uint32_t iter = 0;
   unsigned events = 0;  // UCX events the last progress() call handled
   bool large = false;
-  bool exact_ticks = false;  // trace with the exact clock (else the coarse one, see trace_ring.hpp)
-  uint64_t start_tick = 0;   // the record's start (exact: the clock read for the deadline)
+  bool exact_ticks = false;  // end the record on the exact clock (else the coarse one, see trace_ring.hpp)
+  uint64_t start_tick = 0;   // the record's start: the clock read for the deadline
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to
@@ -194,6 +195,7 @@ struct Comm {
   Op op;
   bool busy = false;
   bool trace = true;
+  TscClock clock;  // operations' starts and deadlines, and their ends when exact
 
   PeerState& peer(int r) { return w->peers[size_t(members[size_t(r)])]; }
 };

@@ -11,17 +11,14 @@
 
 namespace ballast::comm {
 
-// The ring's clock is CLOCK_MONOTONIC in ns (ns_per_tick 1), read one of
-// two ways. trace_tick(): exact, through the vDSO, about 20 ns on this VM.
+// The ring's clock is CLOCK_MONOTONIC in ns (ns_per_tick 1). The UCX
+// engine reads operations' starts and ends through its TscClock
+// (tsc_clock.hpp, about 10 ns). trace_tick(): the vDSO, about 23 ns on this
+// VM, for the rest (heartbeats, the ring's header) and the NCCL plugin.
 // trace_tick_coarse(): CLOCK_MONOTONIC_COARSE, the same timeline as of the
-// last timer interrupt (steps of 1-4 ms), about 4-7 ns. A record's start is
-// the exact read that the operation makes anyway for its deadline. Small
-// operations end on the coarse clock (never before their start): their
-// records serve hang analysis, which works in seconds (stall after 10 s,
-// straggler at 1 s), and another exact read (or two rdtsc, 2 x 11 ns here)
-// would cost an 8-byte allreduce of 0.5 us more than its 5% budget. Both
-// read one timeline, so records of either kind compare, and no TSC
-// calibration can drift.
+// last timer interrupt (steps of 1-4 ms), about 5 ns: per-chunk progress
+// times, which hang analysis reads in milliseconds, and, where the kernel
+// does not count time with the TSC, the end of an operation under 64 KiB.
 inline uint64_t trace_ns(clockid_t id) {
   timespec ts;
   clock_gettime(id, &ts);

@@ -192,8 +192,9 @@ int finish(Op& op, int status, const std::string& msg, bool notify) {
   }
   if (op.slot) {
     op.slot->status = status;
-    // The coarse clock lags the exact one by up to a step: never an end before the start.
-    const uint64_t end = op.exact_ticks ? trace_tick() : std::max(trace_tick_coarse(), op.start_tick);
+    // Neither the coarse clock (a step behind) nor the TSC one (re-anchored
+    // now and then) may put the end before the start.
+    const uint64_t end = std::max(op.exact_ticks ? c->clock.now() : trace_tick_coarse(), op.start_tick);
     __atomic_store_n(&op.slot->end_tick, end, __ATOMIC_RELAXED);
     __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
                      __ATOMIC_RELEASE);
@@ -671,12 +672,12 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   op.iter = 0;
   op.status = BALLAST_OK;
   op.msg.clear();
-  const int64_t now = monotonic_ns();
+  const int64_t now = int64_t(c->clock.now());
   op.deadline = now + (a.timeout_ns > 0 ? a.timeout_ns : c->w->timeout_ns);
   op.next_live_check = now + 10000000;
   const uint64_t bytes = a.count * op.esize;
   op.large = bytes >= (64u << 10);
-  op.exact_ticks = op.large || c->w->exact_ticks;
+  op.exact_ticks = op.large || c->clock.uses_tsc() || c->w->exact_ticks;
   op.slot = nullptr;
   op.chunks_total = op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
   op.bytes_sent = op.bytes_received = 0;
