@@ -6,6 +6,7 @@
 #include "nccl_comm.hpp"
 
 #include "bootstrap.hpp"
+#include "progress.hpp"
 #include "trace_ring.hpp"
 
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -66,6 +68,10 @@ struct Comm {
   int status = BALLAST_OK;
   std::string msg;
   void* barrier_buf = nullptr;
+  // Its name in NCCL (ncclConfig_t.commName), under which NCCL's profiler
+  // callbacks (progress.cpp) find the operation in flight; empty: untraced.
+  std::string nccl_name;
+  std::shared_ptr<OpTracker> tracker = std::make_shared<OpTracker>();
 };
 
 namespace {
@@ -87,8 +93,18 @@ int settle(Comm* c, int64_t deadline, const std::string& what) {
   return BALLAST_OK;
 }
 
+// A name unique in the process, and known to the profiler when traced.
+std::string nccl_name(uint64_t id, const std::shared_ptr<OpTracker>& tracker, bool traced) {
+  static std::atomic<uint32_t> serial{0};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ballast-%016llx-%u", static_cast<unsigned long long>(id), serial.fetch_add(1));
+  if (traced) track(buf, tracker);
+  return buf;
+}
+
 Comm* new_comm(int rank, int n, int world_rank, uint64_t id, int64_t timeout, TraceRing* ring) {
   auto* c = new Comm();
+  c->nccl_name = nccl_name(id, c->tracker, ring != nullptr);
   c->rank = rank;
   c->n = n;
   c->world_rank = world_rank;
@@ -104,6 +120,13 @@ Comm* new_comm(int rank, int n, int world_rank, uint64_t id, int64_t timeout, Tr
 int c_init(void*, const ballast_comm_config* cfg, ballast_comm** out) {
   if (!out) return fail(BALLAST_EINVAL, "init: comm is NULL");
   *out = nullptr;
+  // Before any NCCL communicator of the process: NCCL reads the variable then.
+  static std::once_flag profiler_once;
+  if (!(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0)
+    std::call_once(profiler_once, [] {
+      std::string why;
+      use_as_profiler(&why);  // without it records carry no chunk counters: not an error
+    });
   int devices = 0;
   const cudaError_t ce = cudaGetDeviceCount(&devices);
   if (ce != cudaSuccess || devices == 0)
@@ -139,13 +162,16 @@ int c_init(void*, const ballast_comm_config* cfg, ballast_comm** out) {
   Comm* c = new_comm(rank, n, rank, boot.job_id, timeout, ring);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.commName = c->nccl_name.c_str();
   ncclResult_t r = ncclCommInitRankConfig(&c->nccl, n, uid, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
+    untrack(c->nccl_name);
     delete c;
     return fail(BALLAST_EIO, std::string("ncclCommInitRankConfig failed: ") + ncclGetErrorString(r));
   }
   if (int rc = settle(c, deadline, "ncclCommInitRankConfig"); rc != BALLAST_OK) {
     const std::string m = t_error;
+    untrack(c->nccl_name);
     delete c;
     return fail(rc, m);
   }
@@ -164,6 +190,7 @@ void c_destroy(ballast_comm* comm) {
       if (c->nccl) ncclCommDestroy(c->nccl);
     }
   }
+  untrack(c->nccl_name);
   cudaFree(c->barrier_buf);
   cudaEventDestroy(c->done);
   cudaStreamDestroy(c->stream);
@@ -175,17 +202,22 @@ int c_split(ballast_comm* parent, int32_t colour, int32_t key, ballast_comm** ou
   if (!p || !out) return fail(BALLAST_EINVAL, "split: parent or out is NULL");
   *out = nullptr;
   if (p->failed != BALLAST_OK) return fail(BALLAST_ESTATE, "communicator failed earlier: " + p->failed_msg);
+  // The child exists before NCCL's, so that NCCL's profiler finds it by name.
+  Comm* c = new_comm(0, 1, p->world_rank, p->id * 31 + uint64_t(colour) + 1, p->timeout_ns, p->ring);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.commName = c->nccl_name.c_str();
   ncclComm_t nc = nullptr;
   ncclResult_t r = ncclCommSplit(p->nccl, colour < 0 ? NCCL_SPLIT_NOCOLOR : colour, key, &nc, &config);
-  if (r != ncclSuccess && r != ncclInProgress) return fail(BALLAST_EIO, std::string("ncclCommSplit failed: ") + ncclGetErrorString(r));
-  if (int rc = settle(p, monotonic_ns() + p->timeout_ns, "ncclCommSplit"); rc != BALLAST_OK) return rc;
-  if (!nc) return BALLAST_OK;
-  int rank = 0, n = 1;
-  ncclCommUserRank(nc, &rank);
-  ncclCommCount(nc, &n);
-  Comm* c = new_comm(rank, n, p->world_rank, p->id * 31 + uint64_t(colour) + 1, p->timeout_ns, p->ring);
+  int rc = r == ncclSuccess || r == ncclInProgress
+               ? settle(p, monotonic_ns() + p->timeout_ns, "ncclCommSplit")
+               : fail(BALLAST_EIO, std::string("ncclCommSplit failed: ") + ncclGetErrorString(r));
+  if (rc != BALLAST_OK || !nc) {
+    c_destroy(reinterpret_cast<ballast_comm*>(c));
+    return rc;
+  }
+  ncclCommUserRank(nc, &c->rank);
+  ncclCommCount(nc, &c->n);
   c->nccl = nc;
   *out = reinterpret_cast<ballast_comm*>(c);
   return BALLAST_OK;
@@ -220,6 +252,7 @@ int finish(Comm* c, int status, const std::string& msg) {
     if (c->nccl) ncclCommAbort(c->nccl);  // unblocks this rank's kernels; peers see the error or time out
     c->nccl = nullptr;
   }
+  c->tracker->end();
   if (c->slot) {
     c->slot->status = status;
     __atomic_store_n(&c->slot->end_tick, trace_tick(), __ATOMIC_RELAXED);
@@ -300,6 +333,7 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
     t->issue_tick = t->start_tick = t->progress_tick = trace_tick();
     TraceRing::publish(t, c->slot_index);
     c->slot = t;
+    c->tracker->begin(t, c->slot_index);  // NCCL's profiler callbacks count its chunks from here
   }
   const ncclResult_t r = enqueue(c, a, s);
   if (r != ncclSuccess && r != ncclInProgress)

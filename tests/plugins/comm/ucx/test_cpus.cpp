@@ -1,6 +1,5 @@
 // cpus_of: the CPUs that a host's ranks may run on together, from real
 // processes with real affinity masks.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "cpus.hpp"

@@ -1,7 +1,6 @@
 // TscClock against CLOCK_MONOTONIC: each reading lies between the kernel's
 // clock read just before and just after it, through re-anchors (every 50 ms)
 // and the slope's refinement (after 1 s).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "tsc_clock.hpp"

@@ -1,0 +1,57 @@
+// Per-chunk progress of NCCL operations in the trace ring, through NCCL's
+// profiler plugin interface (v5): this shared object is also NCCL's
+// profiler. NCCL calls it from its own threads (the proxy thread for
+// network steps, the caller's for enqueueing); each event it reports for a
+// Ballast communicator lands in the record of that communicator's operation
+// in flight: chunks to move (ProxyOp nSteps), posted, sent and received
+// (ProxyStep), bytes, the peers sent to and waited for, and the progress
+// time (also on the kernel's channel events, the only ones within a node
+// without network transfers).
+#pragma once
+
+#include "nccl_profiler_v5.h"
+
+#include <ballast/trace.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ballast::comm_nccl {
+
+// A communicator's operation in flight, as the profiler finds it: set by
+// the owner before it enqueues, cleared when the operation ends.
+struct OpTracker {
+  void begin(ballast_trace_slot* slot, uint64_t index) {
+    index_.store(index, std::memory_order_relaxed);
+    slot_.store(slot, std::memory_order_release);
+  }
+  void end() { slot_.store(nullptr, std::memory_order_release); }
+  // The record in flight, or NULL; *index: its index in the ring.
+  ballast_trace_slot* current(uint64_t* index) const {
+    ballast_trace_slot* s = slot_.load(std::memory_order_acquire);
+    *index = index_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  std::atomic<ballast_trace_slot*> slot_{nullptr};
+  std::atomic<uint64_t> index_{0};
+};
+
+// The name under which a communicator is given to NCCL (ncclConfig_t's
+// commName), and registered for the profiler until untrack().
+void track(const std::string& comm_name, std::shared_ptr<OpTracker> tracker);
+void untrack(const std::string& comm_name);
+
+// Ask NCCL to load this shared object as its profiler, unless the user
+// chose one (NCCL_PROFILER_PLUGIN set) or BALLAST_NCCL_PROGRESS=0. NCCL
+// reads the variable when it creates the process's first communicator.
+// Returns the path set, or "" when it set none (and why in *why).
+std::string use_as_profiler(std::string* why);
+
+}  // namespace ballast::comm_nccl
+
+// NCCL looks this symbol up by name.
+extern "C" __attribute__((visibility("default"))) const ballast_nccl_profiler_v5 ncclProfiler_v5;

@@ -1,0 +1,229 @@
+// NCCL's profiler interface (v5) as Ballast implements it: the callbacks
+// driven in the order and with the descriptors NCCL documents, writing into
+// a real trace ring; and the comm-nccl shared object offering itself to
+// NCCL as its profiler. NCCL itself needs a GPU to call them: these run
+// without one.
+#include <doctest/doctest.h>
+
+#include <nccl_comm.hpp>
+#include <progress.hpp>
+#include <trace_ring.hpp>
+
+#include <ballast/plugin.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace {
+
+using namespace ballast::comm_nccl;
+using ballast::comm::TraceRing;
+
+// A record in flight, as c_start leaves it, tracked under name.
+struct Running {
+  TraceRing* ring = nullptr;
+  ballast_trace_slot* slot = nullptr;
+  uint64_t index = 0;
+  std::shared_ptr<OpTracker> tracker = std::make_shared<OpTracker>();
+  std::string name;
+
+  explicit Running(const std::string& n) : name(n) {
+    std::string err;
+    ring = TraceRing::process_ring(std::filesystem::temp_directory_path().string(), 0, 2, &err);
+    REQUIRE_MESSAGE(ring, err);
+    slot = ring->claim(&index);
+    *slot = ballast_trace_slot{};
+    slot->state = BALLAST_TRACE_STARTED;
+    slot->wait_peer = slot->send_peer = -1;
+    slot->start_tick = slot->progress_tick = ballast::comm::trace_tick();
+    TraceRing::publish(slot, index);
+    tracker->begin(slot, index);
+    track(name, tracker);
+  }
+  ~Running() { untrack(name); }
+  uint64_t get(const uint64_t& field) const { return __atomic_load_n(&field, __ATOMIC_RELAXED); }
+};
+
+void* start(void* ctx, uint64_t type, void* parent, ballast_nccl_prof_descr_v5 d = {}) {
+  d.type = type;
+  d.parentObj = parent;
+  void* h = reinterpret_cast<void*>(1);
+  CHECK(ncclProfiler_v5.startEvent(ctx, &h, &d) == ncclSuccess);
+  return h;
+}
+
+void* proxy_op(void* ctx, void* coll, bool send, int peer, int steps, pid_t pid = getpid()) {
+  ballast_nccl_prof_descr_v5 d{};
+  d.proxyOp.pid = pid;
+  d.proxyOp.peer = peer;
+  d.proxyOp.nSteps = steps;
+  d.proxyOp.chunkSize = 1 << 20;
+  d.proxyOp.isSend = send;
+  return start(ctx, NCCL_PROF_PROXY_OP, coll, d);
+}
+
+void state(void* h, int s, size_t bytes) {
+  ballast_nccl_prof_state_args_v5 a{};
+  a.proxyStep.transSize = bytes;
+  CHECK(ncclProfiler_v5.recordEventState(h, s, &a) == ncclSuccess);
+}
+
+void* init(const char* name, int* mask) {
+  void* ctx = reinterpret_cast<void*>(1);
+  CHECK(ncclProfiler_v5.init(&ctx, 0x1234, mask, name, 1, 2, 0, nullptr) == ncclSuccess);
+  return ctx;
+}
+
+TEST_CASE("NCCL's profiler events count a traced operation's chunks, bytes and peers") {
+  Running op("ballast-test-progress");
+  int mask = 0;
+  void* ctx = init("ballast-test-progress", &mask);
+  REQUIRE(ctx != nullptr);
+  CHECK((mask & NCCL_PROF_COLL) != 0);
+  CHECK((mask & NCCL_PROF_PROXY_OP) != 0);
+  CHECK((mask & NCCL_PROF_PROXY_STEP) != 0);
+  CHECK((mask & NCCL_PROF_KERNEL_CH) != 0);
+
+  void* coll = start(ctx, NCCL_PROF_COLL, nullptr);
+  REQUIRE(coll != nullptr);
+  CHECK(ncclProfiler_v5.stopEvent(coll) == ncclSuccess);  // enqueued: its children come after
+  void* send = proxy_op(ctx, coll, true, 1, 2);
+  void* recv = proxy_op(ctx, coll, false, 3, 2);
+  REQUIRE(send != nullptr);
+  REQUIRE(recv != nullptr);
+  CHECK(op.get(op.slot->chunks_total) == 4);
+  CHECK(op.slot->send_peer == 1);
+  CHECK(op.slot->wait_peer == 3);
+
+  for (int i = 0; i < 2; ++i) {
+    void* s = start(ctx, NCCL_PROF_PROXY_STEP, send);
+    state(s, NCCL_PROF_STEP_SEND_GPU_WAIT, 0);
+    state(s, NCCL_PROF_STEP_SEND_WAIT, 4096);
+    CHECK(op.get(op.slot->chunks_sent) == uint64_t(i));  // sent once the network completes it
+    CHECK(ncclProfiler_v5.stopEvent(s) == ncclSuccess);
+    CHECK(op.get(op.slot->chunks_sent) == uint64_t(i + 1));
+  }
+  const uint64_t before = op.get(op.slot->progress_tick);
+  void* r = start(ctx, NCCL_PROF_PROXY_STEP, recv);
+  state(r, NCCL_PROF_STEP_RECV_WAIT, 0);
+  CHECK(op.get(op.slot->chunks_received) == 0);
+  state(r, NCCL_PROF_STEP_RECV_GPU_WAIT, 4096);  // arrived: counted before the GPU takes it
+  CHECK(op.get(op.slot->chunks_received) == 1);
+  CHECK(ncclProfiler_v5.stopEvent(r) == ncclSuccess);
+  CHECK(op.get(op.slot->chunks_received) == 1);  // not twice
+  r = start(ctx, NCCL_PROF_PROXY_STEP, recv);
+  state(r, NCCL_PROF_STEP_RECV_WAIT, 0);
+  state(r, NCCL_PROF_STEP_RECV_FLUSH_WAIT, 1000);
+  state(r, NCCL_PROF_STEP_RECV_GPU_WAIT, 1000);
+  CHECK(ncclProfiler_v5.stopEvent(r) == ncclSuccess);
+
+  CHECK(op.get(op.slot->chunks_posted) == 4);
+  CHECK(op.get(op.slot->chunks_sent) == 2);
+  CHECK(op.get(op.slot->chunks_received) == 2);
+  CHECK(op.get(op.slot->bytes_sent) == 8192);
+  CHECK(op.get(op.slot->bytes_received) == 5096);
+  CHECK(op.get(op.slot->progress_tick) >= before);
+  CHECK(ncclProfiler_v5.stopEvent(send) == ncclSuccess);
+  CHECK(ncclProfiler_v5.stopEvent(recv) == ncclSuccess);
+
+  // Within a node only the kernel's channels report: each is a sign of life.
+  ballast_nccl_prof_descr_v5 kd{};
+  kd.kernelCh.channelId = 0;
+  void* ch = start(ctx, NCCL_PROF_KERNEL_CH, coll, kd);
+  REQUIRE(ch != nullptr);
+  CHECK(ncclProfiler_v5.stopEvent(ch) == ncclSuccess);
+
+  // The operation ended (our watchdog finished the record): later events write nothing.
+  op.tracker->end();
+  __atomic_store_n(&op.slot->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+  void* late_op = proxy_op(ctx, coll, true, 1, 5);
+  void* late = start(ctx, NCCL_PROF_PROXY_STEP, late_op);
+  state(late, NCCL_PROF_STEP_SEND_WAIT, 4096);
+  ncclProfiler_v5.stopEvent(late);
+  ncclProfiler_v5.stopEvent(late_op);
+  CHECK(op.get(op.slot->chunks_total) == 4);
+  CHECK(op.get(op.slot->chunks_posted) == 4);
+  CHECK(op.get(op.slot->chunks_sent) == 2);
+  CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
+}
+
+TEST_CASE("a communicator that is not Ballast's gets no events, and a PXN proxy's parent is not followed") {
+  int mask = -1;
+  void* ctx = init("someone-else", &mask);
+  CHECK(ctx == nullptr);
+  CHECK(mask == 0);
+  CHECK(start(nullptr, NCCL_PROF_COLL, nullptr) == nullptr);
+  CHECK(ncclProfiler_v5.stopEvent(nullptr) == ncclSuccess);
+  CHECK(ncclProfiler_v5.finalize(nullptr) == ncclSuccess);
+
+  Running op("ballast-test-pxn");
+  ctx = init("ballast-test-pxn", &mask);
+  REQUIRE(ctx != nullptr);
+  void* coll = start(ctx, NCCL_PROF_COLL, nullptr);
+  CHECK(proxy_op(ctx, coll, true, 1, 8, getpid() + 1) == nullptr);  // another process's proxy
+  CHECK(op.get(op.slot->chunks_total) == 0);
+  CHECK(start(ctx, NCCL_PROF_PROXY_STEP, nullptr) == nullptr);
+  ncclProfiler_v5.stopEvent(coll);
+  CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
+}
+
+TEST_CASE("use_as_profiler keeps the user's choice and never names an executable") {
+  std::string why;
+  setenv("NCCL_PROFILER_PLUGIN", "/opt/theirs/libnccl-profiler.so", 1);
+  CHECK(use_as_profiler(&why).empty());
+  CHECK(why.find("NCCL_PROFILER_PLUGIN is set") != std::string::npos);
+  CHECK(std::string(std::getenv("NCCL_PROFILER_PLUGIN")) == "/opt/theirs/libnccl-profiler.so");
+  unsetenv("NCCL_PROFILER_PLUGIN");
+  why.clear();
+  CHECK(use_as_profiler(&why).empty());  // linked into this test, not a shared object
+  CHECK(!why.empty());
+  CHECK(std::getenv("NCCL_PROFILER_PLUGIN") == nullptr);
+  setenv("BALLAST_NCCL_PROGRESS", "0", 1);
+  CHECK(use_as_profiler(&why).empty());
+  CHECK(why == "BALLAST_NCCL_PROGRESS=0");
+  unsetenv("BALLAST_NCCL_PROGRESS");
+}
+
+TEST_CASE("the comm-nccl plugin exports ncclProfiler_v5 and names itself to NCCL at its first init") {
+  const std::string path = std::string(BALLAST_PLUGIN_DIR) + "/ballast-comm-nccl.so";
+  void* so = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE_MESSAGE(so, dlerror());
+  const auto* prof = static_cast<const ballast_nccl_profiler_v5*>(dlsym(so, "ncclProfiler_v5"));
+  REQUIRE(prof != nullptr);
+  CHECK(std::string(prof->name) == "ballast-progress");
+  CHECK(prof != &ncclProfiler_v5);  // the plugin's own copy, not this test's
+
+  auto entry = reinterpret_cast<const ballast_plugin_descriptor* (*)(uint32_t)>(dlsym(so, "ballast_plugin_v1"));
+  REQUIRE(static_cast<bool>(entry));
+  const ballast_plugin_descriptor* desc = entry(BALLAST_ABI_MAJOR);
+  void* state = nullptr;
+  REQUIRE(desc->create(nullptr, &state) == BALLAST_OK);
+  const auto* api = static_cast<const ballast_comm_api*>(desc->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
+  REQUIRE(api != nullptr);
+  unsetenv("NCCL_PROFILER_PLUGIN");
+  ballast_comm_config cfg{};
+  cfg.size = sizeof cfg;
+  cfg.rank = 0;
+  cfg.nranks = 1;
+  cfg.master_port = 29400 + int(getpid() % 500);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  cfg.trace_dir = dir.c_str();
+  ballast_comm* comm = nullptr;
+  const int rc = api->init(nullptr, &cfg, &comm);  // without a GPU: ENOSYS, after naming itself
+  MESSAGE("init: ", rc, " ", std::string(api->last_error(nullptr)));
+  if (comm) api->destroy(comm);
+  const char* named = std::getenv("NCCL_PROFILER_PLUGIN");
+  REQUIRE(named != nullptr);
+  char real[PATH_MAX];
+  REQUIRE(realpath(path.c_str(), real));
+  CHECK(std::string(named) == real);
+  desc->destroy(state);
+}
+
+}  // namespace
