@@ -23,8 +23,9 @@
  * comm plugins write CLOCK_MONOTONIC nanoseconds (ns_per_tick = 1), read
  * exactly or, where the kernel does not count time with the TSC, for the
  * end of an operation under 64 KiB, coarsely (steps of a few ms, never
- * before its start; exact with BALLAST_TRACE_EXACT=1). Progress times are
- * coarse. Readers on the same host may compare those ticks with their own
+ * before its start; exact with BALLAST_TRACE_EXACT=1). Progress fields are
+ * refreshed every few microseconds of a running operation, not per chunk.
+ * Readers on the same host may compare those ticks with their own
  * CLOCK_MONOTONIC. Other writers must say so through clock_wall_ns,
  * clock_tick and ns_per_tick. */
 #ifndef BALLAST_TRACE_H

@@ -159,16 +159,16 @@ struct Op {
   int64_t next_live_check = 0;
   uint32_t iter = 0;
   unsigned events = 0;  // UCX events the last progress() call handled
-  bool large = false;
   bool exact_ticks = false;  // end the record on the exact clock (else the coarse one, see trace_ring.hpp)
   uint64_t start_tick = 0;   // the record's start: the clock read for the deadline
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to
-  // the trace slot per chunk for large operations, else every 64 rounds of
-  // progress and at the end: a small operation costs the ring a few stores.
+  // the trace slot every 64 rounds of progress and at the end: an operation
+  // done in fewer rounds costs the ring a few stores.
   uint64_t chunks_total = 0, chunks_posted = 0, chunks_sent = 0, chunks_received = 0, chunks_reduced = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t chunks_at_refresh = 0;  // sent + received when the record's progress time was last moved
   int status = BALLAST_OK;
   std::string msg;
 };

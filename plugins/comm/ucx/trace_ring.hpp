@@ -16,9 +16,8 @@ namespace ballast::comm {
 // (tsc_clock.hpp, about 10 ns). trace_tick(): the vDSO, about 23 ns on this
 // VM, for the rest (heartbeats, the ring's header) and the NCCL plugin.
 // trace_tick_coarse(): CLOCK_MONOTONIC_COARSE, the same timeline as of the
-// last timer interrupt (steps of 1-4 ms), about 5 ns: per-chunk progress
-// times, which hang analysis reads in milliseconds, and, where the kernel
-// does not count time with the TSC, the end of an operation under 64 KiB.
+// last timer interrupt (steps of 1-4 ms), about 5 ns: where the kernel does
+// not count time with the TSC, the end of an operation under 64 KiB.
 inline uint64_t trace_ns(clockid_t id) {
   timespec ts;
   clock_gettime(id, &ts);
