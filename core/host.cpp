@@ -636,7 +636,7 @@ void Host::request_stop() {
   }
 }
 
-int Host::run(bool handle_signals) {
+int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   if (!started_) {
     if (int rc = start(); rc != BALLAST_OK) return rc;
   }
@@ -652,6 +652,7 @@ int Host::run(bool handle_signals) {
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
   }
+  if (on_ready) on_ready();
   while (!stop_requested_.load()) {
     pollfd pfd{wake_pipe_[0], POLLIN, 0};
     int n = poll(&pfd, 1, 1000);

@@ -54,7 +54,10 @@ class Host {
 
   int start();
   // Block until request_stop() or, with handle_signals, SIGINT/SIGTERM.
-  int run(bool handle_signals);
+  // on_ready runs once the plugins started and the signals are handled: a
+  // "running" message printed before would let a caller's SIGINT kill the
+  // process outright.
+  int run(bool handle_signals, const std::function<void()>& on_ready = {});
   void request_stop();
   // Stop plugins (reverse order), drain the bus. Idempotent.
   void stop();

@@ -31,10 +31,13 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
-    host->log(BALLAST_LOG_INFO, "host",
-              "running on node " + host->node() + " with " + std::to_string(host->plugin_count()) +
-                  " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy");
-    if (host->run(true) != BALLAST_OK) {
+    Host* h = host.get();
+    auto ready = [h] {
+      h->log(BALLAST_LOG_INFO, "host",
+             "running on node " + h->node() + " with " + std::to_string(h->plugin_count()) +
+                 " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy");
+    };
+    if (host->run(true, ready) != BALLAST_OK) {
       std::fprintf(stderr, "ballast run: %s\n", last_error());
       set_exit_code(1);
       return;
