@@ -79,8 +79,17 @@ struct World {
   int64_t block_ns = -1;    // ... after this long without UCX events (< 0: never sleep)
   size_t ring_direct_bytes = 4 << 20;  // from this size, out of place, a ring receives into the output (ring_reduce_scatter)
   bool exact_ticks = false;  // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
+  int64_t notices_sent_ns = 0;  // when this rank last told its peers of a failure
 
   ~World() {
+    // A peer that loses its connection to us before it has read our failure
+    // notice reports the lost connection instead of the cause (UCX drops
+    // what an endpoint had not yet delivered when it fails): keep the
+    // connections up, and the worker progressing, until 200 ms after the
+    // notice. Seen over tcp in test_comm_ucx_faults under load ("cannot send
+    // to rank 1: Endpoint timeout" where rank 1 had reported a mismatch).
+    if (notices_sent_ns)
+      while (monotonic_ns() < notices_sent_ns + 200000000) ucp_worker_progress(worker);
     std::vector<void*> closing;
     for (auto& p : peers) {
       if (!p.ep) continue;

@@ -123,6 +123,7 @@ void send_notices(Comm* c, const std::string& msg) {
     while (ucp_request_check_status(q) == UCS_INPROGRESS && monotonic_ns() < until) ucp_worker_progress(c->w->worker);
     ucp_request_free(q);
   }
+  c->w->notices_sent_ns = monotonic_ns();
 }
 
 template <class T>
