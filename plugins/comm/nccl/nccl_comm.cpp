@@ -69,7 +69,7 @@ struct Comm {
   std::string msg;
   void* barrier_buf = nullptr;
   // Its name in NCCL (ncclConfig_t.commName), under which NCCL's profiler
-  // callbacks (progress.cpp) find the operation in flight; empty: untraced.
+  // callbacks (progress.cpp) find the operation in flight when it is traced.
   std::string nccl_name;
   std::shared_ptr<OpTracker> tracker = std::make_shared<OpTracker>();
 };
