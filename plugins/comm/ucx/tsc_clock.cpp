@@ -4,20 +4,12 @@
 #include <mutex>
 #include <string>
 
-#include <time.h>
-
 namespace ballast::comm {
 
 namespace {
 
 constexpr uint64_t kSpanNs = 50000000;  // re-anchor after 50 ms
 constexpr uint64_t kRefineNs = 1000000000;  // refine the slope from anchors this far apart
-
-uint64_t read_monotonic() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-}
 
 #if defined(__x86_64__)
 // A TSC reading and CLOCK_MONOTONIC at the same moment: the TSC read on each
@@ -27,7 +19,7 @@ void anchor(uint64_t* tsc, uint64_t* ns) {
   uint64_t best = ~uint64_t(0);
   for (int i = 0; i < 5; ++i) {
     const uint64_t a = __builtin_ia32_rdtsc();
-    const uint64_t m = read_monotonic();
+    const uint64_t m = trace_tick();
     const uint64_t b = __builtin_ia32_rdtsc();
     if (b - a < best) {
       best = b - a;
@@ -69,8 +61,6 @@ uint64_t process_slope() {
 
 }  // namespace
 
-uint64_t TscClock::monotonic() { return read_monotonic(); }
-
 TscClock::TscClock() {
 #if defined(__x86_64__)
   mult_ = process_slope();
@@ -90,7 +80,7 @@ uint64_t TscClock::reanchor() {
   span_ = (kSpanNs << kShift) / mult_;
   return ns0_;
 #else
-  return monotonic();
+  return trace_tick();
 #endif
 }
 

@@ -14,10 +14,12 @@
 // within a few microseconds of CLOCK_MONOTONIC and may step by that much at a
 // re-anchor: callers that need an order (end >= start) clamp.
 //
-// Elsewhere (another clocksource, not x86-64) it reads CLOCK_MONOTONIC.
+// Elsewhere (another clocksource, not x86-64) it is trace_tick().
 // One per communicator: not thread-safe, as a communicator runs one
 // operation at a time.
 #pragma once
+
+#include "trace_ring.hpp"
 
 #include <cstdint>
 
@@ -34,13 +36,12 @@ class TscClock {
       return reanchor();
     }
 #endif
-    return monotonic();
+    return trace_tick();
   }
   bool uses_tsc() const { return mult_ != 0; }
 
  private:
   static constexpr int kShift = 32;
-  static uint64_t monotonic();
   uint64_t reanchor();
 
   uint64_t mult_ = 0;  // ns per TSC tick << kShift; 0: read CLOCK_MONOTONIC
