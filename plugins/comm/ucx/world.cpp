@@ -134,10 +134,13 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   if (!std::getenv("UCX_RNDV_THRESH"))
     ucp_config_modify(config, "RNDV_THRESH", tcp ? std::to_string(w->chunk_bytes).c_str() : "64K");
   // UCX 1.13's new protocols (UCX_PROTO_ENABLE=y) would do 2 ranks' 1 MiB
-  // allreduce over tcp faster (median of 4 alternating runs 295 against 357
-  // us, Open MPI 300), but with them a rank whose peer was killed in the
-  // middle of a transfer died of SIGSEGV in 1 of 3 runs of
-  // test_comm_ucx_faults: not turned on.
+  // allreduce over tcp faster (paired with the old ones, faster in 7 of 8
+  // alternating runs, by 3-33%), but they do not survive a dead peer, over
+  // tcp alone too (test_comm_ucx_faults with them on over tcp only): sends to
+  // it never complete and ucp_worker_destroy crashes listing them; keeping
+  // such a worker instead of destroying it still left ucp_tag_send_nbx
+  // hitting an unimplemented stub (assertion) on the failed endpoint, in 3 of
+  // 6 runs under the asan preset. Not turned on.
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG;
