@@ -234,8 +234,14 @@ int worker(int rank, int n, int port, const std::vector<uint64_t>& counts, bool 
   return ok ? 0 : test::child_fail(rank, BALLAST_EINTERNAL, c.failure);
 }
 
-void expect_all_pass(int n, const char* tls, bool big, std::vector<uint64_t> counts = {0, 1, 37, 12289}) {
-  setenv("BALLAST_COMM_CHUNK_BYTES", "16384", 1);  // many chunks, and sizes that are not a multiple of one
+// chunk_bytes: 16 KiB by default, for many chunks and sizes that are not a
+// multiple of one; nullptr for the plugin's own choice.
+void expect_all_pass(int n, const char* tls, bool big, std::vector<uint64_t> counts = {0, 1, 37, 12289},
+                     const char* chunk_bytes = "16384") {
+  if (chunk_bytes)
+    setenv("BALLAST_COMM_CHUNK_BYTES", chunk_bytes, 1);
+  else
+    unsetenv("BALLAST_COMM_CHUNK_BYTES");
   const int port = test::free_port();
   const auto res = test::run_ranks(n, tls, 150, [&](int r) { return worker(r, n, port, counts, big); });
   for (int r = 0; r < n; ++r) {
@@ -249,10 +255,18 @@ void expect_all_pass(int n, const char* tls, bool big, std::vector<uint64_t> cou
 TEST_CASE("2 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") {
   expect_all_pass(2, "sm,self", true);
 }
-TEST_CASE("2 ranks over tcp: every op and dtype") { expect_all_pass(2, "tcp", false); }
+TEST_CASE("2 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") { expect_all_pass(2, "tcp", true); }
 TEST_CASE("3 ranks over tcp: every op and dtype, non-power-of-two") { expect_all_pass(3, "tcp", false); }
+// With tcp's own chunk (512 KiB, the rendezvous threshold too): eager
+// messages under it, the 2-rank whole-buffer swap up to 1 MiB (262144 f32
+// elements) and the ring just above it.
+TEST_CASE("2 and 4 ranks over tcp with the default chunk: eager, swap and ring sizes") {
+  for (int n : {2, 4}) expect_all_pass(n, "tcp", false, {12289, 70001, 262144, 262147}, nullptr);
+}
 TEST_CASE("4 ranks over shared memory: every op and dtype") { expect_all_pass(4, "sm,self", false); }
+TEST_CASE("4 ranks over tcp: every op and dtype") { expect_all_pass(4, "tcp", false); }
 TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd") { expect_all_pass(8, "sm,self", false, {0, 1, 37}); }
+TEST_CASE("8 ranks over tcp: every op and dtype, sizes 0, 1, odd") { expect_all_pass(8, "tcp", false, {0, 1, 37}); }
 // The ring overlaps its steps: a step forwards chunk k of the block it just
 // received while later chunks are in flight, with at most 8 chunks in flight
 // over all steps. Blocks of about 40,000 elements (10 and more 16 KiB chunks,
