@@ -77,58 +77,67 @@ TEST_CASE("a rank killed in the middle of large allreduces: the others fail nami
 }
 
 TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") {
-  const int port = test::free_port();
-  const auto res = test::run_ranks(
-      3, "sm,self", 20,
-      [&](int r) {
-        return loop(r, 3, port, 1000, 50, [](int rank, int it, ballast_comm_args&) {
-          if (rank == 2 && it == 20) raise(SIGSTOP);
-          return true;
-        });
-      },
-      [](std::vector<pid_t>& pids) {
-        // Release the stopped rank once both others are done (not before:
-        // a survivor still waiting would see it die instead of stopped), so
-        // that it can be reaped.
-        siginfo_t info;
-        for (int i = 0; i < 2000; ++i) {
-          bool done = true;
-          for (int r : {0, 1}) {
-            info.si_pid = 0;
-            done = done && waitid(P_PID, static_cast<id_t>(pids[size_t(r)]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-                   info.si_pid != 0;
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO("tls " << std::string(tls));
+    const int port = test::free_port();
+    const auto res = test::run_ranks(
+        3, tls, 20,
+        [&](int r) {
+          return loop(r, 3, port, 1000, 50, [](int rank, int it, ballast_comm_args&) {
+            if (rank == 2 && it == 20) raise(SIGSTOP);
+            return true;
+          });
+        },
+        [](std::vector<pid_t>& pids) {
+          // Release the stopped rank once both others are done (not before:
+          // a survivor still waiting would see it die instead of stopped), so
+          // that it can be reaped.
+          siginfo_t info;
+          for (int i = 0; i < 2000; ++i) {
+            bool done = true;
+            for (int r : {0, 1}) {
+              info.si_pid = 0;
+              done = done && waitid(P_PID, static_cast<id_t>(pids[size_t(r)]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                     info.si_pid != 0;
+            }
+            if (done) break;
+            usleep(10000);
           }
-          if (done) break;
-          usleep(10000);
-        }
-        kill(pids[2], SIGKILL);
-      });
-  // Each survivor names the rank it waited for; the one waiting on rank 2 says it is stopped.
-  expect_failed(res, {0, 1}, "timed out");
-  CHECK((test::read_err(0) + test::read_err(1)).find("rank 2 (pid") != std::string::npos);
-  CHECK((test::read_err(0) + test::read_err(1)).find("stopped") != std::string::npos);
+          kill(pids[2], SIGKILL);
+        });
+    // Each survivor names the rank it waited for; the one waiting on rank 2 says it is stopped.
+    expect_failed(res, {0, 1}, "timed out");
+    CHECK((test::read_err(0) + test::read_err(1)).find("rank 2 (pid") != std::string::npos);
+    CHECK((test::read_err(0) + test::read_err(1)).find("stopped") != std::string::npos);
+  }
 }
 
 TEST_CASE("a rank that skips a collective: the others time out waiting for it") {
-  const int port = test::free_port();
-  const auto res = test::run_ranks(3, "sm,self", 20, [&](int r) {
-    const int rc = loop(r, 3, port, 16, 10, [](int rank, int it, ballast_comm_args&) { return !(rank == 0 && it == 9); });
-    if (r == 0) usleep(3000000);  // alive, but never joins
-    return rc;
-  });
-  CHECK(res.codes[0] == 0);
-  expect_failed(res, {1, 2}, "rank 0");
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO("tls " << std::string(tls));
+    const int port = test::free_port();
+    const auto res = test::run_ranks(3, tls, 20, [&](int r) {
+      const int rc = loop(r, 3, port, 16, 10, [](int rank, int it, ballast_comm_args&) { return !(rank == 0 && it == 9); });
+      if (r == 0) usleep(3000000);  // alive, but never joins
+      return rc;
+    });
+    CHECK(res.codes[0] == 0);
+    expect_failed(res, {1, 2}, "rank 0");
+  }
 }
 
 TEST_CASE("two ranks in a different collective: every rank reports the mismatch") {
-  const int port = test::free_port();
-  const auto res = test::run_ranks(4, "sm,self", 20, [&](int r) {
-    return loop(r, 4, port, 64, 5, [](int rank, int it, ballast_comm_args& a) {
-      if (it == 3 && rank >= 2) a.op = BALLAST_OP_BROADCAST;
-      return true;
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO("tls " << std::string(tls));
+    const int port = test::free_port();
+    const auto res = test::run_ranks(4, tls, 20, [&](int r) {
+      return loop(r, 4, port, 64, 5, [](int rank, int it, ballast_comm_args& a) {
+        if (it == 3 && rank >= 2) a.op = BALLAST_OP_BROADCAST;
+        return true;
+      });
     });
-  });
-  expect_failed(res, {0, 1, 2, 3}, "mismatched");
+    expect_failed(res, {0, 1, 2, 3}, "mismatched");
+  }
 }
 
 TEST_CASE("mismatched dtypes and counts across ranks: a clear error on every rank") {
