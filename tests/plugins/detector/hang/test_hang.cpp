@@ -82,8 +82,9 @@ std::string fresh_dir(const std::string& name) {
 }
 
 // Launch 3 ranks of comm_loop with a fault; returns the launcher's run.
-Run launch(const std::string& dir, const std::vector<std::string>& fault, const std::string& bytes = "4096") {
-  setenv("UCX_TLS", "sm,self", 1);
+Run launch(const std::string& dir, const std::vector<std::string>& fault, const std::string& bytes = "4096",
+           const char* tls = "sm,self") {
+  setenv("UCX_TLS", tls, 1);
   std::vector<std::string> args = {"ballast launch", "-n", "3", "--trace-dir", dir, "--stall", "1.5", "--json", "--",
                                    kLoop, "--bytes", bytes, "--iters", "300", "--warmup", "0", "--timeout-ms", "60000"};
   args.insert(args.end(), fault.begin(), fault.end());
@@ -136,6 +137,25 @@ TEST_CASE("a rank in another collective is named mismatch") {
   const auto r = launch(fresh_dir("other"), {"--fault", "other", "--fault-rank", "1", "--fault-iter", "100"});
   CHECK(r.code == 1);
   expect_cause(verdict(r), "mismatch", 1, "mismatch");
+}
+
+TEST_CASE("over tcp: a killed, a stopped, a skipping and a mismatched rank are each named") {
+  const struct {
+    const char* fault;
+    const char* rank;
+    const char* verdict;
+    const char* kind;
+  } cases[] = {{"kill", "1", "hang", "crashed"},
+               {"stop", "2", "hang", "stuck"},
+               {"skip", "0", "hang", "not_joined"},
+               {"other", "1", "mismatch", "mismatch"}};
+  for (const auto& c : cases) {
+    INFO("fault " << c.fault);
+    const auto r = launch(fresh_dir(std::string("tcp-") + c.fault),
+                          {"--fault", c.fault, "--fault-rank", c.rank, "--fault-iter", "100"}, "4096", "tcp");
+    CHECK(r.code == 1);
+    expect_cause(verdict(r), c.verdict, std::atoi(c.rank), c.kind);
+  }
 }
 
 // The root of a broadcast is done once its eager sends are out: rank 0 has
