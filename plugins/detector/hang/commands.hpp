@@ -8,7 +8,8 @@ namespace ballast::hang {
 int analyze_main(int argc, char** argv);
 
 // ballast launch -n N [--trace-dir DIR] [--stall SECONDS] [--json] -- CMD ARGS...
-// Exit 0 when every rank exited 0; 1 when a rank failed or the job hung.
+// Exit 0 when every rank exited 0; 1 when a rank failed or the job hung; 128 + the signal when
+// SIGINT, SIGTERM or SIGHUP stopped it (the ranks are stopped first).
 int launch_main(int argc, char** argv);
 
 }  // namespace ballast::hang

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,71 @@ int free_port() {
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The signal (SIGINT, SIGTERM, SIGHUP) that asked the launcher to stop the
+// job, 0 if none. The handler only sets it; the watch loop acts on it.
+volatile sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Catches SIGINT, SIGTERM and SIGHUP while it lives, then puts the previous
+// handlers back (launch_main may run inside a longer-lived process). The
+// ranks are in process groups of their own, so a Ctrl-C on the terminal
+// reaches the launcher only: it must pass the stop on, or they are orphaned.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (size_t k = 0; k < std::size(kSignals); ++k) sigaction(kSignals[k], &sa, &old_[k]);
+  }
+  ~StopSignals() {
+    for (size_t k = 0; k < std::size(kSignals); ++k) sigaction(kSignals[k], &old_[k], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[std::size(kSignals)] {};
+};
+
+// Stops the ranks still running and reaps them: SIGTERM to each rank's
+// process group (and SIGCONT: a stopped process must run to die of it), up
+// to kGraceSeconds for the groups to empty, then SIGKILL to those left. A
+// group outlives its leader when the rank's own children ignore SIGTERM, so
+// the group is watched, not only the rank.
+void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
+  constexpr double kGraceSeconds = 3;
+  const size_t n = pids.size();
+  auto reap = [&](size_t r) {
+    if (codes[r] == -1 && waitpid(pids[r], &codes[r], WNOHANG) != pids[r]) codes[r] = -1;
+  };
+  auto group_alive = [&](size_t r) { return codes[r] == -1 || kill(-pids[r], 0) == 0; };
+  for (size_t r = 0; r < n; ++r)
+    if (group_alive(r)) {
+      kill(-pids[r], SIGTERM);
+      kill(-pids[r], SIGCONT);
+    }
+  const auto t_term = std::chrono::steady_clock::now();
+  for (bool any = true; any && since(t_term) < kGraceSeconds;) {
+    any = false;
+    for (size_t r = 0; r < n; ++r) {
+      reap(r);
+      any = any || group_alive(r);
+    }
+    if (any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t r = 0; r < n; ++r) {
+    reap(r);
+    if (!group_alive(r)) continue;
+    kill(-pids[r], SIGKILL);
+    if (codes[r] == -1) waitpid(pids[r], &codes[r], 0);
+  }
 }
 
 int usage(const char* prog, const std::string& why) {
@@ -87,6 +153,7 @@ int launch_main(int argc, char** argv) {
   }
   if (port == 0) port = free_port();
 
+  const StopSignals stop_signals;
   std::vector<pid_t> pids(size_t(n), -1);
   std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
   for (int r = 0; r < n; ++r) {
@@ -111,6 +178,7 @@ int launch_main(int argc, char** argv) {
       std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid);  // as the child does: a stop sent before the child ran must reach its group
     pids[size_t(r)] = pid;
   }
   std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", n, argv[i], port,
@@ -122,7 +190,7 @@ int launch_main(int argc, char** argv) {
   int running = n, failed_rank = -1;
   std::string why;
   auto next_scan = t0;
-  while (running > 0) {
+  while (running > 0 && !g_stop_signal) {
     for (int r = 0; r < n; ++r) {
       if (codes[size_t(r)] != -1) continue;
       int st = 0;
@@ -153,6 +221,12 @@ int launch_main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (running == 0 && failed_rank < 0) return 0;
+  if (const int sig = g_stop_signal) {
+    std::fprintf(stderr, "ballast launch: interrupted by SIG%s: stopping the %d running rank(s)\n", sigabbrev_np(sig), running);
+    stop_ranks(pids, codes);
+    std::fprintf(stderr, "ballast launch: job interrupted (SIG%s); traces kept in %s\n", sigabbrev_np(sig), dir.c_str());
+    return 128 + sig;
+  }
 
   // Something went wrong: find the root cause while the processes are as
   // they were, then stop the job.
@@ -168,22 +242,7 @@ int launch_main(int argc, char** argv) {
   } else {
     std::fputs(v.to_text().c_str(), stderr);
   }
-  for (int r = 0; r < n; ++r)
-    if (codes[size_t(r)] == -1) {
-      kill(-pids[size_t(r)], SIGTERM);
-      kill(pids[size_t(r)], SIGCONT);  // a stopped rank must run to die of SIGTERM
-    }
-  const auto t_term = std::chrono::steady_clock::now();
-  while (running > 0 && since(t_term) < 3) {
-    for (int r = 0; r < n; ++r)
-      if (codes[size_t(r)] == -1 && waitpid(pids[size_t(r)], &codes[size_t(r)], WNOHANG) == pids[size_t(r)]) --running;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (int r = 0; r < n; ++r)
-    if (codes[size_t(r)] == -1) {
-      kill(-pids[size_t(r)], SIGKILL);
-      waitpid(pids[size_t(r)], &codes[size_t(r)], 0);
-    }
+  stop_ranks(pids, codes);
   std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());
   return 1;
 }

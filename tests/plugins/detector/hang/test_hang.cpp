@@ -7,6 +7,7 @@
 #include <commands.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,12 +15,15 @@
 
 #include "../../comm/ucx/scratch_dir.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -109,6 +113,77 @@ void expect_cause(const nlohmann::json& v, const std::string& verdict_word, int 
   CHECK(v["root_cause"][0]["rank"] == rank);
   CHECK(v["root_cause"][0]["kind"] == kind);
 }
+
+// Polls until done() holds, for up to `seconds`.
+bool eventually(double seconds, const std::function<bool()>& done) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+bool gone(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z';
+}
+
+// The real `ballast launch`, started in the background with its output in
+// DIR/launch.out and DIR/launch.err. Whatever a failed check leaves running
+// (the launcher, the processes in `ranks` and their groups) is killed when it
+// goes out of scope.
+struct Launcher {
+  pid_t pid = -1;
+  std::string dir;
+  std::vector<pid_t> ranks;
+
+  Launcher(const std::string& d, std::vector<std::string> args) : dir(d) {
+    args.insert(args.begin(), {BALLAST_EXE, "launch"});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string o = dir + "/launch.out", e = dir + "/launch.err";
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+      dup2(open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+      dup2(open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Launcher() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    for (pid_t r : ranks)
+      if (!gone(r)) {
+        kill(-r, SIGKILL);
+        kill(r, SIGKILL);
+      }
+  }
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  // Its exit code (128 + the signal that killed it), or -1 if it still runs after `seconds`.
+  int wait(double seconds) {
+    int st = 0;
+    if (!eventually(seconds, [&] { return waitpid(pid, &st, WNOHANG) == pid; })) return -1;
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  std::string err() const {
+    std::stringstream s;
+    s << std::ifstream(dir + "/launch.err").rdbuf();
+    return s.str();
+  }
+};
 
 }  // namespace
 
@@ -204,6 +279,62 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   size_t ops = 0;
   for (const auto& e : trace["traceEvents"]) ops += e["ph"] == "X" ? 1 : 0;
   CHECK(ops == 2 * (50 + 10));  // two ranks, 10 warm-up iterations + 50
+}
+
+TEST_CASE("SIGINT to ballast launch stops its comm_loop ranks and exits 130") {
+  const std::string dir = fresh_dir("sigint");
+  setenv("UCX_TLS", "sm,self", 1);
+  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "1000000000", "--warmup", "0"});
+  // Each rank's pid is in its ring once it runs collectives.
+  REQUIRE(eventually(60, [&] {
+    std::vector<std::string> errors;
+    l.ranks.clear();
+    for (const auto& r : ballast::hang::read_dir(dir, &errors))
+      if (!r.records.empty()) l.ranks.push_back(r.header.pid);
+    return l.ranks.size() == 2;
+  }));
+  REQUIRE(kill(l.pid, SIGINT) == 0);
+  const int code = l.wait(15);
+  INFO(l.err());
+  CHECK(code == 130);
+  CHECK(l.err().find("interrupted by SIGINT") != std::string::npos);
+  for (pid_t p : l.ranks) CHECK(gone(p));
+}
+
+// Two ranks each of a shell and its child `sleep`; what ignores SIGTERM is
+// killed after the grace period: the whole rank (SIGTERM case) or only the
+// child, which outlives its rank (SIGHUP case).
+TEST_CASE("SIGTERM and SIGHUP to ballast launch stop ranks and their children, even those that ignore SIGTERM") {
+  const struct {
+    int sig;
+    const char* script;
+  } cases[] = {{SIGTERM, "trap '' TERM; sleep 60 & echo $$ $! > \"$BALLAST_TRACE_DIR/pids.$RANK\"; wait"},
+               {SIGHUP, "(trap '' TERM; exec sleep 60) & echo $$ $! > \"$BALLAST_TRACE_DIR/pids.$RANK\"; wait"}};
+  for (const auto& c : cases) {
+    INFO("signal " << c.sig);
+    const std::string dir = fresh_dir("sig" + std::to_string(c.sig));
+    Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", c.script});
+    // Ready when both ranks wrote their pids and their children are `sleep`
+    // (exec'd, so that their disposition of SIGTERM is set).
+    REQUIRE(eventually(30, [&] {
+      l.ranks.clear();
+      for (int r = 0; r < 2; ++r) {
+        pid_t shell = 0, child = 0;
+        if (!(std::ifstream(dir + "/pids." + std::to_string(r)) >> shell >> child)) return false;
+        l.ranks.insert(l.ranks.end(), {shell, child});
+        std::string comm;
+        std::getline(std::ifstream("/proc/" + std::to_string(child) + "/comm"), comm);
+        if (comm != "sleep") return false;
+      }
+      return true;
+    }));
+    REQUIRE(kill(l.pid, c.sig) == 0);
+    const int code = l.wait(15);
+    INFO(l.err());
+    CHECK(code == 128 + c.sig);
+    CHECK(l.err().find(std::string("interrupted by SIG") + sigabbrev_np(c.sig)) != std::string::npos);
+    for (pid_t p : l.ranks) CHECK(gone(p));
+  }
 }
 
 TEST_CASE("bad input: a missing folder, a corrupt ring, a missing command") {
