@@ -366,12 +366,27 @@ std::string Verdict::to_text() const {
 }
 
 std::string chrome_trace(const std::vector<RankRing>& rings) {
+  // The trace event format wants integer pids and tids: a rank is a
+  // process, a communicator a thread numbered 1, 2, ... in the order of its
+  // id, the same in every rank; the metadata events give their names.
+  std::map<uint64_t, int> tids;
+  for (const auto& r : rings)
+    for (const auto& s : r.records) tids.emplace(s.comm_id, 0);
+  int next = 0;
+  for (auto& [id, tid] : tids) tid = ++next;
   nlohmann::json events = nlohmann::json::array();
   const int64_t now = wall_now();
   for (const auto& r : rings) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r.header.rank},
-                      {"args", {{"name", "rank " + std::to_string(r.header.rank) + " (pid " + std::to_string(r.header.pid) + ")"}}}});
+    const int rank = r.header.rank;
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+                      {"args", {{"name", "rank " + std::to_string(rank) + " (pid " + std::to_string(r.header.pid) + ")"}}}});
+    std::set<uint64_t> named;
     for (const auto& s : r.records) {
+      const int tid = tids.at(s.comm_id);
+      if (named.insert(s.comm_id).second)
+        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+                          {"args", {{"name", "communicator " + hex(s.comm_id) + " (rank " + std::to_string(s.rank) +
+                                                 " of " + std::to_string(s.nranks) + ")"}}}});
       const int64_t start = r.wall_ns(s.start_tick);
       const int64_t end = s.end_tick ? r.wall_ns(s.end_tick) : std::max(start, now);
       events.push_back({{"name", ballast_op_name(s.op)},
@@ -379,8 +394,8 @@ std::string chrome_trace(const std::vector<RankRing>& rings) {
                         {"ph", "X"},
                         {"ts", double(start) / 1e3},
                         {"dur", double(end - start) / 1e3},
-                        {"pid", r.header.rank},
-                        {"tid", hex(s.comm_id)},
+                        {"pid", rank},
+                        {"tid", tid},
                         {"args",
                          {{"seq", s.seq}, {"bytes", s.bytes}, {"count", s.count}, {"dtype", ballast_dtype_name(s.dtype)},
                           {"state", s.state == BALLAST_TRACE_DONE ? "done" : s.state == BALLAST_TRACE_FAILED ? "failed" : "in flight"},

@@ -43,8 +43,9 @@ bool any_failed(const std::vector<RankRing>& rings);
 // Changes whenever any rank makes progress.
 uint64_t progress_signature(const std::vector<RankRing>& rings);
 
-// Chrome/Perfetto trace-event JSON of every record (one process per rank,
-// one thread per communicator).
+// Chrome/Perfetto trace-event JSON of every record: one process per rank
+// (pid = the rank), one thread per communicator (tid = 1, 2, ... in the
+// order of the communicator ids), named by "M" metadata events.
 std::string chrome_trace(const std::vector<RankRing>& rings);
 
 }  // namespace ballast::hang

@@ -21,6 +21,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -277,8 +280,32 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   std::ifstream f(dir + "/trace.json");
   const auto trace = nlohmann::json::parse(f);
   size_t ops = 0;
-  for (const auto& e : trace["traceEvents"]) ops += e["ph"] == "X" ? 1 : 0;
+  std::set<std::pair<int, int>> threads;  // (pid, tid) of the operations
+  std::map<std::pair<int, int>, std::string> names;  // (pid, tid) -> name; tid -1 for the process
+  for (const auto& e : trace["traceEvents"]) {
+    INFO(e.dump());
+    // The trace event format's pid and tid are integers.
+    REQUIRE(e["pid"].is_number_integer());
+    if (e["ph"] == "X") {
+      REQUIRE(e["tid"].is_number_integer());
+      ++ops;
+      threads.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+    } else if (e["ph"] == "M" && e["name"] == "process_name") {
+      names[{e["pid"].get<int>(), -1}] = e["args"]["name"];
+    } else if (e["ph"] == "M" && e["name"] == "thread_name") {
+      REQUIRE(e["tid"].is_number_integer());
+      names[{e["pid"].get<int>(), e["tid"].get<int>()}] = e["args"]["name"];
+    }
+  }
   CHECK(ops == 2 * (50 + 10));  // two ranks, 10 warm-up iterations + 50
+  // One communicator, the same thread in both ranks, each named.
+  CHECK(threads == std::set<std::pair<int, int>>{{0, 1}, {1, 1}});
+  for (int rank : {0, 1}) {
+    CHECK(names[{rank, -1}].rfind("rank " + std::to_string(rank) + " (pid ", 0) == 0);
+    const std::string& thread = names[{rank, 1}];
+    CHECK(std::regex_match(thread, std::regex("communicator [0-9a-f]{16} \\(rank " + std::to_string(rank) + " of 2\\)")));
+  }
+  CHECK(names[{0, 1}].substr(0, 29) == names[{1, 1}].substr(0, 29));  // "communicator " and the same id
 }
 
 TEST_CASE("SIGINT to ballast launch stops its comm_loop ranks and exits 130") {
