@@ -135,6 +135,14 @@ bool gone(pid_t pid) {
   return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z';
 }
 
+// The real `ballast` and its hang plugin are dependencies of this test
+// (CMakeLists.txt): missing means a broken build, a failure, not a skip.
+void require_ballast() {
+  REQUIRE_MESSAGE(fs::exists(BALLAST_EXE), BALLAST_EXE << " is not built");
+  REQUIRE_MESSAGE(fs::exists(std::string(BALLAST_PLUGIN_DIR) + "/ballast-hang.so"),
+                  BALLAST_PLUGIN_DIR << "/ballast-hang.so is not built");
+}
+
 // The real `ballast launch`, started in the background with its output in
 // DIR/launch.out and DIR/launch.err. Whatever a failed check leaves running
 // (the launcher, the processes in `ranks` and their groups) is killed when it
@@ -145,6 +153,7 @@ struct Launcher {
   std::vector<pid_t> ranks;
 
   Launcher(const std::string& d, std::vector<std::string> args) : dir(d) {
+    require_ballast();
     args.insert(args.begin(), {BALLAST_EXE, "launch"});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -379,10 +388,7 @@ TEST_CASE("bad input: a missing folder, a corrupt ring, a missing command") {
 }
 
 TEST_CASE("end to end: the real `ballast launch` and `ballast analyze` name a killed rank") {
-  if (!fs::exists(BALLAST_EXE)) {
-    MESSAGE("skipped: " << BALLAST_EXE << " is not built");
-    return;
-  }
+  require_ballast();
   const std::string dir = fresh_dir("e2e");
   const std::string cmd = std::string("UCX_TLS=sm,self ") + BALLAST_EXE + " launch -n 2 --trace-dir " + dir +
                           " --json -- " + kLoop + " --iters 300 --fault exit --fault-rank 1 --fault-iter 20" +
