@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace ballast::hang {
 
@@ -254,9 +255,12 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     for (const auto& s : r.records)
       if (s.comm_id == bad && !(s.flags & BALLAST_TRACE_P2P)) by_seq[s.seq][key_of(s)].push_back(r.header.rank);
   // A rank told of the failure before it entered that seq has no record of
-  // it, so the groups there may tie (rank 0 alone against rank 2 alone):
-  // then the call the most ranks made at the seq before is the job's, as a
-  // training loop repeats its collectives; then the group with the lowest rank.
+  // it, so the groups there may tie (rank 0 alone against rank 2 alone), or
+  // the culprits outnumber the ranks left (two broadcasts against one
+  // allreduce of 4 ranks): unless a group holds most of the communicator's
+  // ranks, the call the most ranks made at the seq before is the job's, as a
+  // training loop repeats its collectives; then the larger group, then the
+  // group with the lowest rank.
   auto most_called = [](const std::map<CallKey, std::vector<int>>& calls) {
     auto best = calls.begin();
     for (auto it = calls.begin(); it != calls.end(); ++it)
@@ -271,14 +275,14 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     const bool after_one = at != by_seq.begin() && std::prev(at)->first == seq - 1;
     const CallKey job_call = after_one ? most_called(std::prev(at)->second) : CallKey{};
     auto usual = [&](const CallKey& k) { return after_one && k == job_call; };
-    // The culprits are the smaller group.
+    // The culprits are the ranks outside the job's group.
+    auto standing = [&](const std::pair<const CallKey, std::vector<int>>& group) {
+      const int size = int(group.second.size());
+      return std::make_tuple(2 * size > nranks, usual(group.first), size, -group.second.front());
+    };
     auto majority = calls.begin();
-    for (auto it = calls.begin(); it != calls.end(); ++it) {
-      const size_t a = it->second.size(), b = majority->second.size();
-      if (a > b || (a == b && usual(it->first) && !usual(majority->first)) ||
-          (a == b && usual(it->first) == usual(majority->first) && it->second.front() < majority->second.front()))
-        majority = it;
-    }
+    for (auto it = calls.begin(); it != calls.end(); ++it)
+      if (standing(*it) > standing(*majority)) majority = it;
     v.op = ballast_op_name(majority->first.op);
     for (const auto& [k, ranks] : calls) {
       if (k == majority->first) continue;
