@@ -245,6 +245,19 @@ int fail_peer(Op& op, const std::string& msg) {
   return finish(op, BALLAST_EPEER, msg, true);
 }
 
+// Why the transport failed with a peer: for a peer on this host whose
+// process is gone, that (the cause), with UCX's status after it; otherwise
+// `what` and UCX's status ("Endpoint timeout" is what UCX 1.13 says over tcp
+// when the peer's process was killed).
+std::string peer_failure(const Op& op, int peer, const std::string& what, ucs_status_t st) {
+  const PeerState& ps = op.comm->peer(peer);
+  const char state = ps.local ? proc_state(ps.pid) : 'S';
+  if (state == 0 || state == 'Z' || state == 'X')
+    return op_words(op) + ": rank " + std::to_string(peer) + " (pid " + std::to_string(ps.pid) +
+           ") is gone: the process exited or was killed (UCX: " + ucs_status_string(st) + ")";
+  return op_words(op) + ": " + what + ": " + ucs_status_string(st);
+}
+
 int post_chunk(Op& op, Xfer& x) {
   Comm* c = op.comm;
   const size_t k = x.posted;
@@ -268,8 +281,8 @@ int post_chunk(Op& op, Xfer& x) {
                          kMatchMask, &prm);
   }
   if (UCS_PTR_IS_ERR(r))  // a peer that failed first has likely said why: fail_peer looks
-    return fail_peer(op, op_words(op) + ": cannot " + (x.send ? "send to" : "receive from") + " rank " +
-                             std::to_string(x.peer) + ": " + ucs_status_string(UCS_PTR_STATUS(r)));
+    return fail_peer(op, peer_failure(op, x.peer, std::string("cannot ") + (x.send ? "send to" : "receive from") +
+                                                      " rank " + std::to_string(x.peer), UCS_PTR_STATUS(r)));
   if (r) p.req = r;
   else p.done_now = true;
   ++x.posted;
@@ -302,7 +315,7 @@ int complete_chunk(Op& op, Xfer& x) {
     return finish(op, BALLAST_EINVAL, m, true);
   }
   if (st != UCS_OK)
-    return fail_peer(op, op_words(op) + ": transfer with " + who() + " failed: " + ucs_status_string(st));
+    return fail_peer(op, peer_failure(op, x.peer, "transfer with " + who() + " failed", st));
   if (x.reduce_dst)
     reduce_to(x.reduce_dst + p.off, (x.reduce_in ? x.reduce_in : x.reduce_dst) + p.off, p.at, p.len / op.esize,
               op.args.dtype, op.args.redop);
@@ -363,8 +376,10 @@ int check_peers(Op& op, int64_t now) {
     if (x.completed == x.nchunks) continue;
     PeerState& ps = c->peer(x.peer);
     if (ps.ep_status != UCS_OK)
-      return fail_peer(op, op_words(op) + ": the connection to rank " + std::to_string(x.peer) + " (pid " +
-                               std::to_string(ps.pid) + ") failed: " + ucs_status_string(ps.ep_status));
+      return fail_peer(op, peer_failure(op, x.peer,
+                                        "the connection to rank " + std::to_string(x.peer) + " (pid " +
+                                            std::to_string(ps.pid) + ") failed",
+                                        ps.ep_status));
     if (!ps.local) continue;
     const char st = proc_state(ps.pid);
     if (st != 0 && st != 'Z' && st != 'X') continue;

@@ -197,8 +197,9 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
     ep.address = reinterpret_cast<const ucp_address_t*>(boot.peers[size_t(i)].address.data());
     // Shared memory offers no peer-failure handling in UCX (asking for it
     // would push local peers onto tcp): local peers are watched by pid
-    // instead (check_peers), remote ones by UCX.
-    ep.err_mode = ps.local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    // (check_peers), and by UCX too where tcp is their only transport;
+    // remote ones by UCX.
+    ep.err_mode = ps.local && !tcp ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = ep_error;
     ep.err_handler.arg = &ps;
     if ((st = ucp_ep_create(w->worker, &ep, &ps.ep)) != UCS_OK) {

@@ -5,6 +5,7 @@
 
 #include "ranks.hpp"
 
+#include <chrono>
 #include <csignal>
 
 using namespace ballast::comm;
@@ -123,6 +124,56 @@ TEST_CASE("a rank that skips a collective: the others time out waiting for it") 
     });
     CHECK(res.codes[0] == 0);
     expect_failed(res, {1, 2}, "rank 0");
+  }
+}
+
+// The non-blocking calls, as a trainer overlapping compute would use them:
+// start, then test until done. The operation's own deadline (300 ms) wins
+// over the communicator's (20 s): the waiting ranks fail well before it.
+TEST_CASE("start, test and wait with a per-operation deadline: a silent peer fails the operation within it") {
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO("tls " << std::string(tls));
+    const int port = test::free_port();
+    const auto res = test::run_ranks(3, tls, 20, [&](int r) {
+      ballast_comm_config cfg = test::config(r, 3, port, 20000);
+      Comm* comm = nullptr;
+      if (int rc = comm_init(&cfg, &comm); rc != BALLAST_OK) return test::child_fail(r, rc, last_error());
+      if (r == 0) {  // alive, never joins
+        usleep(3000000);
+        comm_destroy(comm);
+        return 0;
+      }
+      std::vector<float> in(4096, 1.0f), out(4096);
+      ballast_comm_args a{};
+      a.size = sizeof a;
+      a.op = BALLAST_OP_ALLREDUCE;
+      a.dtype = BALLAST_DT_F32;
+      a.sendbuf = in.data();
+      a.recvbuf = out.data();
+      a.count = in.size();
+      a.timeout_ns = 300000000;
+      const auto t0 = std::chrono::steady_clock::now();
+      ballast_comm_request* req = nullptr;
+      if (int rc = comm_start(comm, &a, &req); rc != BALLAST_OK) return test::child_fail(r, rc, last_error());
+      int done = 0, polls = 0, rc = BALLAST_OK;
+      while (!done) {  // test reports the outcome once done; the request is then no longer ours
+        rc = comm_test(req, &done);
+        ++polls;
+        usleep(1000);  // the trainer's compute between polls
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string m = last_error();
+      comm_destroy(comm);
+      if (rc == BALLAST_OK) return test::child_fail(r, BALLAST_EINTERNAL, "the allreduce succeeded without rank 0");
+      if (s > 5.0 || polls < 2) {
+        m = "failed after " + std::to_string(s) + " s and " + std::to_string(polls) + " polls, not within its 300 ms deadline: " + m;
+        return test::child_fail(r, BALLAST_EINTERNAL, m);
+      }
+      return test::child_fail(r, rc, m);
+    });
+    CHECK(res.codes[0] == 0);
+    expect_failed(res, {1, 2}, "timed out");
+    CHECK(test::read_err(1).find("rank 0") != std::string::npos);
   }
 }
 
