@@ -230,16 +230,16 @@ TEST_CASE("a rank in another collective is named mismatch") {
 // allreduce (comm_loop takes one --fault-rank: each rank's shell gives the
 // fault to ranks 1 and 3 only). The first culprit to see the mismatch tells
 // every rank; over tcp the other culprit is at times told while still in
-// iteration 99, and then never calls the broadcast (about 1 run in 6): the
-// rings cannot show it, so a run names exactly the culprits whose rings show
-// the broadcast, and one of up to 5 runs must name both.
+// iteration 99, and then never calls the broadcast (up to a third of the
+// runs): the rings cannot show it, so a run names exactly the culprits whose
+// rings show the broadcast, and one of up to 8 runs must name both.
 TEST_CASE("two ranks of 4 in another collective are both named mismatch") {
   const std::string script =
       "case $RANK in 1|3) set -- \"$@\" --fault other --fault-rank $RANK --fault-iter 100;; esac; exec \"$@\"";
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("UCX_TLS " << tls);
     bool both = false;
-    for (int attempt = 0; attempt < 5 && !both; ++attempt) {
+    for (int attempt = 0; attempt < 8 && !both; ++attempt) {
       const std::string dir = fresh_dir(std::string("other2-") + tls);
       setenv("UCX_TLS", tls, 1);
       const auto r = capture([&] {
