@@ -91,7 +91,9 @@ std::string progress_words(const ballast_trace_slot& s) {
   return w;
 }
 
-Cause lagging_cause(const Member& m, uint64_t seq, const std::string& op, int64_t now) {
+// doing: what live processes do (activity()), by pid.
+Cause lagging_cause(const Member& m, uint64_t seq, const std::string& op, int64_t now,
+                    const std::map<int32_t, std::string>& doing) {
   Cause c;
   c.rank = m.ring->header.rank;
   const ProcState st = m.ring->state;
@@ -109,8 +111,10 @@ Cause lagging_cause(const Member& m, uint64_t seq, const std::string& op, int64_
                  std::to_string(seq) + " (" + op + ") for " + seconds(now - m.progress_ns);
   } else {
     c.kind = "not_joined";
-    c.evidence = "process " + pid + " is " + proc_state_name(st) + (m.ring->header.closed ? " (shut down)" : "") +
-                 " but did not join seq " + std::to_string(seq) + " (" + op + "): " + where;
+    const auto d = doing.find(m.ring->header.pid);
+    c.evidence = "process " + pid + " is " + (d != doing.end() ? d->second : proc_state_name(st)) +
+                 (m.ring->header.closed ? " (shut down)" : "") + " but did not join seq " + std::to_string(seq) + " (" +
+                 op + "): " + where;
   }
   return c;
 }
@@ -301,18 +305,28 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   // fault (told of it, its link to the faulty rank broken, or still waiting
   // for data that rank sent before it died): it is named only when no other
   // rank lags for a reason of its own.
-  std::vector<Cause> held_up;
+  std::vector<Member> lagging;
   for (const auto& r : rings) {
     auto it = members.find(r.header.rank);
     const bool member_world = int(rings.size()) == nranks;  // rings without a record count only for the world
     if (it == members.end()) {
-      if (member_world) v.causes.push_back(lagging_cause(Member{&r, nullptr, 0}, max_seq, op, now));
-      continue;
+      if (member_world) lagging.push_back(Member{&r, nullptr, 0});
+    } else if (it->second.last->seq < max_seq) {
+      lagging.push_back(it->second);
     }
-    if (it->second.last->seq >= max_seq) continue;
-    Cause c = lagging_cause(it->second, max_seq, op, now);
-    const ballast_trace_slot& last = *it->second.last;
-    if (c.kind == "not_joined" && (last.state == BALLAST_TRACE_FAILED || unfinished(last))) held_up.push_back(c);
+  }
+  // A live laggard may be busy outside the collective (an endless loop) or
+  // sleeping (waiting on something else): its CPU time over a short window
+  // tells which, for the evidence.
+  std::vector<const RankRing*> alive;
+  for (const Member& m : lagging)
+    if (m.ring->state == ProcState::alive) alive.push_back(m.ring);
+  const auto doing = activity(alive, std::chrono::milliseconds(100));
+  std::vector<Cause> held_up;
+  for (const Member& m : lagging) {
+    Cause c = lagging_cause(m, max_seq, op, now, doing);
+    if (c.kind == "not_joined" && m.last && (m.last->state == BALLAST_TRACE_FAILED || unfinished(*m.last)))
+      held_up.push_back(c);
     else v.causes.push_back(c);
   }
   if (v.causes.empty()) v.causes = std::move(held_up);

@@ -34,6 +34,8 @@ struct Options {
   double slow_ms = 1000;  // a rank entering collectives this much later than the others is slow
 };
 
+// Takes 100 ms more when live ranks of this host lag: their CPU time is
+// sampled over that window (activity()) for the evidence.
 Verdict analyze(const std::vector<RankRing>& rings, const Options& opt);
 
 // True when some rank has an operation in flight (started, not finished).

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 
 namespace ballast::hang {
 
@@ -23,23 +24,68 @@ const char* proc_state_name(ProcState s) {
   }
 }
 
-ProcState probe(int32_t pid, const char* host) {
+namespace {
+
+bool on_this_host(const char* host) {
   char me[256] = {0};
   gethostname(me, sizeof me - 1);
-  if (!host || std::strncmp(me, host, 63) != 0 || pid <= 0) return ProcState::unknown;
+  return host && std::strncmp(me, host, 63) == 0;
+}
+
+// The state letter of pid in /proc/PID/stat (0 when it cannot be read) and
+// the CPU time of all its threads, in clock ticks.
+char read_stat(int32_t pid, uint64_t* cpu_ticks) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
   FILE* f = std::fopen(path, "r");
-  if (!f) return ProcState::gone;
+  if (!f) return 0;
   char buf[512];
   const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
   std::fclose(f);
   buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  const char st = p && p[1] == ' ' ? p[2] : 0;
+  const char* p = std::strrchr(buf, ')');  // the command name before it may hold spaces and parentheses
+  unsigned long long utime = 0, stime = 0;
+  char st = 0;
+  // After the name: state, then 10 fields, then utime and stime (proc(5)).
+  if (!p || std::sscanf(p + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &st, &utime, &stime) != 3)
+    return 0;
+  *cpu_ticks = utime + stime;
+  return st;
+}
+
+}  // namespace
+
+ProcState probe(int32_t pid, const char* host) {
+  if (!on_this_host(host) || pid <= 0) return ProcState::unknown;
+  uint64_t ticks = 0;
+  const char st = read_stat(pid, &ticks);
   if (st == 'Z' || st == 'X' || st == 0) return ProcState::gone;
   if (st == 'T' || st == 't') return ProcState::stopped;
   return ProcState::alive;
+}
+
+std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window) {
+  std::map<int32_t, uint64_t> before;
+  for (const RankRing* r : rings) {
+    uint64_t ticks = 0;
+    if (on_this_host(r->header.host) && r->header.pid > 0 && read_stat(r->header.pid, &ticks)) before[r->header.pid] = ticks;
+  }
+  std::map<int32_t, std::string> out;
+  if (before.empty()) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(window);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const long hz = sysconf(_SC_CLK_TCK);
+  for (const auto& [pid, ticks0] : before) {
+    uint64_t ticks = 0;
+    const char st = read_stat(pid, &ticks);
+    const std::string last = " in the last " + std::to_string(ms) + " ms";
+    if (st == 0 || st == 'Z' || st == 'X') out[pid] = "gone";
+    else if (st == 'T' || st == 't') out[pid] = "stopped";
+    else if (ticks > ticks0) out[pid] = "busy (" + std::to_string((ticks - ticks0) * 1000 / uint64_t(hz)) + " ms of CPU" + last + ")";
+    else out[pid] = "sleeping (no CPU" + last + ")";
+  }
+  return out;
 }
 
 bool read_ring(const std::string& path, RankRing* out, std::string* err) {

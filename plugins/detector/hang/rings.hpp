@@ -5,7 +5,9 @@
 
 #include <ballast/trace.h>
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,5 +38,10 @@ std::vector<RankRing> read_dir(const std::string& dir, std::vector<std::string>*
 
 // The state of pid on this host, when host is this host's name.
 ProcState probe(int32_t pid, const char* host);
+
+// What the writers of rings that run on this host do over `window` (it
+// sleeps that long, once): "busy (N ms of CPU in the last M ms)" when their
+// CPU time grew, "sleeping (no CPU ...)", "stopped" or "gone"; keyed by pid.
+std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window);
 
 }  // namespace ballast::hang

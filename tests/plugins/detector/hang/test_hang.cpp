@@ -524,6 +524,52 @@ TEST_CASE("two ranks in another collective are named though the ranks left at th
   for (const auto& c : v.causes) CHECK(c.kind == "mismatch");
 }
 
+// Ranks 2 and 3 never joined seq 12: rank 2's process spins outside any
+// collective, rank 3's sleeps. Both are not_joined; the evidence tells the
+// busy one from the sleeping one by their CPU time.
+TEST_CASE("the evidence of a live rank that did not join says whether its process is busy or sleeping") {
+  constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
+  struct Child {
+    pid_t pid;
+    ~Child() {
+      if (pid <= 0) return;  // kill(-1) would reach every process
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  };
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const Child spinner{fork()};
+  if (spinner.pid == 0) {
+    volatile unsigned long x = 0;
+    for (;;) x = x + 1;
+  }
+  const Child sleeper{fork()};
+  if (sleeper.pid == 0)
+    for (;;) pause();
+  REQUIRE(spinner.pid > 0);
+  REQUIRE(sleeper.pid > 0);
+  std::vector<ballast::hang::RankRing> rings = {
+      ring_of(0, 10, {AR, AR, AR}, BALLAST_TRACE_STARTED),
+      ring_of(1, 10, {AR, AR, AR}, BALLAST_TRACE_STARTED),
+      ring_of(2, 10, {AR, AR}, BALLAST_TRACE_DONE),
+      ring_of(3, 10, {AR, AR}, BALLAST_TRACE_DONE),
+  };
+  rings[2].header.pid = spinner.pid;
+  rings[3].header.pid = sleeper.pid;
+  for (auto& r : rings) gethostname(r.header.host, sizeof r.header.host - 1);
+  const auto v = ballast::hang::analyze(rings, {});
+  INFO(v.to_text());
+  CHECK(v.verdict == "hang");
+  REQUIRE(v.causes.size() == 2);
+  CHECK(v.causes[0].rank == 2);
+  CHECK(v.causes[0].kind == "not_joined");
+  CHECK(v.causes[0].evidence.find(" is busy (") != std::string::npos);
+  CHECK(v.causes[1].rank == 3);
+  CHECK(v.causes[1].kind == "not_joined");
+  CHECK(v.causes[1].evidence.find(" is sleeping (no CPU in the last ") != std::string::npos);
+}
+
 // Rank 3 exited after seq 11; rank 1 failed in seq 11 when its link to it
 // broke, and rank 2 still waits there for data rank 3 sent before it died,
 // while rank 0 waits in seq 12. Only rank 3 is the cause: the other two lag
