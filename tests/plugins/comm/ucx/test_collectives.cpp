@@ -189,7 +189,16 @@ int worker(int rank, int n, int port, const std::vector<uint64_t>& counts, bool 
   if (int rc = comm_init(&cfg, &comm); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
   Checker c{comm, rank, n, ""};
   bool ok = c.all_ops(counts) && c.send_recv(1) && c.send_recv(50001);
-  if (ok && big) ok = c.check(BALLAST_OP_ALLREDUCE, BALLAST_DT_F32, BALLAST_RED_SUM, (64u << 20) / 4 + 3, 0);
+  // 64 MiB and a little more in the buffer each operation reads or writes in full.
+  if (ok && big) {
+    const uint64_t whole = (64u << 20) / 4 + 3, part = whole / uint64_t(n) + 1;
+    ok = c.check(BALLAST_OP_ALLREDUCE, BALLAST_DT_F32, BALLAST_RED_SUM, whole, 0) &&
+         c.check(BALLAST_OP_BROADCAST, BALLAST_DT_F32, 0, whole, n - 1) &&
+         c.check(BALLAST_OP_REDUCE, BALLAST_DT_F32, BALLAST_RED_MAX, whole, 0) &&
+         c.check(BALLAST_OP_ALLGATHER, BALLAST_DT_F32, 0, part, 0) &&
+         c.check(BALLAST_OP_REDUCE_SCATTER, BALLAST_DT_F32, BALLAST_RED_SUM, part, 0) &&
+         c.check(BALLAST_OP_ALLTOALL, BALLAST_DT_F32, 0, part, 0);
+  }
   // Sub-communicators: even and odd ranks, in reverse order; the last rank joins none.
   Comm* sub = nullptr;
   const int colour = (n > 2 && rank == n - 1) ? BALLAST_COMM_UNDEFINED : rank % 2;
@@ -227,6 +236,29 @@ int worker(int rank, int n, int port, const std::vector<uint64_t>& counts, bool 
       c.failure = "allreduce on the sub-communicator gave " + std::to_string(sum) + ", expected " + std::to_string(want) + " " + last_error();
       ok = false;
     }
+    // Every op on the sub-communicator, its ranks numbered as it numbers them.
+    Checker s{sub, info.rank, info.nranks, ""};
+    if (ok && !(s.all_ops({1, 37, 12289}) && (info.nranks < 2 || s.send_recv(4097)))) {
+      c.failure = "on the sub-communicator: " + s.failure;
+      ok = false;
+    }
+    // A split of the split: halves of the sub-communicator, by its ranks.
+    Comm* subsub = nullptr;
+    if (ok && comm_split(sub, info.rank * 2 / info.nranks, info.rank, &subsub) != BALLAST_OK) {
+      c.failure = std::string("split of a split: ") + last_error();
+      ok = false;
+    }
+    if (ok) {
+      ballast_comm_info inner{};
+      inner.size = sizeof inner;
+      comm_info(subsub, &inner);
+      Checker ss{subsub, inner.rank, inner.nranks, ""};
+      if (!ss.all_ops({37})) {
+        c.failure = "on a split of a split: " + ss.failure;
+        ok = false;
+      }
+    }
+    comm_destroy(subsub);
   }
   if (ok) ok = c.check(BALLAST_OP_ALLREDUCE, BALLAST_DT_F32, BALLAST_RED_SUM, 1001, 0);  // the parent still works
   comm_destroy(sub);
@@ -265,8 +297,9 @@ TEST_CASE("2 and 4 ranks over tcp with the default chunk: eager, swap and ring s
 }
 TEST_CASE("4 ranks over shared memory: every op and dtype") { expect_all_pass(4, "sm,self", false); }
 TEST_CASE("4 ranks over tcp: every op and dtype") { expect_all_pass(4, "tcp", false); }
-TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd") { expect_all_pass(8, "sm,self", false, {0, 1, 37}); }
-TEST_CASE("8 ranks over tcp: every op and dtype, sizes 0, 1, odd") { expect_all_pass(8, "tcp", false, {0, 1, 37}); }
+TEST_CASE("3 ranks over shared memory: every op and dtype, non-power-of-two") { expect_all_pass(3, "sm,self", false); }
+TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks") { expect_all_pass(8, "sm,self", false); }
+TEST_CASE("8 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks") { expect_all_pass(8, "tcp", false); }
 // The ring overlaps its steps: a step forwards chunk k of the block it just
 // received while later chunks are in flight, with at most 8 chunks in flight
 // over all steps. Blocks of about 40,000 elements (10 and more 16 KiB chunks,
