@@ -7,12 +7,15 @@
 #include <ballast/comm.h>
 #include <ballast/host.h>
 
+#include "ranks.hpp"
 #include "scratch_dir.hpp"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,70 +31,175 @@ struct Seen {
   std::mutex mu;
   std::vector<ballast_collective_record> records;
   std::vector<std::string> ops;
+  std::vector<ballast_collective_record> progress;  // collective.progress
 };
 
 int on_record(void* user, const ballast_event* e) {
   auto* seen = static_cast<Seen*>(user);
-  if (e->schema != BALLAST_SCHEMA_COLLECTIVE_RECORD || std::string(e->topic) != "collective.record") return 0;
+  if (e->schema != BALLAST_SCHEMA_COLLECTIVE_RECORD) return 0;
   std::lock_guard<std::mutex> lock(seen->mu);
   const auto* r = static_cast<const ballast_collective_record*>(e->payload);
-  seen->records.push_back(*r);
-  seen->ops.push_back(r->op);
+  if (std::string(e->topic) == "collective.progress") {
+    seen->progress.push_back(*r);
+  } else if (std::string(e->topic) == "collective.record") {
+    seen->records.push_back(*r);
+    seen->ops.push_back(r->op);
+  }
   return 0;
 }
 
-}  // namespace
+const std::string kPlugin = std::string(BALLAST_PLUGIN_DIR) + "/ballast-comm-ucx.so";
 
-TEST_CASE("every operation appears on the bus as collective.record") {
-  const std::string path = std::string(BALLAST_PLUGIN_DIR) + "/ballast-comm-ucx.so";
-  ballast_host* host = nullptr;
-  REQUIRE(ballast_host_create("test", &host) == BALLAST_OK);
-  REQUIRE_MESSAGE(ballast_host_load_plugin(host, path.c_str(), "{ publish_period_seconds = 0.02 }") == BALLAST_OK,
-                  ballast_last_error());
-  Seen seen;
-  uint64_t sub = 0;
-  REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_record, &seen, &sub) == BALLAST_OK);
-  REQUIRE(ballast_host_start(host) == BALLAST_OK);
-
-  void* so = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  REQUIRE(so);
-  auto entry = reinterpret_cast<ballast_plugin_entry_fn>(dlsym(so, BALLAST_PLUGIN_ENTRY));
-  const ballast_plugin_descriptor* d = entry(BALLAST_ABI_MINOR);
-  ballast_host_api api_host{};
-  api_host.size = sizeof api_host;
+// The plugin's comm table, from the shared object the host loaded.
+struct CommTable {
+  void* so = nullptr;
+  const ballast_plugin_descriptor* d = nullptr;
+  ballast_host_api host{};
   void* state = nullptr;
-  REQUIRE(d->create(&api_host, &state) == BALLAST_OK);
-  auto* api = static_cast<const ballast_comm_api*>(d->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
-  REQUIRE(api);
-  ballast_comm_config cfg{};
-  cfg.size = sizeof cfg;
-  cfg.rank = 0;
-  cfg.nranks = 1;
-  cfg.trace_dir = test::scratch().path().c_str();
-  ballast_comm* comm = nullptr;
-  REQUIRE_MESSAGE(api->init(state, &cfg, &comm) == BALLAST_OK, api->last_error(state));
-  float in[4] = {1, 2, 3, 4}, out[4];
+  const ballast_comm_api* api = nullptr;
+
+  CommTable() {
+    so = dlopen(kPlugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(so);
+    auto entry = reinterpret_cast<ballast_plugin_entry_fn>(dlsym(so, BALLAST_PLUGIN_ENTRY));
+    d = entry(BALLAST_ABI_MINOR);
+    host.size = sizeof host;
+    REQUIRE(d->create(&host, &state) == BALLAST_OK);
+    api = static_cast<const ballast_comm_api*>(d->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
+    REQUIRE(api);
+  }
+  ~CommTable() {
+    d->destroy(state);
+    dlclose(so);
+  }
+  ballast_comm* init(int rank, int nranks, int port = 0) const {
+    ballast_comm_config cfg{};
+    cfg.size = sizeof cfg;
+    cfg.rank = rank;
+    cfg.nranks = nranks;
+    cfg.master_addr = "127.0.0.1";
+    cfg.master_port = port;
+    cfg.timeout_ns = 20000000000;
+    cfg.trace_dir = test::scratch().path().c_str();
+    ballast_comm* comm = nullptr;
+    if (api->init(state, &cfg, &comm) != BALLAST_OK) {
+      FAIL_CHECK(api->last_error(state));
+      return nullptr;
+    }
+    return comm;
+  }
+};
+
+ballast_comm_args allreduce(float* in, float* out, uint64_t count) {
   ballast_comm_args a{};
   a.size = sizeof a;
   a.op = BALLAST_OP_ALLREDUCE;
   a.dtype = BALLAST_DT_F32;
   a.sendbuf = in;
   a.recvbuf = out;
-  a.count = 4;
-  for (int i = 0; i < 5; ++i) REQUIRE(api->run(comm, &a) == BALLAST_OK);
+  a.count = count;
+  return a;
+}
+
+// A host running the plugin, its collective events collected.
+struct BusHost {
+  ballast_host* host = nullptr;
+  Seen seen;
+  uint64_t sub = 0;
+
+  explicit BusHost(const char* config) {
+    REQUIRE(ballast_host_create("test", &host) == BALLAST_OK);
+    REQUIRE_MESSAGE(ballast_host_load_plugin(host, kPlugin.c_str(), config) == BALLAST_OK, ballast_last_error());
+    REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_record, &seen, &sub) == BALLAST_OK);
+    REQUIRE(ballast_host_start(host) == BALLAST_OK);
+  }
+  ~BusHost() {
+    ballast_host_unsubscribe(host, sub);
+    ballast_host_destroy(host);
+  }
+  // Waits up to 5 s for done() to hold, the lock held while it is asked.
+  bool wait_for(const std::function<bool(const Seen&)>& done) {
+    for (int i = 0; i < 250; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(seen.mu);
+        if (done(seen)) return true;
+      }
+      usleep(20000);
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+// Rank 1 is another process that joins the allreduce 600 ms late: meanwhile
+// rank 0's operation is in flight, and the timer publishes it as progress.
+TEST_CASE("an operation in flight appears as collective.progress, then as collective.record") {
+  const int port = test::free_port();
+  // First in this file: the fork comes before anything here started threads
+  // (the host's, UCX's).
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int rc = 1;
+    {
+      CommTable t;
+      if (ballast_comm* comm = t.init(1, 2, port)) {
+        usleep(600000);
+        float in[1024] = {}, out[1024];
+        ballast_comm_args a = allreduce(in, out, 1024);
+        rc = t.api->run(comm, &a) == BALLAST_OK ? 0 : 2;
+        t.api->destroy(comm);
+      }
+    }
+    _exit(rc);
+  }
+  {
+    BusHost bus("{ publish_period_seconds = 0.02 }");
+    CommTable t;
+    ballast_comm* comm = t.init(0, 2, port);
+    REQUIRE(comm);
+    float in[1024], out[1024];
+    for (int i = 0; i < 1024; ++i) in[i] = 1;
+    ballast_comm_args a = allreduce(in, out, 1024);
+    CHECK(t.api->run(comm, &a) == BALLAST_OK);
+    CHECK(out[1023] == 1);  // the child's zeros added
+    CHECK(bus.wait_for([](const Seen& s) { return !s.records.empty(); }));
+    t.api->destroy(comm);
+    std::lock_guard<std::mutex> lock(bus.seen.mu);
+    const Seen& seen = bus.seen;
+    REQUIRE(!seen.progress.empty());
+    REQUIRE(seen.records.size() == 1);
+    for (const auto& p : seen.progress) {
+      CHECK(p.seq == seen.records[0].seq);
+      CHECK(p.comm_id == seen.records[0].comm_id);
+      CHECK(p.end_ns == 0);
+      CHECK((p.state == BALLAST_COLL_ISSUED || p.state == BALLAST_COLL_STARTED));
+    }
+    CHECK(seen.records[0].state == BALLAST_COLL_DONE);
+    CHECK(seen.records[0].nranks == 2);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("every operation appears on the bus as collective.record") {
+  BusHost bus("{ publish_period_seconds = 0.02 }");
+  CommTable t;
+  ballast_comm* comm = t.init(0, 1);
+  REQUIRE(comm);
+  float in[4] = {1, 2, 3, 4}, out[4];
+  ballast_comm_args a = allreduce(in, out, 4);
+  for (int i = 0; i < 5; ++i) REQUIRE(t.api->run(comm, &a) == BALLAST_OK);
   ballast_comm_info info{};
   info.size = sizeof info;
-  api->info(comm, &info);
-  for (int i = 0; i < 100; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(seen.mu);
-      if (seen.records.size() >= 5) break;
-    }
-    usleep(20000);
-  }
-  ballast_host_unsubscribe(host, sub);
-  ballast_host_destroy(host);
-  std::lock_guard<std::mutex> lock(seen.mu);
+  t.api->info(comm, &info);
+  bus.wait_for([](const Seen& s) { return s.records.size() >= 5; });
+  t.api->destroy(comm);
+  std::lock_guard<std::mutex> lock(bus.seen.mu);
+  const Seen& seen = bus.seen;
   REQUIRE(seen.records.size() == 5);
   for (size_t i = 0; i < 5; ++i) {
     CHECK(seen.ops[i] == "allreduce");
@@ -101,6 +209,29 @@ TEST_CASE("every operation appears on the bus as collective.record") {
     CHECK(seen.records[i].state == BALLAST_COLL_DONE);
     CHECK(seen.records[i].end_ns >= seen.records[i].start_ns);
   }
-  api->destroy(comm);
-  d->destroy(state);
+}
+
+// More operations in one publish period than the ring's slots: the ones
+// overwritten before the timer read them are counted, every other one
+// published once.
+TEST_CASE("records overwritten before the timer read them are counted as comm-ucx.records_lost") {
+  BusHost bus("{ publish_period_seconds = 0.5 }");
+  CommTable t;
+  ballast_comm* comm = t.init(0, 1);
+  REQUIRE(comm);
+  float in[4] = {1, 2, 3, 4}, out[4];
+  ballast_comm_args a = allreduce(in, out, 4);
+  constexpr int kOps = 5000;  // the ring holds 1024
+  for (int i = 0; i < kOps; ++i) REQUIRE(t.api->run(comm, &a) == BALLAST_OK);
+  int64_t lost = 0;
+  const bool all = bus.wait_for([&](const Seen& s) {
+    ballast_host_counter(bus.host, "comm-ucx.records_lost", &lost);
+    return int64_t(s.records.size()) + lost >= kOps;
+  });
+  t.api->destroy(comm);
+  std::lock_guard<std::mutex> lock(bus.seen.mu);
+  CHECK(all);
+  CHECK(lost >= kOps - 2 * 1024);  // at most two periods' worth read in time
+  CHECK(int64_t(bus.seen.records.size()) + lost == kOps);
+  for (size_t i = 1; i < bus.seen.records.size(); ++i) CHECK(bus.seen.records[i].seq > bus.seen.records[i - 1].seq);
 }
