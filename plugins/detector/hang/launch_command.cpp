@@ -3,6 +3,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -157,6 +158,7 @@ int launch_main(int argc, char** argv) {
   std::vector<pid_t> pids(size_t(n), -1);
   std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
   for (int r = 0; r < n; ++r) {
+    const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("ballast launch: fork");
@@ -165,6 +167,10 @@ int launch_main(int argc, char** argv) {
     }
     if (pid == 0) {
       setpgid(0, 0);
+      // A launcher killed outright (SIGKILL, the OOM killer) cannot stop its
+      // ranks: the kernel does, and a rank whose launcher is already gone ends.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(127);
       const std::string rs = std::to_string(r), ns = std::to_string(n), ps = std::to_string(port);
       setenv("RANK", rs.c_str(), 1);
       setenv("LOCAL_RANK", rs.c_str(), 1);

@@ -417,6 +417,28 @@ TEST_CASE("SIGTERM and SIGHUP to ballast launch stop ranks and their children, e
   }
 }
 
+// Nothing can be handled in the launcher itself: the kernel ends the ranks
+// (PR_SET_PDEATHSIG), not their children, which a real job's ranks reap.
+TEST_CASE("SIGKILL to ballast launch: its ranks end too") {
+  const std::string dir = fresh_dir("sigkill");
+  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", "echo $$ > \"$BALLAST_TRACE_DIR/pid.$RANK\"; exec sleep 60"});
+  REQUIRE(eventually(30, [&] {
+    l.ranks.clear();
+    for (int r = 0; r < 2; ++r) {
+      pid_t rank = 0;
+      if (!(std::ifstream(dir + "/pid." + std::to_string(r)) >> rank)) return false;
+      l.ranks.push_back(rank);
+      std::string comm;
+      std::getline(std::ifstream("/proc/" + std::to_string(rank) + "/comm"), comm);
+      if (comm != "sleep") return false;
+    }
+    return true;
+  }));
+  REQUIRE(kill(l.pid, SIGKILL) == 0);
+  CHECK(l.wait(15) == 128 + SIGKILL);
+  for (pid_t p : l.ranks) CHECK(eventually(10, [&] { return gone(p); }));
+}
+
 TEST_CASE("bad input: a missing folder, a corrupt ring, a missing command") {
   auto a = capture([] { return call(ballast::hang::analyze_main, {"ballast analyze", "/nonexistent/dir"}); });
   CHECK(a.code == 2);
