@@ -353,10 +353,22 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   const Member* first = nullptr;
   for (const auto& [rank, m] : members)
     if (!first || m.progress_ns < first->progress_ns) first = &m;
-  v.causes.push_back({first->ring->header.rank, "slow",
-                      "its progress in seq " + std::to_string(max_seq) + " (" + op + ") stopped first, " +
-                          seconds(now - first->progress_ns) + " ago, while its process is " +
-                          proc_state_name(first->ring->state) + ": " + progress_words(*first->last)});
+  Cause c{first->ring->header.rank, "slow",
+          "its progress in seq " + std::to_string(max_seq) + " (" + op + ") stopped first, " +
+              seconds(now - first->progress_ns) + " ago, while its process is " + proc_state_name(first->ring->state) +
+              ": " + progress_words(*first->last)};
+  // The link, when the rank it waits for is itself still sending to it: the
+  // data is on its way between two live ranks in the same operation.
+  const ballast_trace_slot& waiting = *first->last;
+  for (const auto& [rank, m] : members)
+    if (waiting.wait_peer >= 0 && m.last->rank == waiting.wait_peer && m.last->seq == max_seq && unfinished(*m.last) &&
+        m.last->send_peer == waiting.rank) {
+      c.peer = rank;
+      c.evidence = "the link from rank " + std::to_string(rank) + " to rank " + std::to_string(c.rank) +
+                   " stalled first: rank " + std::to_string(rank) + " still sends to it and it still waits for that data; " +
+                   c.evidence;
+    }
+  v.causes.push_back(c);
   return v;
 }
 
@@ -368,7 +380,11 @@ std::string Verdict::to_json() const {
   j["op"] = op.empty() ? nlohmann::json(nullptr) : nlohmann::json(op);
   j["ranks"] = ranks;
   j["root_cause"] = nlohmann::json::array();
-  for (const auto& c : causes) j["root_cause"].push_back({{"rank", c.rank}, {"kind", c.kind}, {"evidence", c.evidence}});
+  for (const auto& c : causes) {
+    nlohmann::json one = {{"rank", c.rank}, {"kind", c.kind}, {"evidence", c.evidence}};
+    if (c.peer >= 0) one["link"] = {c.peer, c.rank};  // from, to
+    j["root_cause"].push_back(one);
+  }
   if (last_progress_ns) j["stalled_for_s"] = double(wall_now() - last_progress_ns) / 1e9;
   j["warnings"] = warnings;
   return j.dump();
@@ -378,7 +394,9 @@ std::string Verdict::to_text() const {
   std::string t = "verdict: " + verdict;
   if (comm_id) t += " in communicator " + hex(comm_id) + " at seq " + std::to_string(seq) + " (" + op + ")";
   t += "\n";
-  for (const auto& c : causes) t += "  rank " + std::to_string(c.rank) + ": " + c.kind + ": " + c.evidence + "\n";
+  for (const auto& c : causes)
+    t += "  rank " + std::to_string(c.rank) + (c.peer >= 0 ? " (link from rank " + std::to_string(c.peer) + ")" : "") +
+         ": " + c.kind + ": " + c.evidence + "\n";
   for (const auto& w : warnings) t += "  warning: " + w + "\n";
   return t;
 }

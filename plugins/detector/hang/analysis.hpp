@@ -15,6 +15,7 @@ struct Cause {
   int rank = -1;         // global rank
   std::string kind;      // crashed, stuck, not_joined, slow, mismatch
   std::string evidence;  // one sentence
+  int peer = -1;         // global rank at the other end of a stalled link (kind slow), else -1
 };
 
 struct Verdict {

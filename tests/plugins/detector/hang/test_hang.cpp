@@ -546,6 +546,37 @@ TEST_CASE("two ranks in another collective are named though the ranks left at th
   for (const auto& c : v.causes) CHECK(c.kind == "mismatch");
 }
 
+// All four ranks are in seq 12, alive. Rank 2's progress stopped first and
+// it waits for rank 1, which still sends to it: the link 1 -> 2 is named.
+// When rank 1 is not sending to rank 2 (its own send to rank 3 is what is
+// left), rank 2 alone is named.
+TEST_CASE("everyone in the operation: the rank whose progress stopped first, and the link it waits on") {
+  constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
+  for (const bool link : {true, false}) {
+    INFO("link " << link);
+    std::vector<ballast::hang::RankRing> rings;
+    for (int r = 0; r < 4; ++r) {
+      rings.push_back(ring_of(r, 10, {AR, AR, AR}, BALLAST_TRACE_STARTED));
+      ballast_trace_slot& s = rings.back().records.back();
+      s.progress_tick = s.start_tick + (r == 2 ? 100 : 500);
+      s.end_tick = 0;
+      s.wait_peer = (r + 3) % 4;  // a ring: data comes from the previous rank
+      s.send_peer = -1;
+    }
+    rings[1].records.back().send_peer = link ? 2 : 3;
+    const auto v = ballast::hang::analyze(rings, {});
+    INFO(v.to_text());
+    CHECK(v.verdict == "hang");
+    REQUIRE(v.causes.size() == 1);
+    CHECK(v.causes[0].rank == 2);
+    CHECK(v.causes[0].kind == "slow");
+    CHECK(v.causes[0].peer == (link ? 1 : -1));
+    const auto j = nlohmann::json::parse(v.to_json());
+    CHECK(j["root_cause"][0].contains("link") == link);
+    if (link) CHECK(j["root_cause"][0]["link"] == nlohmann::json::array({1, 2}));
+  }
+}
+
 // Ranks 2 and 3 never joined seq 12: rank 2's process spins outside any
 // collective, rank 3's sleeps. Both are not_joined; the evidence tells the
 // busy one from the sleeping one by their CPU time.
