@@ -4,11 +4,17 @@
 #include <doctest/doctest.h>
 
 #include <nccl_comm.hpp>
+#include <trace_ring.hpp>
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -18,13 +24,79 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-}  // namespace
-
-TEST_CASE("allreduce, broadcast and allgather on device buffers, and a timeout-free run") {
+void require_gpu() {
   if (!have_gpu()) {
     MESSAGE("no CUDA device: skipped");
     std::exit(77);
   }
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A world of one on a port of its own.
+ballast_comm* world(const ballast_comm_api* api, void* state = nullptr) {
+  static int serial = 0;
+  static const std::string dir = std::filesystem::temp_directory_path().string();
+  ballast_comm_config cfg{};
+  cfg.size = sizeof cfg;
+  cfg.rank = 0;
+  cfg.nranks = 1;
+  cfg.master_port = 29000 + int(getpid() % 400) * 2 + serial++ % 2;
+  cfg.trace_dir = dir.c_str();
+  ballast_comm* comm = nullptr;
+  REQUIRE_MESSAGE(api->init(state, &cfg, &comm) == BALLAST_OK, api->last_error(state));
+  return comm;
+}
+
+// The state of record (comm, seq) in this process's ring once it is no
+// longer running, or BALLAST_TRACE_STARTED if still running after limit_s.
+uint32_t record_state(uint64_t comm_id, uint64_t seq, double limit_s, int32_t* status = nullptr) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  ballast::comm::TraceRing* ring = ballast::comm::TraceRing::current();
+  REQUIRE(ring);
+  while (true) {
+    for (uint64_t i = ring->head(); i-- > 0 && ring->head() - i <= ring->capacity();) {
+      ballast_trace_slot t;
+      if (!ring->read(i, &t) || t.comm_id != comm_id || t.seq != seq) continue;
+      if (t.state != BALLAST_TRACE_STARTED || std::chrono::steady_clock::now() > until) {
+        if (status) *status = t.status;
+        return t.state;
+      }
+      break;
+    }
+    usleep(1000);
+  }
+}
+
+// Blocks a stream from the host until release() or a time limit, so that
+// an operation enqueued behind it cannot start: a hang on one GPU.
+struct StreamGate {
+  std::atomic<bool> open{false};
+  double limit_s;
+  explicit StreamGate(cudaStream_t s, double limit = 5.0) : limit_s(limit) {
+    REQUIRE(cudaLaunchHostFunc(s, &StreamGate::hold, this) == cudaSuccess);
+  }
+  static void hold(void* user) {
+    auto* g = static_cast<StreamGate*>(user);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(g->limit_s);
+    while (!g->open.load() && std::chrono::steady_clock::now() < until) usleep(1000);
+  }
+  void release() { open.store(true); }
+};
+
+// Whether the stream drained within limit_s.
+bool drains(cudaStream_t s, double limit_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  while (cudaStreamQuery(s) == cudaErrorNotReady)
+    if (std::chrono::steady_clock::now() > until) return false;
+    else usleep(1000);
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("allreduce, broadcast and allgather on device buffers, and a timeout-free run") {
+  require_gpu();
   const ballast_comm_api* api = ballast::comm_nccl::api();
   ballast_comm_config cfg{};
   cfg.size = sizeof cfg;
@@ -74,4 +146,104 @@ TEST_CASE("init without a GPU or with a bad rank fails with a message") {
   ballast_comm* comm = nullptr;
   CHECK(api->init(nullptr, &cfg, &comm) == BALLAST_EINVAL);
   CHECK(std::string(api->last_error(nullptr)).find("invalid rank 3") != std::string::npos);
+}
+
+TEST_CASE("the watchdog ends an operation nobody waits for, and the next start goes ahead") {
+  require_gpu();
+  const ballast_comm_api* api = ballast::comm_nccl::api();
+  ballast_comm* comm = world(api);
+  ballast_comm_info info{};
+  info.size = sizeof info;
+  REQUIRE(api->info(comm, &info) == BALLAST_OK);
+  float* buf = nullptr;
+  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.recvbuf = buf;
+  a.count = 1024;
+  ballast_comm_request* req = nullptr;
+  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  CHECK(record_state(info.comm_id, 1, 10.0) == BALLAST_TRACE_DONE);  // no test() or wait() called
+  CHECK_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  CHECK(api->wait(req) == BALLAST_OK);
+  cudaFree(buf);
+  api->destroy(comm);
+}
+
+TEST_CASE("an operation that cannot start fails at its deadline: the watchdog aborts NCCL and the stream drains") {
+  require_gpu();
+  const ballast_comm_api* api = ballast::comm_nccl::api();
+  ballast_comm* comm = world(api);
+  ballast_comm_info info{};
+  info.size = sizeof info;
+  REQUIRE(api->info(comm, &info) == BALLAST_OK);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  float* buf = nullptr;
+  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
+  StreamGate gate(s);
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.recvbuf = buf;
+  a.count = 1024;
+  a.timeout_ns = 200000000;  // 200 ms
+  a.stream = s;
+  ballast_comm_request* req = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  int32_t status = 0;
+  CHECK(record_state(info.comm_id, 1, 3.0, &status) == BALLAST_TRACE_FAILED);  // no test() or wait() called
+  CHECK(status == BALLAST_ETIMEDOUT);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  gate.release();
+  CHECK(drains(s, 30.0));
+  int done = 0;
+  CHECK(api->test(req, &done) == BALLAST_ETIMEDOUT);
+  CHECK(done == 1);
+  const std::string m = api->last_error(nullptr);
+  CHECK_MESSAGE(contains(m, "allreduce seq 1 on communicator"), m);
+  CHECK_MESSAGE(contains(m, "timed out"), m);
+  CHECK_MESSAGE(contains(m, "ncclCommAbort was called"), m);
+  CHECK(api->start(comm, &a, &req) == BALLAST_ESTATE);
+  CHECK(contains(api->last_error(nullptr), "failed earlier"));
+  api->destroy(comm);
+  cudaFree(buf);
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("abort() from another thread ends the operation in flight with its reason") {
+  require_gpu();
+  const ballast_comm_api* api = ballast::comm_nccl::api();
+  ballast_comm* comm = world(api);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  float* buf = nullptr;
+  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
+  StreamGate gate(s);
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.recvbuf = buf;
+  a.count = 1024;
+  a.stream = s;
+  ballast_comm_request* req = nullptr;
+  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  std::thread other([&] {
+    usleep(100000);
+    api->abort(comm, "the launcher saw a peer die");
+  });
+  CHECK(api->wait(req) == BALLAST_EABORTED);
+  CHECK(contains(api->last_error(nullptr), "the launcher saw a peer die"));
+  other.join();
+  gate.release();
+  CHECK(drains(s, 30.0));
+  CHECK(api->start(comm, &a, &req) == BALLAST_EABORTED);
+  api->destroy(comm);
+  cudaFree(buf);
+  cudaStreamDestroy(s);
 }
