@@ -1,18 +1,63 @@
-// ballast-comm-nccl: the plugin entry. The logic is in nccl_comm.cpp.
+// ballast-comm-nccl: the plugin entry. The logic is in nccl_comm.cpp; with
+// a host, a timer publishes the process's trace ring (publisher.hpp) every
+// publish_period_seconds (default 0.1). The ring is the process's, made at
+// its first traced communicator: the timer publishes nothing before.
 #include "nccl_comm.hpp"
+#include "publisher.hpp"
 
 #include <ballast/plugin.h>
 
+#include <cstdlib>
 #include <new>
 #include <string_view>
 
 namespace {
 
-int create(const ballast_host_api*, void** state) {
-  *state = nullptr;  // stateless: every communicator carries its own state
-  return BALLAST_OK;
+using ballast::comm::TraceRing;
+using ballast::comm_nccl::RingPublisher;
+
+struct State {
+  const ballast_host_api* host;
+  RingPublisher publisher;
+  uint64_t timer = 0;
+  bool timing = false;
+};
+
+void publish_ring(void* user) {
+  auto* s = static_cast<State*>(user);
+  if (const TraceRing* ring = TraceRing::current()) s->publisher.publish(*ring);
 }
-void destroy(void*) {}
+
+int create(const ballast_host_api* host, void** state) {
+  *state = new (std::nothrow) State{host, RingPublisher(host)};
+  return *state ? BALLAST_OK : BALLAST_ENOMEM;
+}
+
+int start(void* state) {
+  auto* s = static_cast<State*>(state);
+  if (!s->host || !s->host->timer_start || !s->host->publish) return BALLAST_OK;  // no bus to publish on
+  double period = 0.1;
+  const char* v = nullptr;
+  if (s->host->config_get && s->host->config_get(s->host, "publish_period_seconds", &v) == BALLAST_OK)
+    period = std::atof(v);
+  if (!(period > 0)) {
+    if (s->host->set_error)
+      s->host->set_error(s->host, "publish_period_seconds must be positive");
+    return BALLAST_EINVAL;
+  }
+  if (const TraceRing* ring = TraceRing::current()) s->publisher.start_at(ring->head());
+  const int rc = s->host->timer_start(s->host, uint64_t(period * 1e9), publish_ring, s, &s->timer);
+  s->timing = rc == BALLAST_OK;
+  return rc;
+}
+
+void stop(void* state) {
+  auto* s = static_cast<State*>(state);
+  if (s->timing) s->host->timer_cancel(s->host, s->timer);
+  s->timing = false;
+}
+
+void destroy(void* state) { delete static_cast<State*>(state); }
 
 const void* get_interface(void*, const char* name, uint32_t version) {
   const std::string_view n = name ? name : "";
@@ -23,8 +68,9 @@ const ballast_interface_info kInterfaces[] = {{BALLAST_COMM_INTERFACE, BALLAST_C
 
 const ballast_plugin_descriptor kDescriptor = {
     sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "comm-nccl", "0.1.0", "comm",
-    "collectives on CUDA devices over NCCL (non-blocking communicators, watchdog, abort on timeout), traced",
-    create, nullptr, nullptr, destroy, get_interface, kInterfaces};
+    "collectives on CUDA devices over NCCL (non-blocking communicators, a watchdog that aborts on timeout or error), "
+    "traced and published on the bus",
+    create, start, stop, destroy, get_interface, kInterfaces};
 
 }  // namespace
 

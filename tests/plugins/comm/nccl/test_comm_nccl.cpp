@@ -6,6 +6,9 @@
 #include <nccl_comm.hpp>
 #include <trace_ring.hpp>
 
+#include <ballast/events.h>
+#include <ballast/host.h>
+
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -246,4 +250,50 @@ TEST_CASE("abort() from another thread ends the operation in flight with its rea
   api->destroy(comm);
   cudaFree(buf);
   cudaStreamDestroy(s);
+}
+
+TEST_CASE("with a host, the plugin's operations arrive on the bus as collective.record") {
+  require_gpu();
+  const std::string path = std::string(BALLAST_PLUGIN_DIR) + "/ballast-comm-nccl.so";
+  ballast_host* host = nullptr;
+  REQUIRE(ballast_host_create("test", &host) == BALLAST_OK);
+  REQUIRE_MESSAGE(ballast_host_load_plugin(host, path.c_str(), "{ publish_period_seconds = 0.02 }") == BALLAST_OK,
+                  ballast_last_error());
+  std::mutex mu;
+  std::vector<uint64_t> seqs;
+  auto on_record = [](void* user, const ballast_event* e) {
+    auto* seen = static_cast<std::pair<std::mutex*, std::vector<uint64_t>*>*>(user);
+    if (std::string(e->topic) != "collective.record") return 0;
+    std::lock_guard<std::mutex> lock(*seen->first);
+    seen->second->push_back(static_cast<const ballast_collective_record*>(e->payload)->seq);
+    return 0;
+  };
+  std::pair<std::mutex*, std::vector<uint64_t>*> seen{&mu, &seqs};
+  uint64_t sub = 0;
+  REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_record, &seen, &sub) == BALLAST_OK);
+  REQUIRE(ballast_host_start(host) == BALLAST_OK);
+  const void* table = nullptr;
+  REQUIRE(ballast_host_get_interface(host, "comm-nccl", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) == BALLAST_OK);
+  const auto* api = static_cast<const ballast_comm_api*>(table);
+  ballast_comm* comm = world(api);
+  float* buf = nullptr;
+  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.recvbuf = buf;
+  a.count = 1024;
+  for (int i = 0; i < 3; ++i) REQUIRE_MESSAGE(api->run(comm, &a) == BALLAST_OK, api->last_error(nullptr));
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (seqs.size() >= 3) break;
+    }
+    usleep(20000);
+  }
+  api->destroy(comm);
+  cudaFree(buf);
+  ballast_host_destroy(host);
+  CHECK(seqs == std::vector<uint64_t>{1, 2, 3});
 }

@@ -1,0 +1,76 @@
+#include "publisher.hpp"
+
+#include <ballast/events.h>
+
+namespace ballast::comm_nccl {
+
+namespace {
+
+void send(const ballast_host_api* host, const comm::TraceRing& ring, const ballast_trace_slot& t, bool finished) {
+  ballast_collective_record r{};
+  r.size = sizeof r;
+  r.state = t.state;
+  r.comm_id = t.comm_id;
+  r.seq = t.seq;
+  r.op = ballast_op_name(t.op);
+  r.dtype = ballast_dtype_name(t.dtype);
+  r.algorithm = ballast_algorithm_name(t.algorithm);
+  r.count = t.count;
+  r.bytes = t.bytes;
+  r.rank = t.rank;
+  r.nranks = t.nranks;
+  r.peer = t.peer;
+  r.status = t.status;
+  r.issue_ns = ring.wall_ns(t.issue_tick);
+  r.start_ns = ring.wall_ns(t.start_tick);
+  r.end_ns = t.end_tick ? ring.wall_ns(t.end_tick) : 0;
+  r.chunks_posted = t.chunks_posted;
+  r.chunks_sent = t.chunks_sent;
+  r.chunks_received = t.chunks_received;
+  r.chunks_reduced = t.chunks_reduced;
+  ballast_event e{};
+  e.size = sizeof e;
+  e.schema = BALLAST_SCHEMA_COLLECTIVE_RECORD;
+  e.topic = finished ? "collective.record" : "collective.progress";
+  e.source.rank = t.world_rank;
+  e.payload = &r;
+  e.payload_size = sizeof r;
+  host->publish(host, &e);
+}
+
+}  // namespace
+
+int RingPublisher::publish(const comm::TraceRing& ring) {
+  const uint64_t head = ring.head();
+  if (head - cursor_ > ring.capacity()) {  // overwritten before this call saw them
+    cursor_ = head - ring.capacity();
+    published_.erase(published_.begin(), published_.lower_bound(cursor_));
+  }
+  int events = 0;
+  // The cursor moves over finished records only while every record before
+  // them is finished too; past one in flight, finished ones are remembered.
+  bool blocked = false;
+  for (uint64_t i = cursor_; i < head; ++i) {
+    if (published_.count(i)) {
+      if (!blocked) {
+        published_.erase(i);
+        cursor_ = i + 1;
+      }
+      continue;
+    }
+    ballast_trace_slot t;
+    if (!ring.read(i, &t)) {  // being written: the next call sees it
+      blocked = true;
+      continue;
+    }
+    const bool finished = t.state == BALLAST_TRACE_DONE || t.state == BALLAST_TRACE_FAILED;
+    send(host_, ring, t, finished);
+    ++events;
+    if (!finished) blocked = true;
+    else if (!blocked) cursor_ = i + 1;
+    else published_.insert(i);
+  }
+  return events;
+}
+
+}  // namespace ballast::comm_nccl

@@ -1,0 +1,34 @@
+// The process's trace ring on the bus: collective.record once for each
+// finished operation, collective.progress for each one in flight every time
+// it is called. Called from the host's timer thread, off the operations'
+// path; it only reads the ring.
+#pragma once
+
+#include "trace_ring.hpp"
+
+#include <ballast/plugin.h>
+
+#include <cstdint>
+#include <set>
+
+namespace ballast::comm_nccl {
+
+class RingPublisher {
+ public:
+  explicit RingPublisher(const ballast_host_api* host) : host_(host) {}
+  // Publish from record `index` on (the ring's head when the plugin starts:
+  // what happened before is not news).
+  void start_at(uint64_t index) {
+    cursor_ = index;
+    published_.clear();
+  }
+  // Publish what changed since the last call. Returns the events published.
+  int publish(const comm::TraceRing& ring);
+
+ private:
+  const ballast_host_api* host_;
+  uint64_t cursor_ = 0;             // the records before it are finished and were published
+  std::set<uint64_t> published_;    // finished records after cursor_ already published
+};
+
+}  // namespace ballast::comm_nccl
