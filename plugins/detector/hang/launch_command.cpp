@@ -41,8 +41,12 @@ double since(std::chrono::steady_clock::time_point t) {
 // The signal (SIGINT, SIGTERM, SIGHUP) that asked the launcher to stop the
 // job, 0 if none. The handler only sets it; the watch loop acts on it.
 volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_stop_signals = 0;  // how many came: one more during a stop cuts its grace
 
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  g_stop_signals = g_stop_signals + 1;
+}
 
 // Catches SIGINT, SIGTERM and SIGHUP while it lives, then puts the previous
 // handlers back (launch_main may run inside a longer-lived process). The
@@ -52,6 +56,7 @@ class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
+    g_stop_signals = 0;
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
@@ -73,7 +78,8 @@ class StopSignals {
 // process group (and SIGCONT: a stopped process must run to die of it), up
 // to kGraceSeconds for the groups to empty, then SIGKILL to those left. A
 // group outlives its leader when the rank's own children ignore SIGTERM, so
-// the group is watched, not only the rank.
+// the group is watched, not only the rank. A stop signal that comes during
+// the grace (a second Ctrl-C) cuts it short.
 void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
   constexpr double kGraceSeconds = 3;
   const size_t n = pids.size();
@@ -87,7 +93,12 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
       kill(-pids[r], SIGCONT);
     }
   const auto t_term = std::chrono::steady_clock::now();
+  const int signals_before = g_stop_signals;
   for (bool any = true; any && since(t_term) < kGraceSeconds;) {
+    if (g_stop_signals != signals_before) {
+      std::fprintf(stderr, "ballast launch: SIG%s during the stop: killing the ranks now\n", sigabbrev_np(g_stop_signal));
+      break;
+    }
     any = false;
     for (size_t r = 0; r < n; ++r) {
       reap(r);
@@ -157,8 +168,8 @@ int launch_main(int argc, char** argv) {
   const StopSignals stop_signals;
   std::vector<pid_t> pids(size_t(n), -1);
   std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
+  const pid_t launcher = getpid();
   for (int r = 0; r < n; ++r) {
-    const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("ballast launch: fork");

@@ -417,6 +417,37 @@ TEST_CASE("SIGTERM and SIGHUP to ballast launch stop ranks and their children, e
   }
 }
 
+// Ranks that ignore SIGTERM hold the launcher for its 3 s grace; a second
+// SIGINT (Ctrl-C again) ends the wait: SIGKILL at once.
+TEST_CASE("a second SIGINT to ballast launch kills the ranks without waiting out the grace") {
+  const std::string dir = fresh_dir("sigint2");
+  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c",
+                   "trap '' TERM; sleep 60 & echo $$ $! > \"$BALLAST_TRACE_DIR/pids.$RANK\"; wait"});
+  REQUIRE(eventually(30, [&] {
+    l.ranks.clear();
+    for (int r = 0; r < 2; ++r) {
+      pid_t shell = 0, child = 0;
+      if (!(std::ifstream(dir + "/pids." + std::to_string(r)) >> shell >> child)) return false;
+      l.ranks.insert(l.ranks.end(), {shell, child});
+      std::string comm;
+      std::getline(std::ifstream("/proc/" + std::to_string(child) + "/comm"), comm);
+      if (comm != "sleep") return false;
+    }
+    return true;
+  }));
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(kill(l.pid, SIGINT) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(kill(l.pid, SIGINT) == 0);
+  const int code = l.wait(15);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(l.err());
+  CHECK(code == 128 + SIGINT);
+  CHECK(took < 2.5);  // the grace alone is 3 s
+  CHECK(l.err().find("during the stop: killing the ranks now") != std::string::npos);
+  for (pid_t p : l.ranks) CHECK(gone(p));
+}
+
 // Nothing can be handled in the launcher itself: the kernel ends the ranks
 // (PR_SET_PDEATHSIG), not their children, which a real job's ranks reap.
 TEST_CASE("SIGKILL to ballast launch: its ranks end too") {
