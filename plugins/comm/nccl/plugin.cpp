@@ -1,9 +1,9 @@
 // ballast-comm-nccl: the plugin entry. The logic is in nccl_comm.cpp; with
-// a host, a timer publishes the process's trace ring (publisher.hpp) every
+// a host, a timer publishes the process's trace ring (ring_publisher.hpp) every
 // publish_period_seconds (default 0.1). The ring is the process's, made at
 // its first traced communicator: the timer publishes nothing before.
 #include "nccl_comm.hpp"
-#include "publisher.hpp"
+#include "ring_publisher.hpp"
 
 #include <ballast/plugin.h>
 
@@ -14,7 +14,7 @@
 namespace {
 
 using ballast::comm::TraceRing;
-using ballast::comm_nccl::RingPublisher;
+using ballast::comm::RingPublisher;
 
 struct State {
   const ballast_host_api* host;

@@ -7,7 +7,7 @@
 // test_comm_nccl.
 #include <doctest/doctest.h>
 
-#include <publisher.hpp>
+#include <ring_publisher.hpp>
 #include <trace_ring.hpp>
 
 #include <ballast/events.h>
@@ -24,7 +24,7 @@
 namespace {
 
 using ballast::comm::TraceRing;
-using ballast::comm_nccl::RingPublisher;
+using ballast::comm::RingPublisher;
 
 struct Seen {
   std::mutex mu;
@@ -53,11 +53,16 @@ struct Bus {
   ballast_host* host = nullptr;
   Seen seen;
   uint64_t sub = 0;
+  int64_t lost = 0;  // the publisher's "records_lost" counter
 
   Bus() {
     api.size = sizeof api;
     api.publish = [](const ballast_host_api* a, const ballast_event* e) {
       return ballast_host_publish(reinterpret_cast<const Bus*>(a)->host, e);
+    };
+    api.counter_add = [](const ballast_host_api* a, const char* name, int64_t delta) {
+      if (std::string(name) == "records_lost") reinterpret_cast<Bus*>(const_cast<ballast_host_api*>(a))->lost += delta;
+      return 0;
     };
     REQUIRE(ballast_host_create("test", &host) == BALLAST_OK);
     REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_event, &seen, &sub) == BALLAST_OK);
@@ -168,7 +173,7 @@ TEST_CASE("finished records are published once as collective.record, running one
   CHECK(bus.seen.records[0].status == BALLAST_ETIMEDOUT);
 }
 
-TEST_CASE("records written before the start are not news; records overwritten before a call are skipped") {
+TEST_CASE("records written before the start are not news; records overwritten before a call are counted lost") {
   TraceRing* r = ring();
   add(r, 100, true);
   Bus bus;
@@ -181,6 +186,7 @@ TEST_CASE("records written before the start are not news; records overwritten be
   std::lock_guard<std::mutex> lock(bus.seen.mu);
   REQUIRE(bus.seen.records.size() == r->capacity());
   CHECK(bus.seen.records.front().seq == 1000 + 10);  // the 10 oldest were overwritten
+  CHECK(bus.lost == 10);
   CHECK(bus.seen.records.back().seq == 1000 + r->capacity() + 9);
   CHECK(r->head() - first == r->capacity() + 10);
 }

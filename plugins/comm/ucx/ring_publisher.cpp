@@ -1,12 +1,14 @@
-#include "publisher.hpp"
+#include "ring_publisher.hpp"
 
 #include <ballast/events.h>
 
-namespace ballast::comm_nccl {
+#include <iterator>
+
+namespace ballast::comm {
 
 namespace {
 
-void send(const ballast_host_api* host, const comm::TraceRing& ring, const ballast_trace_slot& t, bool finished) {
+void send(const ballast_host_api* host, const TraceRing& ring, const ballast_trace_slot& t, bool finished) {
   ballast_collective_record r{};
   r.size = sizeof r;
   r.state = t.state;
@@ -40,11 +42,15 @@ void send(const ballast_host_api* host, const comm::TraceRing& ring, const balla
 
 }  // namespace
 
-int RingPublisher::publish(const comm::TraceRing& ring) {
+int RingPublisher::publish(const TraceRing& ring) {
   const uint64_t head = ring.head();
   if (head - cursor_ > ring.capacity()) {  // overwritten before this call saw them
-    cursor_ = head - ring.capacity();
-    published_.erase(published_.begin(), published_.lower_bound(cursor_));
+    const uint64_t oldest = head - ring.capacity();
+    const auto seen_end = published_.lower_bound(oldest);
+    const uint64_t lost = oldest - cursor_ - uint64_t(std::distance(published_.begin(), seen_end));
+    if (host_->counter_add) host_->counter_add(host_, "records_lost", int64_t(lost));
+    published_.erase(published_.begin(), seen_end);
+    cursor_ = oldest;
   }
   int events = 0;
   // The cursor moves over finished records only while every record before
@@ -73,4 +79,4 @@ int RingPublisher::publish(const comm::TraceRing& ring) {
   return events;
 }
 
-}  // namespace ballast::comm_nccl
+}  // namespace ballast::comm

@@ -1,7 +1,10 @@
 // The process's trace ring on the bus: collective.record once for each
 // finished operation, collective.progress for each one in flight every time
 // it is called. Called from the host's timer thread, off the operations'
-// path; it only reads the ring.
+// path; it only reads the ring. Shared by the UCX and NCCL plugins, as the
+// ring itself is. Records overwritten before a call saw them (more operations
+// between two calls than the ring holds) are counted in the plugin's counter
+// "records_lost", never guessed.
 #pragma once
 
 #include "trace_ring.hpp"
@@ -11,7 +14,7 @@
 #include <cstdint>
 #include <set>
 
-namespace ballast::comm_nccl {
+namespace ballast::comm {
 
 class RingPublisher {
  public:
@@ -23,7 +26,7 @@ class RingPublisher {
     published_.clear();
   }
   // Publish what changed since the last call. Returns the events published.
-  int publish(const comm::TraceRing& ring);
+  int publish(const TraceRing& ring);
 
  private:
   const ballast_host_api* host_;
@@ -31,4 +34,4 @@ class RingPublisher {
   std::set<uint64_t> published_;    // finished records after cursor_ already published
 };
 
-}  // namespace ballast::comm_nccl
+}  // namespace ballast::comm
