@@ -197,6 +197,24 @@ struct Launcher {
   }
 };
 
+// Shell ranks write their pids to DIR/pids.RANK, the last one a `sleep`
+// (their own, or a child's): ready when every rank's last pid runs `sleep`
+// (exec'd, so that its disposition of SIGTERM is set). Fills l->ranks.
+bool sleeping_ranks(int n, Launcher* l) {
+  l->ranks.clear();
+  for (int r = 0; r < n; ++r) {
+    std::ifstream f(l->dir + "/pids." + std::to_string(r));
+    std::vector<pid_t> pids;
+    for (pid_t p = 0; f >> p;) pids.push_back(p);
+    if (pids.empty()) return false;
+    l->ranks.insert(l->ranks.end(), pids.begin(), pids.end());
+    std::string comm;
+    std::getline(std::ifstream("/proc/" + std::to_string(pids.back()) + "/comm"), comm);
+    if (comm != "sleep") return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a rank killed during the job is named crashed") {
@@ -394,20 +412,7 @@ TEST_CASE("SIGTERM and SIGHUP to ballast launch stop ranks and their children, e
     INFO("signal " << c.sig);
     const std::string dir = fresh_dir("sig" + std::to_string(c.sig));
     Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", c.script});
-    // Ready when both ranks wrote their pids and their children are `sleep`
-    // (exec'd, so that their disposition of SIGTERM is set).
-    REQUIRE(eventually(30, [&] {
-      l.ranks.clear();
-      for (int r = 0; r < 2; ++r) {
-        pid_t shell = 0, child = 0;
-        if (!(std::ifstream(dir + "/pids." + std::to_string(r)) >> shell >> child)) return false;
-        l.ranks.insert(l.ranks.end(), {shell, child});
-        std::string comm;
-        std::getline(std::ifstream("/proc/" + std::to_string(child) + "/comm"), comm);
-        if (comm != "sleep") return false;
-      }
-      return true;
-    }));
+    REQUIRE(eventually(30, [&] { return sleeping_ranks(2, &l); }));
     REQUIRE(kill(l.pid, c.sig) == 0);
     const int code = l.wait(15);
     INFO(l.err());
@@ -423,18 +428,7 @@ TEST_CASE("a second SIGINT to ballast launch kills the ranks without waiting out
   const std::string dir = fresh_dir("sigint2");
   Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c",
                    "trap '' TERM; sleep 60 & echo $$ $! > \"$BALLAST_TRACE_DIR/pids.$RANK\"; wait"});
-  REQUIRE(eventually(30, [&] {
-    l.ranks.clear();
-    for (int r = 0; r < 2; ++r) {
-      pid_t shell = 0, child = 0;
-      if (!(std::ifstream(dir + "/pids." + std::to_string(r)) >> shell >> child)) return false;
-      l.ranks.insert(l.ranks.end(), {shell, child});
-      std::string comm;
-      std::getline(std::ifstream("/proc/" + std::to_string(child) + "/comm"), comm);
-      if (comm != "sleep") return false;
-    }
-    return true;
-  }));
+  REQUIRE(eventually(30, [&] { return sleeping_ranks(2, &l); }));
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE(kill(l.pid, SIGINT) == 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -452,19 +446,8 @@ TEST_CASE("a second SIGINT to ballast launch kills the ranks without waiting out
 // (PR_SET_PDEATHSIG), not their children, which a real job's ranks reap.
 TEST_CASE("SIGKILL to ballast launch: its ranks end too") {
   const std::string dir = fresh_dir("sigkill");
-  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", "echo $$ > \"$BALLAST_TRACE_DIR/pid.$RANK\"; exec sleep 60"});
-  REQUIRE(eventually(30, [&] {
-    l.ranks.clear();
-    for (int r = 0; r < 2; ++r) {
-      pid_t rank = 0;
-      if (!(std::ifstream(dir + "/pid." + std::to_string(r)) >> rank)) return false;
-      l.ranks.push_back(rank);
-      std::string comm;
-      std::getline(std::ifstream("/proc/" + std::to_string(rank) + "/comm"), comm);
-      if (comm != "sleep") return false;
-    }
-    return true;
-  }));
+  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", "echo $$ > \"$BALLAST_TRACE_DIR/pids.$RANK\"; exec sleep 60"});
+  REQUIRE(eventually(30, [&] { return sleeping_ranks(2, &l); }));
   REQUIRE(kill(l.pid, SIGKILL) == 0);
   CHECK(l.wait(15) == 128 + SIGKILL);
   for (pid_t p : l.ranks) CHECK(eventually(10, [&] { return gone(p); }));
