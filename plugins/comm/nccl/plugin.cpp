@@ -7,55 +7,24 @@
 
 #include <ballast/plugin.h>
 
-#include <cstdlib>
 #include <new>
 #include <string_view>
 
 namespace {
 
-using ballast::comm::TraceRing;
 using ballast::comm::RingPublisher;
 
 struct State {
-  const ballast_host_api* host;
   RingPublisher publisher;
-  uint64_t timer = 0;
-  bool timing = false;
 };
 
-void publish_ring(void* user) {
-  auto* s = static_cast<State*>(user);
-  if (const TraceRing* ring = TraceRing::current()) s->publisher.publish(*ring);
-}
-
 int create(const ballast_host_api* host, void** state) {
-  *state = new (std::nothrow) State{host, RingPublisher(host)};
+  *state = new (std::nothrow) State{RingPublisher(host)};
   return *state ? BALLAST_OK : BALLAST_ENOMEM;
 }
 
-int start(void* state) {
-  auto* s = static_cast<State*>(state);
-  if (!s->host || !s->host->timer_start || !s->host->publish) return BALLAST_OK;  // no bus to publish on
-  double period = 0.1;
-  const char* v = nullptr;
-  if (s->host->config_get && s->host->config_get(s->host, "publish_period_seconds", &v) == BALLAST_OK)
-    period = std::atof(v);
-  if (!(period > 0)) {
-    if (s->host->set_error)
-      s->host->set_error(s->host, "publish_period_seconds must be positive");
-    return BALLAST_EINVAL;
-  }
-  if (const TraceRing* ring = TraceRing::current()) s->publisher.start_at(ring->head());
-  const int rc = s->host->timer_start(s->host, uint64_t(period * 1e9), publish_ring, s, &s->timer);
-  s->timing = rc == BALLAST_OK;
-  return rc;
-}
-
-void stop(void* state) {
-  auto* s = static_cast<State*>(state);
-  if (s->timing) s->host->timer_cancel(s->host, s->timer);
-  s->timing = false;
-}
+int start(void* state) { return static_cast<State*>(state)->publisher.start(); }
+void stop(void* state) { static_cast<State*>(state)->publisher.stop(); }
 
 void destroy(void* state) { delete static_cast<State*>(state); }
 

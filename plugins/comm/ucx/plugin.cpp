@@ -6,7 +6,6 @@
 #include <ballast/comm.h>
 #include <ballast/plugin.h>
 
-#include <cstdlib>
 #include <string_view>
 
 namespace {
@@ -16,36 +15,10 @@ using namespace ballast::comm;
 struct State {
   const ballast_host_api* host;
   RingPublisher publisher;
-  uint64_t timer = 0;
-  bool timing = false;
 };
 
-void publish_ring(void* user) {
-  auto* s = static_cast<State*>(user);
-  if (const TraceRing* ring = TraceRing::current()) s->publisher.publish(*ring);
-}
-
-int start(void* state) {
-  auto* s = static_cast<State*>(state);
-  if (!s->host || !s->host->timer_start || !s->host->publish) return BALLAST_OK;
-  double period = 0.1;
-  const char* v = nullptr;
-  if (s->host->config_get && s->host->config_get(s->host, "publish_period_seconds", &v) == BALLAST_OK) period = std::atof(v);
-  if (period <= 0) {
-    s->host->set_error(s->host, "comm-ucx: publish_period_seconds must be positive");
-    return BALLAST_EINVAL;
-  }
-  if (const TraceRing* ring = TraceRing::current()) s->publisher.start_at(ring->head());  // only what happens from now on
-  const int rc = s->host->timer_start(s->host, uint64_t(period * 1e9), publish_ring, s, &s->timer);
-  s->timing = rc == BALLAST_OK;
-  return rc;
-}
-
-void stop(void* state) {
-  auto* s = static_cast<State*>(state);
-  if (s->timing) s->host->timer_cancel(s->host, s->timer);
-  s->timing = false;
-}
+int start(void* state) { return static_cast<State*>(state)->publisher.start(); }
+void stop(void* state) { static_cast<State*>(state)->publisher.stop(); }
 
 // Failures are also handed to the host, so that `ballast` prints them.
 int report(void* state, int rc) {

@@ -2,6 +2,7 @@
 
 #include <ballast/events.h>
 
+#include <cstdlib>
 #include <iterator>
 
 namespace ballast::comm {
@@ -41,6 +42,29 @@ void send(const ballast_host_api* host, const TraceRing& ring, const ballast_tra
 }
 
 }  // namespace
+
+int RingPublisher::start() {
+  if (!host_ || !host_->timer_start || !host_->publish) return BALLAST_OK;  // no bus to publish on
+  double period = 0.1;
+  const char* v = nullptr;
+  if (host_->config_get && host_->config_get(host_, "publish_period_seconds", &v) == BALLAST_OK) period = std::atof(v);
+  if (!(period > 0)) {
+    if (host_->set_error) host_->set_error(host_, "publish_period_seconds must be positive");
+    return BALLAST_EINVAL;
+  }
+  if (const TraceRing* ring = TraceRing::current()) start_at(ring->head());
+  auto tick = [](void* self) {
+    if (const TraceRing* ring = TraceRing::current()) static_cast<RingPublisher*>(self)->publish(*ring);
+  };
+  const int rc = host_->timer_start(host_, uint64_t(period * 1e9), tick, this, &timer_);
+  timing_ = rc == BALLAST_OK;
+  return rc;
+}
+
+void RingPublisher::stop() {
+  if (timing_) host_->timer_cancel(host_, timer_);
+  timing_ = false;
+}
 
 int RingPublisher::publish(const TraceRing& ring) {
   const uint64_t head = ring.head();

@@ -19,8 +19,18 @@ namespace ballast::comm {
 class RingPublisher {
  public:
   explicit RingPublisher(const ballast_host_api* host) : host_(host) {}
-  // Publish from record `index` on (the ring's head when the plugin starts:
-  // what happened before is not news).
+  ~RingPublisher() { stop(); }
+  RingPublisher(const RingPublisher&) = delete;
+  RingPublisher& operator=(const RingPublisher&) = delete;
+
+  // The plugin's start and stop: publish on the host's timer every
+  // publish_period_seconds of the plugin's config (0.1 by default; not
+  // positive: BALLAST_EINVAL), from the ring's head now on (what happened
+  // before is not news). Without a host bus or timers, nothing to do.
+  int start();
+  void stop();
+
+  // Publish from record `index` on.
   void start_at(uint64_t index) {
     cursor_ = index;
     published_.clear();
@@ -30,6 +40,8 @@ class RingPublisher {
 
  private:
   const ballast_host_api* host_;
+  uint64_t timer_ = 0;
+  bool timing_ = false;
   uint64_t cursor_ = 0;             // the records before it are finished and were published
   std::set<uint64_t> published_;    // finished records after cursor_ already published
 };
