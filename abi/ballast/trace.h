@@ -1,11 +1,14 @@
 /* Ballast C ABI: the collective trace ring, a file in shared memory.
  *
- * Every process that runs collectives through a comm plugin writes one ring
- * file, "<dir>/rank-<R>.<pid>.btrace" (dir: BALLAST_TRACE_DIR, else
- * /dev/shm), created at the first communicator and kept after the process
- * ends, so that an observer (the hang detector, `ballast analyze`) can read
- * it while the process runs, is stopped (SIGSTOP) or is gone. The file is a
- * header followed by slot_count slots; the layout below is the contract.
+ * Every comm plugin that runs collectives in a process writes one ring file,
+ * "<dir>/rank-<R>.<pid>.<writer>.btrace" (dir: BALLAST_TRACE_DIR, else
+ * /dev/shm; writer: the plugin, "ucx" or "nccl"), created at its first
+ * communicator and kept after the process ends, so that an observer (the
+ * hang detector, `ballast analyze`) can read it while the process runs, is
+ * stopped (SIGSTOP) or is gone. Readers take every "*.btrace" file and merge
+ * those of one process. A writer makes the file complete under another name
+ * and renames it into place. The file is a header followed by slot_count
+ * slots; the layout below is the contract.
  *
  * Writer (one process, several threads): claim index i = head++ (atomic),
  * set slot[i % slot_count].gen = 0, fill the fields, then store gen = i + 1

@@ -295,7 +295,7 @@ int c_init(void*, const ballast_comm_config* cfg, ballast_comm** out) {
   std::memcpy(&uid, boot.peers[0].address.data(), std::min(sizeof uid, boot.peers[0].address.size()));
   TraceRing* ring = nullptr;
   const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
-  if (trace && !(ring = TraceRing::process_ring(cfg && cfg->trace_dir ? cfg->trace_dir : "", rank, n, &err)))
+  if (trace && !(ring = TraceRing::process_ring("nccl", cfg && cfg->trace_dir ? cfg->trace_dir : "", rank, n, &err)))
     return fail(BALLAST_EIO, err);
   Comm* c = new_comm(device, rank, n, rank, boot.job_id, timeout, ring);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -223,7 +223,7 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   const bool trace = !(cfg && (cfg->flags & BALLAST_COMM_NO_TRACE)) && env_i64("BALLAST_TRACE", 1) != 0;
   if (trace) {
     std::string terr;
-    w->ring = TraceRing::process_ring(cfg && cfg->trace_dir ? cfg->trace_dir : "", rank, nranks, &terr);
+    w->ring = TraceRing::process_ring("ucx", cfg && cfg->trace_dir ? cfg->trace_dir : "", rank, nranks, &terr);
     if (!w->ring) {
       *err = terr;
       *status = BALLAST_EIO;

@@ -118,6 +118,7 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err) {
   else if (hd.slot_size != sizeof(ballast_trace_slot)) bad = "field slot_size is " + std::to_string(hd.slot_size) + ", expected 192";
   else if (hd.header_size < sizeof(ballast_trace_header)) bad = "field header_size is " + std::to_string(hd.header_size);
   else if (hd.slot_count == 0 || (hd.slot_count & (hd.slot_count - 1)) != 0) bad = "field slot_count " + std::to_string(hd.slot_count) + " is not a power of two";
+  else if (!(hd.ns_per_tick > 0)) bad = "field ns_per_tick is " + std::to_string(hd.ns_per_tick) + ", not positive";
   else if (size < size_t(hd.header_size) + size_t(hd.slot_count) * hd.slot_size)
     bad = "the file (" + std::to_string(size) + " bytes) is shorter than its " + std::to_string(hd.slot_count) + " slots";
   if (!bad.empty()) {
@@ -151,29 +152,73 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err) {
   return true;
 }
 
+RankRing merge_rings(std::vector<RankRing> parts) {
+  if (parts.size() == 1) return std::move(parts.front());
+  RankRing out = std::move(parts.front());
+  // A tick of another writer's clock on out's clock; 0 stays 0 (not yet).
+  auto rebase = [&out](const RankRing& from, uint64_t tick) -> uint64_t {
+    if (tick == 0) return 0;
+    return out.header.clock_tick + uint64_t(int64_t(double(from.wall_ns(tick) - out.header.clock_wall_ns) /
+                                                    out.header.ns_per_tick));
+  };
+  for (size_t p = 1; p < parts.size(); ++p) {
+    const RankRing& r = parts[p];
+    out.path += ", " + r.path;
+    out.overflow += r.overflow;
+    out.header.head += r.header.head;
+    out.header.closed = out.header.closed && r.header.closed;
+    out.header.heartbeat_tick = std::max(out.header.heartbeat_tick, rebase(r, r.header.heartbeat_tick));
+    for (ballast_trace_slot s : r.records) {
+      s.issue_tick = rebase(r, s.issue_tick);
+      s.start_tick = rebase(r, s.start_tick);
+      s.end_tick = rebase(r, s.end_tick);
+      s.progress_tick = rebase(r, s.progress_tick);
+      out.records.push_back(s);
+    }
+  }
+  std::stable_sort(out.records.begin(), out.records.end(),
+                   [](const ballast_trace_slot& a, const ballast_trace_slot& b) { return a.issue_tick < b.issue_tick; });
+  return out;
+}
+
 std::vector<RankRing> read_dir(const std::string& dir, std::vector<std::string>* errors) {
-  std::map<int32_t, RankRing> by_rank;
+  std::map<int32_t, std::map<int32_t, std::vector<RankRing>>> files;  // rank -> pid -> its rings
   DIR* d = opendir(dir.c_str());
   if (!d) {
     errors->push_back(dir + ": cannot open the directory: " + std::strerror(errno));
     return {};
   }
   const std::string suffix = BALLAST_TRACE_SUFFIX;
+  std::vector<std::string> names;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());  // the same merge order whatever readdir's
+  for (const auto& name : names) {
     RankRing r;
     std::string err;
     if (!read_ring(dir + "/" + name, &r, &err)) {
       errors->push_back(err);
       continue;
     }
-    auto it = by_rank.find(r.header.rank);
-    if (it == by_rank.end() || it->second.header.clock_wall_ns < r.header.clock_wall_ns) by_rank[r.header.rank] = std::move(r);
+    files[r.header.rank][r.header.pid].push_back(std::move(r));
   }
-  closedir(d);
   std::vector<RankRing> out;
-  for (auto& [rank, r] : by_rank) out.push_back(std::move(r));
+  for (auto& [rank, by_pid] : files) {
+    // The newest process of the rank: the one whose newest ring is newest.
+    auto newest = [](const std::vector<RankRing>& rs) {
+      int64_t t = INT64_MIN;
+      for (const auto& r : rs) t = std::max(t, r.header.clock_wall_ns);
+      return t;
+    };
+    auto best = by_pid.begin();
+    for (auto it = by_pid.begin(); it != by_pid.end(); ++it)
+      if (newest(it->second) > newest(best->second)) best = it;
+    out.push_back(merge_rings(std::move(best->second)));
+  }
   return out;
 }
 

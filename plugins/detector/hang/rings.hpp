@@ -17,7 +17,7 @@ enum class ProcState { unknown, alive, stopped, gone };
 const char* proc_state_name(ProcState s);
 
 struct RankRing {
-  std::string path;
+  std::string path;                         // the file; the files, joined by ", ", when merged
   ballast_trace_header header{};
   std::vector<ballast_trace_slot> records;  // oldest first, only consistent copies
   uint64_t overflow = 0;                    // records overwritten before this read
@@ -31,9 +31,14 @@ struct RankRing {
 // file is not a ring of this version.
 bool read_ring(const std::string& path, RankRing* out, std::string* err);
 
-// Read every *.btrace file of dir; when a rank wrote several (restarts), the
-// newest file (highest clock) wins. Files that fail to read are reported in
-// *errors and skipped.
+// One process's rings (one per comm plugin it ran: rank-R.PID.ucx.btrace,
+// rank-R.PID.nccl.btrace) as one: every record, oldest first, on the first
+// ring's clock; overflow and head summed; closed only when every writer closed.
+RankRing merge_rings(std::vector<RankRing> parts);
+
+// Read every *.btrace file of dir, one RankRing per rank: the files of its
+// newest process (highest clock; older ones are restarts) merged. Files that
+// fail to read are reported in *errors and skipped.
 std::vector<RankRing> read_dir(const std::string& dir, std::vector<std::string>* errors);
 
 // The state of pid on this host, when host is this host's name.

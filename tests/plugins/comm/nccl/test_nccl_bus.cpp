@@ -80,7 +80,7 @@ struct Bus {
 
 TraceRing* ring() {
   std::string err;
-  TraceRing* r = TraceRing::process_ring(std::filesystem::temp_directory_path().string(), 2, 4, &err);
+  TraceRing* r = TraceRing::process_ring("nccl", std::filesystem::temp_directory_path().string(), 2, 4, &err);
   REQUIRE_MESSAGE(r, err);
   return r;
 }

@@ -35,7 +35,7 @@ struct Running {
 
   explicit Running(const std::string& n) : name(n) {
     std::string err;
-    ring = TraceRing::process_ring(std::filesystem::temp_directory_path().string(), 0, 2, &err);
+    ring = TraceRing::process_ring("nccl", std::filesystem::temp_directory_path().string(), 0, 2, &err);
     REQUIRE_MESSAGE(ring, err);
     slot = ring->claim(&index);
     *slot = ballast_trace_slot{};

@@ -343,6 +343,10 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
     return call(ballast::hang::launch_main, {"ballast launch", "-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "50", "--check"});
   });
   CHECK(l.code == 0);
+  std::set<std::string> rings;  // the comm-ucx plugin names its ring rank-R.PID.ucx.btrace
+  for (const auto& e : fs::directory_iterator(dir)) rings.insert(e.path().filename().string());
+  REQUIRE(rings.size() == 2);
+  for (const auto& name : rings) CHECK_MESSAGE(std::regex_match(name, std::regex("rank-[01]\\.[0-9]+\\.ucx\\.btrace")), name);
   const auto a = capture([&] {
     return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--chrome", dir + "/trace.json"});
   });

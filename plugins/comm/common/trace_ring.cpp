@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +32,8 @@ TraceRing* g_ring = nullptr;
 
 }  // namespace
 
-TraceRing* TraceRing::process_ring(const std::string& dir_in, int rank, int nranks, std::string* err) {
+TraceRing* TraceRing::process_ring(const std::string& writer, const std::string& dir_in, int rank, int nranks,
+                                   std::string* err) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_ring) return g_ring;
   std::string dir = dir_in;
@@ -39,31 +41,34 @@ TraceRing* TraceRing::process_ring(const std::string& dir_in, int rank, int nran
     const char* env = std::getenv("BALLAST_TRACE_DIR");
     dir = env && *env ? env : "/dev/shm";
   }
-  const std::string path = dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) +
-                           BALLAST_TRACE_SUFFIX;
+  g_ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
+                      BALLAST_TRACE_SUFFIX,
+                  rank, nranks, err);
+  return g_ring;
+}
+
+TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std::string* err) {
+  const std::string part = path + ".part";  // not *.btrace: readers skip it
   const size_t bytes = sizeof(ballast_trace_header) + size_t(kSlots) * sizeof(ballast_trace_slot);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    *err = "cannot create trace ring " + path + ": " + std::strerror(errno);
+    *err = "cannot create trace ring " + part + ": " + std::strerror(errno);
     return nullptr;
   }
   if (ftruncate(fd, off_t(bytes)) != 0) {
-    *err = "cannot size trace ring " + path + ": " + std::strerror(errno);
+    *err = "cannot size trace ring " + part + ": " + std::strerror(errno);
     close(fd);
+    unlink(part.c_str());
     return nullptr;
   }
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (mem == MAP_FAILED) {
-    *err = "cannot map trace ring " + path + ": " + std::strerror(errno);
+    *err = "cannot map trace ring " + part + ": " + std::strerror(errno);
+    unlink(part.c_str());
     return nullptr;
   }
-  auto* ring = new TraceRing();  // lives as long as the process: observers read it after we die
-  ring->hdr_ = static_cast<ballast_trace_header*>(mem);
-  ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
-  ring->mask_ = kSlots - 1;
-  ring->path_ = path;
-  ballast_trace_header* h = ring->hdr_;
+  ballast_trace_header* h = static_cast<ballast_trace_header*>(mem);
   h->version = BALLAST_TRACE_VERSION;
   h->header_size = sizeof(ballast_trace_header);
   h->slot_size = sizeof(ballast_trace_slot);
@@ -76,8 +81,18 @@ TraceRing* TraceRing::process_ring(const std::string& dir_in, int rank, int nran
   h->clock_wall_ns = clock_ns(CLOCK_REALTIME);
   h->heartbeat_tick = h->clock_tick;
   gethostname(h->host, sizeof h->host - 1);
-  __atomic_store_n(&h->magic, BALLAST_TRACE_MAGIC, __ATOMIC_RELEASE);  // last: the file is valid
-  g_ring = ring;
+  __atomic_store_n(&h->magic, BALLAST_TRACE_MAGIC, __ATOMIC_RELEASE);
+  if (rename(part.c_str(), path.c_str()) != 0) {
+    *err = "cannot rename trace ring " + part + " to " + path + ": " + std::strerror(errno);
+    munmap(mem, bytes);
+    unlink(part.c_str());
+    return nullptr;
+  }
+  auto* ring = new TraceRing();  // lives as long as the process: observers read it after we die
+  ring->hdr_ = h;
+  ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
+  ring->mask_ = kSlots - 1;
+  ring->path_ = path;
   return ring;
 }
 

@@ -28,10 +28,18 @@ inline uint64_t trace_tick_coarse() { return trace_ns(CLOCK_MONOTONIC_COARSE); }
 
 class TraceRing {
  public:
-  // The process's ring, created on first use in `dir` (BALLAST_TRACE_DIR or
-  // /dev/shm when empty). Later calls return the same ring whatever dir says.
-  // NULL with *err set when the file cannot be created. Thread-safe.
-  static TraceRing* process_ring(const std::string& dir, int rank, int nranks, std::string* err);
+  // The ring of this plugin in this process, created on first use as
+  // "<dir>/rank-R.PID.<writer>.btrace" (dir: BALLAST_TRACE_DIR or /dev/shm
+  // when empty; writer: the plugin, "ucx" or "nccl", so that two comm plugins
+  // in one process keep two files). Later calls return the same ring whatever
+  // they say. NULL with *err set when the file cannot be created. Thread-safe.
+  static TraceRing* process_ring(const std::string& writer, const std::string& dir, int rank, int nranks,
+                                 std::string* err);
+  // A new ring at `path`, for process_ring and for tests. It appears complete
+  // (written under another name, then renamed), so that a reader never sees
+  // a half-made file, and replaces a file of that name without truncating
+  // it under a reader that still maps it.
+  static TraceRing* create(const std::string& path, int rank, int nranks, std::string* err);
 
   // Claim the next slot and mark it being written; the caller fills it and
   // calls publish(). Any thread.

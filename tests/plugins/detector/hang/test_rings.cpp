@@ -1,0 +1,175 @@
+// Trace-ring files as the hang detector reads them: the writer of
+// plugins/comm/common (the one both comm plugins use) and read_dir, with
+// real files, real mappings and a real second process.
+#include <doctest/doctest.h>
+
+#include <rings.hpp>
+#include <trace_ring.hpp>
+
+#include "../../comm/ucx/scratch_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace fs = std::filesystem;
+using ballast::comm::TraceRing;
+using ballast::hang::RankRing;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = test::scratch() / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string ring_path(const std::string& dir, int rank, int pid, const std::string& writer) {
+  return dir + "/rank-" + std::to_string(rank) + "." + std::to_string(pid) + "." + writer + ".btrace";
+}
+
+TraceRing* make_ring(const std::string& path, int rank) {
+  std::string err;
+  TraceRing* r = TraceRing::create(path, rank, 2, &err);
+  REQUIRE_MESSAGE(r, err);
+  return r;
+}
+
+// A finished (or, with done false, running) allreduce of `comm`.
+void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done) {
+  uint64_t i = 0;
+  ballast_trace_slot* s = r->claim(&i);
+  s->comm_id = comm;
+  s->seq = seq;
+  s->op = BALLAST_OP_ALLREDUCE;
+  s->peer = -1;
+  s->issue_tick = s->start_tick = ballast::comm::trace_tick();
+  s->end_tick = done ? s->start_tick + 1000 : 0;
+  s->state = done ? BALLAST_TRACE_DONE : BALLAST_TRACE_STARTED;
+  TraceRing::publish(s, i);
+}
+
+const RankRing* of_rank(const std::vector<RankRing>& rings, int rank) {
+  for (const auto& r : rings)
+    if (r.header.rank == rank) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("the rings of one process's two comm plugins are read as one rank, the newest process of each rank") {
+  const std::string dir = fresh_dir("two-writers");
+  const int self = int(getpid());
+  // Rank 1 ran before in another process (a restart): its ring must lose to this one.
+  const pid_t old = fork();
+  REQUIRE(old >= 0);
+  if (old == 0) {
+    std::string err;
+    TraceRing* r = TraceRing::create(ring_path(dir, 1, int(getpid()), "ucx"), 1, 2, &err);
+    if (!r) _exit(1);
+    for (uint64_t seq = 1; seq <= 9; ++seq) add(r, 0x99, seq, true);
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(old, &status, 0) == old);
+  REQUIRE(WEXITSTATUS(status) == 0);
+  usleep(2000);  // this process's rings are made later: a later clock_wall_ns
+
+  TraceRing* ucx = make_ring(ring_path(dir, 0, self, "ucx"), 0);
+  TraceRing* nccl = make_ring(ring_path(dir, 0, self, "nccl"), 0);
+  TraceRing* rank1 = make_ring(ring_path(dir, 1, self, "ucx"), 1);
+  // 100 us apart: far more than the two rings' clocks can differ once merged.
+  for (auto [ring, comm, seq, done] : {std::tuple{ucx, 0x11, 1, true}, {nccl, 0x22, 1, true}, {ucx, 0x11, 2, false},
+                                       {nccl, 0x22, 2, false}}) {
+    add(ring, uint64_t(comm), uint64_t(seq), done);
+    usleep(100);
+  }
+  add(rank1, 0x11, 1, true);
+  ucx->set_closed(true);  // one writer shut down; the process as a whole did not
+
+  std::vector<std::string> errors;
+  const auto rings = ballast::hang::read_dir(dir, &errors);
+  CHECK(errors.empty());
+  REQUIRE(rings.size() == 2);
+  const RankRing* r0 = of_rank(rings, 0);
+  REQUIRE(r0);
+  CHECK(r0->header.pid == self);
+  CHECK(r0->header.head == 4);
+  CHECK(r0->header.closed == 0);
+  CHECK(r0->path.find(".ucx.btrace") != std::string::npos);
+  CHECK(r0->path.find(".nccl.btrace") != std::string::npos);
+  REQUIRE(r0->records.size() == 4);
+  // Oldest first, both writers' records, ticks on one clock: the order they were issued in.
+  std::vector<std::pair<uint64_t, uint64_t>> order;
+  for (const auto& s : r0->records) order.push_back({s.comm_id, s.seq});
+  CHECK(order == std::vector<std::pair<uint64_t, uint64_t>>{{0x11, 1}, {0x22, 1}, {0x11, 2}, {0x22, 2}});
+  CHECK(r0->records[3].end_tick == 0);  // still running: no end invented by the merge
+  // The nccl ring's ticks, moved onto the ucx ring's clock (both CLOCK_MONOTONIC here), hardly move.
+  ballast_trace_slot written;
+  REQUIRE(nccl->read(0, &written));
+  CHECK(std::llabs(int64_t(r0->records[1].issue_tick - written.issue_tick)) < 1000000);
+  const RankRing* r1 = of_rank(rings, 1);
+  REQUIRE(r1);
+  CHECK(r1->header.pid == self);  // not the older process's
+  REQUIRE(r1->records.size() == 1);
+  CHECK(r1->records[0].comm_id == 0x11);
+
+  nccl->set_closed(true);
+  errors.clear();
+  const auto later = ballast::hang::read_dir(dir, &errors);
+  REQUIRE(of_rank(later, 0));
+  CHECK(of_rank(later, 0)->header.closed == 1);
+}
+
+TEST_CASE("a ring made again at the same path leaves a reader's mapping of the old one intact") {
+  const std::string dir = fresh_dir("remake");
+  const std::string path = ring_path(dir, 0, int(getpid()), "ucx");
+  TraceRing* first = make_ring(path, 0);
+  add(first, 0x11, 1, true);
+  const int fd = open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  const size_t bytes = sizeof(ballast_trace_header) + first->capacity() * sizeof(ballast_trace_slot);
+  void* mem = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  REQUIRE(mem != MAP_FAILED);
+  make_ring(path, 0);  // as a new process with the same pid would
+  // The reader still sees the old ring whole (a truncation would zero it, or fault).
+  const auto* h = static_cast<const ballast_trace_header*>(mem);
+  CHECK(h->magic == BALLAST_TRACE_MAGIC);
+  CHECK(__atomic_load_n(&h->head, __ATOMIC_ACQUIRE) == 1);
+  munmap(mem, bytes);
+  // The path holds the new, empty ring, and nothing else is left in the folder.
+  RankRing now;
+  std::string err;
+  REQUIRE_MESSAGE(ballast::hang::read_ring(path, &now, &err), err);
+  CHECK(now.header.head == 0);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  CHECK(names == std::set<std::string>{fs::path(path).filename().string()});
+}
+
+TEST_CASE("a ring whose clock says nothing is refused, naming the field") {
+  const std::string dir = fresh_dir("bad-clock");
+  const std::string path = ring_path(dir, 0, int(getpid()), "ucx");
+  make_ring(path, 0);
+  const int fd = open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const double zero = 0;
+  REQUIRE(pwrite(fd, &zero, sizeof zero, offsetof(ballast_trace_header, ns_per_tick)) == sizeof zero);
+  close(fd);
+  RankRing r;
+  std::string err;
+  CHECK_FALSE(ballast::hang::read_ring(path, &r, &err));
+  CHECK(err.find(path) == 0);
+  CHECK(err.find("field ns_per_tick") != std::string::npos);
+}
