@@ -16,9 +16,18 @@
  *
  * Threads: a communicator and its requests belong to one thread at a time
  * (the caller serialises start/test/wait/destroy); abort() may be called from
- * any thread, also while another thread waits. One operation per
- * communicator is in flight at a time (start returns BALLAST_ESTATE while
- * one is); sub-communicators progress independently of their parent.
+ * any thread, also while another thread waits. Sub-communicators progress
+ * independently of their parent.
+ *
+ * Operations in flight: a communicator takes up to info.max_in_flight
+ * operations started and not yet completed by test() or wait() (start then
+ * returns BALLAST_EFULL; a plugin that takes one says 1). Its collectives run
+ * in the order they were started, every rank's in the same order, one after
+ * the other (testing or waiting for any of them progresses those before
+ * it); sends and receives run at once, beside them. An operation's deadline
+ * counts from its start(), queued or not. When one fails, the others in
+ * flight fail too, with its cause. A collective waiting behind another
+ * leaves a record in state issued until it runs.
  *
  * Every operation leaves a record in the process's trace ring (trace.h)
  * unless tracing was turned off. */
@@ -131,6 +140,8 @@ typedef struct ballast_comm_info {
   int32_t world_rank;   /* rank in the world communicator it descends from */
   uint64_t comm_id;     /* equal on every member, distinct per communicator */
   uint64_t seq;         /* collectives started so far on this communicator */
+  uint32_t max_in_flight; /* operations started and not yet completed it takes (see above) */
+  uint32_t reserved;
 } ballast_comm_info;
 
 typedef struct ballast_comm ballast_comm;                 /* opaque */

@@ -398,12 +398,13 @@ int c_abort(ballast_comm* comm, const char* reason) {
 
 int c_info(ballast_comm* comm, ballast_comm_info* info) {
   auto* c = reinterpret_cast<Comm*>(comm);
-  if (!c || !info || info->size < sizeof *info) return fail(BALLAST_EINVAL, "info: bad arguments");
+  if (!c || !info || info->size < offsetof(ballast_comm_info, max_in_flight)) return fail(BALLAST_EINVAL, "info: bad arguments");
   info->rank = c->rank;
   info->nranks = c->n;
   info->world_rank = c->world_rank;
   info->comm_id = c->id;
   info->seq = c->seq;
+  if (info->size >= sizeof *info) info->max_in_flight = 1;
   return BALLAST_OK;
 }
 
@@ -445,7 +446,8 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
   // if it failed (then or earlier, unseen by the caller), that is the news.
   if (c->busy) look(c, true);
   if (c->failed != BALLAST_OK) return fail(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
-  if (c->busy) return fail(BALLAST_ESTATE, "start: another operation of this communicator is in flight");
+  if (c->busy)
+    return fail(BALLAST_EFULL, "start: another operation of this communicator is in flight (comm-nccl takes one at a time)");
   ballast_comm_args a{};
   std::memcpy(&a, args, std::min<size_t>(args->size, sizeof a));
   cudaStream_t s = args->size >= sizeof a && a.stream ? static_cast<cudaStream_t>(a.stream) : c->stream;

@@ -331,7 +331,6 @@ int build(Op& op) {
       return BALLAST_OK;
     }
     case BALLAST_OP_ALLTOALL: {
-      if (src == dst && bytes) return set_last_error(BALLAST_EINVAL, "alltoall cannot run in place (sendbuf == recvbuf)");
       if (bytes) std::memcpy(dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;

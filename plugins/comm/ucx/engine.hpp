@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <memory>
 
 namespace ballast::comm {
 
@@ -167,7 +169,6 @@ struct Op {
   int64_t deadline = 0;
   int64_t next_live_check = 0;
   uint32_t iter = 0;
-  unsigned events = 0;  // UCX events the last progress() call handled
   bool exact_ticks = false;  // end the record on the exact clock (else the coarse one, see trace_ring.hpp)
   uint64_t start_tick = 0;   // the record's start: the clock read for the deadline
   ballast_trace_slot* slot = nullptr;
@@ -178,9 +179,15 @@ struct Op {
   uint64_t chunks_total = 0, chunks_posted = 0, chunks_sent = 0, chunks_received = 0, chunks_reduced = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t chunks_at_refresh = 0;  // sent + received when the record's progress time was last moved
+  uint64_t issue_tick = 0;         // when start() was called (the clock read for the deadline)
+  bool built = false;              // its steps are made: it runs (a queued collective is not yet)
+  bool done = false;               // ended: status and msg are final, the caller has yet to collect it
   int status = BALLAST_OK;
   std::string msg;
 };
+
+// Operations started and not yet collected per communicator, at most.
+inline constexpr size_t kMaxInFlight = 64;
 
 struct Comm {
   std::shared_ptr<World> w;
@@ -201,8 +208,15 @@ struct Comm {
   bool ctrl_done_now = false;
   char notice[512];
   Scratch scratch, accum;
-  Op op;
-  bool busy = false;
+  // Operations in flight. Collectives run one at a time in start order (they
+  // share the scratch buffers): the first of `queue` runs, the others wait
+  // with their steps not yet made. Sends and receives need no scratch and
+  // all run at once, beside the collective. A request is an Op*, pooled:
+  // an op returns to `idle` when test or wait hands its result over.
+  std::deque<Op*> queue;
+  std::vector<Op*> p2p;
+  std::vector<std::unique_ptr<Op>> ops;
+  std::vector<Op*> idle;
   bool trace = true;
   TscClock clock;  // operations' starts and deadlines, and their ends when exact
 

@@ -73,7 +73,7 @@ std::string seconds(int64_t ns) {
 
 struct Member {
   const RankRing* ring;
-  const ballast_trace_slot* last;  // last collective record of the communicator
+  const ballast_trace_slot* last;  // the collective record it is in on the communicator (see analyze)
   int64_t progress_ns;             // wall time of its last progress in it
 };
 
@@ -200,12 +200,16 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     if (r.overflow)
       v.warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
 
-  // The last collective record of every rank on every communicator.
+  // Where every rank is on every communicator: its last collective record,
+  // except collectives queued behind the one it runs (issued, not started):
+  // the rank is in that one.
   std::map<uint64_t, std::map<int, Member>> comms;
   for (const auto& r : rings)
     for (const auto& s : r.records) {
       if (s.flags & BALLAST_TRACE_P2P) continue;
-      comms[s.comm_id][r.header.rank] = Member{&r, &s, last_progress(r, s)};
+      auto [at, fresh] = comms[s.comm_id].try_emplace(r.header.rank);
+      if (!fresh && s.state == BALLAST_TRACE_ISSUED && unfinished(*at->second.last)) continue;
+      at->second = Member{&r, &s, last_progress(r, s)};
     }
 
   // The communicator in trouble: the one whose oldest unfinished or failed
@@ -215,7 +219,7 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   for (const auto& [id, members] : comms)
     for (const auto& [rank, m] : members)
       if (unfinished(*m.last) || m.last->state == BALLAST_TRACE_FAILED) {
-        const int64_t t = m.ring->wall_ns(m.last->start_tick);
+        const int64_t t = m.ring->wall_ns(m.last->start_tick ? m.last->start_tick : m.last->issue_tick);
         if (t < oldest) {
           oldest = t;
           bad = id;

@@ -519,6 +519,33 @@ ballast::hang::RankRing ring_of(int rank, uint64_t first, const std::vector<uint
 
 }  // namespace
 
+// Ranks 0-2 run seq 11 with seqs 12 and 13 queued behind it (issued, not
+// started: a trainer starts several collectives at once); rank 3 finished
+// seq 10 and never started another. The hang is at seq 11, not 13.
+TEST_CASE("collectives queued behind the running one do not count as where a rank is") {
+  constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
+  std::vector<ballast::hang::RankRing> rings;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto r = ring_of(rank, 10, {AR, AR, AR, AR}, BALLAST_TRACE_ISSUED);
+    r.records[1].state = BALLAST_TRACE_STARTED;
+    r.records[1].end_tick = 0;
+    for (size_t i : {2, 3}) {
+      r.records[i].state = BALLAST_TRACE_ISSUED;
+      r.records[i].issue_tick = r.records[i].start_tick;
+      r.records[i].start_tick = r.records[i].end_tick = 0;
+    }
+    rings.push_back(r);
+  }
+  rings.push_back(ring_of(3, 10, {AR}, BALLAST_TRACE_DONE));
+  const auto v = ballast::hang::analyze(rings, {});
+  INFO(v.to_text());
+  CHECK(v.verdict == "hang");
+  CHECK(v.seq == 11);
+  REQUIRE(v.causes.size() == 1);
+  CHECK(v.causes[0].rank == 3);
+  CHECK(v.causes[0].kind == "not_joined");
+}
+
 // Rank 0 broadcast at seq 12 and moved on; rank 2 failed on it; ranks 1 and 3
 // were told of the failure while still in seq 11. At seq 12 one rank stands
 // against one: the call all ranks made at seq 11 tells which is the job's.

@@ -1,0 +1,226 @@
+// Several operations of one communicator in flight at once, as a trainer
+// overlapping its gradient buckets does: collectives run in start order
+// (queued behind the running one), sends and receives beside them; real
+// processes over shared memory and tcp.
+#include <doctest/doctest.h>
+
+#include "ranks.hpp"
+
+#include <trace_ring.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+using namespace ballast::comm;
+
+namespace {
+
+ballast_comm_args args_of(uint32_t op, void* in, void* out, uint64_t count, uint32_t dtype = BALLAST_DT_F32) {
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = op;
+  a.dtype = dtype;
+  a.redop = BALLAST_RED_SUM;
+  a.sendbuf = in;
+  a.recvbuf = out;
+  a.count = count;
+  return a;
+}
+
+// Allreduces of sizes that take every algorithm (one exchange, recursive
+// doubling, halving, ring in chunks), a broadcast and an allgather, all
+// started before any is waited for, then waited for in reverse order.
+int queued_collectives(int rank, int n, int port, bool test_last_first) {
+  auto cfg = test::config(rank, n, port, 30000);
+  Comm* c = nullptr;
+  if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  const std::vector<uint64_t> counts = {2, 200, 5000, 70000, 300001, 1u << 20};
+  std::vector<std::vector<float>> in, out;
+  std::vector<ballast_comm_request*> reqs;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    in.emplace_back(counts[k]);
+    out.emplace_back(counts[k], -1.0f);
+    for (uint64_t i = 0; i < counts[k]; ++i) in[k][i] = float((rank + 1) * (i % 7 + k));
+  }
+  std::vector<int32_t> bcast(1000, rank == 1 ? 42 : 0);
+  std::vector<int32_t> mine(300, rank), all(300 * size_t(n), -1);
+  for (size_t k = 0; k < counts.size(); ++k) {
+    auto a = args_of(BALLAST_OP_ALLREDUCE, in[k].data(), out[k].data(), counts[k]);
+    ballast_comm_request* r = nullptr;
+    if (int rc = comm_start(c, &a, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    reqs.push_back(r);
+    if (k == 2) {  // a broadcast and an allgather among them
+      auto b = args_of(BALLAST_OP_BROADCAST, nullptr, bcast.data(), bcast.size(), BALLAST_DT_I32);
+      b.root = 1;
+      auto g = args_of(BALLAST_OP_ALLGATHER, mine.data(), all.data(), mine.size(), BALLAST_DT_I32);
+      for (auto* x : {&b, &g}) {
+        if (int rc = comm_start(c, x, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+        reqs.push_back(r);
+      }
+    }
+  }
+  if (test_last_first) {
+    // Polling the last one runs all before it: each is then done at its first test.
+    int done = 0;
+    while (!done)
+      if (int rc = comm_test(reqs.back(), &done); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    reqs.pop_back();
+    for (auto* r : reqs) {
+      const int rc = comm_test(r, &done);
+      if (rc != BALLAST_OK || !done) return test::child_fail(rank, rc ? rc : BALLAST_ESTATE, "an earlier op was not done");
+    }
+  } else {
+    for (size_t k = reqs.size(); k-- > 0;)
+      if (int rc = comm_wait(reqs[k]); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  }
+  const float ranks_sum = float(n * (n + 1) / 2);
+  for (size_t k = 0; k < counts.size(); ++k)
+    for (uint64_t i = 0; i < counts[k]; ++i)
+      if (out[k][i] != ranks_sum * float(i % 7 + k))
+        return test::child_fail(rank, BALLAST_EIO, "allreduce " + std::to_string(k) + " element " + std::to_string(i));
+  for (int32_t v : bcast)
+    if (v != 42) return test::child_fail(rank, BALLAST_EIO, "broadcast");
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i] != int32_t(i / 300)) return test::child_fail(rank, BALLAST_EIO, "allgather");
+  // The records: each queued collective was issued at start, started only
+  // after the one before it ended.
+  TraceRing* ring = TraceRing::current();
+  ballast_comm_info info{};
+  info.size = sizeof info;
+  comm_info(c, &info);
+  uint64_t prev_end = 0;
+  int queued = 0;
+  for (uint64_t i = 0; i < ring->head(); ++i) {
+    ballast_trace_slot s;
+    if (!ring->read(i, &s) || s.comm_id != info.comm_id) continue;
+    if (s.state != BALLAST_TRACE_DONE || s.start_tick < s.issue_tick || s.end_tick < s.start_tick)
+      return test::child_fail(rank, BALLAST_EIO, "record of seq " + std::to_string(s.seq) + " is not done and in order");
+    if (s.start_tick > s.issue_tick) ++queued;
+    if (s.start_tick < prev_end) return test::child_fail(rank, BALLAST_EIO, "seq " + std::to_string(s.seq) + " started before the one before ended");
+    prev_end = s.end_tick;
+  }
+  if (queued < 4) return test::child_fail(rank, BALLAST_EIO, "only " + std::to_string(queued) + " records show a wait in the queue");
+  comm_destroy(c);
+  return 0;
+}
+
+void expect_all_ok(const test::Result& r) {
+  for (size_t i = 0; i < r.codes.size(); ++i) CHECK_MESSAGE(r.codes[i] == 0, "rank ", i, ": ", test::read_err(int(i)));
+}
+
+}  // namespace
+
+TEST_CASE("collectives started together run in start order and each gives its own result") {
+  for (const char* tls : {"sm,self", "tcp"})
+    for (int n : {2, 4})
+      for (bool last_first : {false, true}) {
+        INFO(tls, " ", n, " ranks", last_first ? ", the last one polled first" : ", waited in reverse");
+        const int port = test::free_port();
+        expect_all_ok(test::run_ranks(n, tls, 120, [&](int rank) { return queued_collectives(rank, n, port, last_first); }));
+      }
+}
+
+TEST_CASE("a send and a receive in flight together: both ways at once, beside a collective") {
+  // 16 MiB each way goes by rendezvous: run one after the other, each rank's
+  // send would wait for a receive the peer has not posted yet.
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO(tls);
+    const int port = test::free_port();
+    const auto r = test::run_ranks(2, tls, 120, [&](int rank) {
+      auto cfg = test::config(rank, 2, port, 20000);
+      Comm* c = nullptr;
+      if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      const size_t count = 4u << 20;
+      std::vector<float> out(count, float(rank + 1)), back(count, 0), sum(1000, 1), summed(1000, 0);
+      auto s = args_of(BALLAST_OP_SEND, out.data(), nullptr, count);
+      auto v = args_of(BALLAST_OP_RECV, nullptr, back.data(), count);
+      s.root = v.root = 1 - rank;
+      auto ar = args_of(BALLAST_OP_ALLREDUCE, sum.data(), summed.data(), sum.size());
+      ballast_comm_request *rs = nullptr, *rv = nullptr, *ra = nullptr;
+      if (int rc = comm_start(c, &s, &rs); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      if (int rc = comm_start(c, &ar, &ra); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      if (int rc = comm_start(c, &v, &rv); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      for (auto* q : {ra, rv, rs})
+        if (int rc = comm_wait(q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      for (float x : back)
+        if (x != float(2 - rank)) return test::child_fail(rank, BALLAST_EIO, "received data");
+      for (float x : summed)
+        if (x != 2) return test::child_fail(rank, BALLAST_EIO, "allreduce");
+      comm_destroy(c);
+      return 0;
+    });
+    expect_all_ok(r);
+  }
+}
+
+TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
+  const int port = test::free_port();
+  const auto r = test::run_ranks(2, "sm,self", 60, [&](int rank) {
+    auto cfg = test::config(rank, 2, port, 20000);
+    Comm* c = nullptr;
+    if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    if (rank == 1) {  // joins nothing: rank 0's first allreduce waits for it until aborted
+      sleep(3);
+      comm_destroy(c);
+      return 0;
+    }
+    std::vector<float> buf(1000, 1);
+    std::vector<ballast_comm_request*> reqs(5);
+    for (auto*& q : reqs) {
+      auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+      if (int rc = comm_start(c, &a, &q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    }
+    int done = 0;
+    if (comm_test(reqs[4], &done) != BALLAST_OK || done) return test::child_fail(rank, BALLAST_EIO, "done without rank 1");
+    comm_abort(c, "test abort");
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      const int rc = comm_wait(reqs[k]);
+      const std::string msg = last_error();
+      if (rc != BALLAST_EABORTED || msg.find("seq " + std::to_string(k + 1)) == std::string::npos ||
+          msg.find("test abort") == std::string::npos)
+        return test::child_fail(rank, BALLAST_EIO, "op " + std::to_string(k) + ": " + std::to_string(rc) + " " + msg);
+    }
+    auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+    if (comm_run(c, &a) == BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, "ran after the abort");
+    comm_destroy(c);
+    return 0;
+  });
+  expect_all_ok(r);
+}
+
+TEST_CASE("a communicator takes 64 operations not yet completed; the 65th start says so") {
+  const int port = test::free_port();
+  const auto r = test::run_ranks(1, "sm,self", 60, [&](int rank) {
+    auto cfg = test::config(rank, 1, port, 20000);
+    Comm* c = nullptr;
+    if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    ballast_comm_info info{};
+    info.size = sizeof info;
+    if (comm_info(c, &info) != BALLAST_OK || info.max_in_flight != 64)
+      return test::child_fail(rank, BALLAST_EIO, "info.max_in_flight is " + std::to_string(info.max_in_flight));
+    ballast_comm_info older{};  // as a caller built before the field existed passes it
+    older.size = offsetof(ballast_comm_info, max_in_flight);
+    older.max_in_flight = 7;
+    if (comm_info(c, &older) != BALLAST_OK || older.nranks != 1 || older.max_in_flight != 7)
+      return test::child_fail(rank, BALLAST_EIO, "info with the older size");
+    std::vector<float> buf(16, 1);
+    std::vector<ballast_comm_request*> reqs;
+    for (int k = 0; k < 65; ++k) {
+      auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+      ballast_comm_request* q = nullptr;
+      const int rc = comm_start(c, &a, &q);
+      if (k < 64 && rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+      if (k == 64 && (rc != BALLAST_EFULL || std::string(last_error()).find("64 operations") == std::string::npos))
+        return test::child_fail(rank, BALLAST_EIO, "65th start: " + std::to_string(rc) + " " + last_error());
+      if (q) reqs.push_back(q);
+    }
+    if (comm_wait(reqs.front()) != BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, last_error());
+    auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+    ballast_comm_request* q = nullptr;
+    if (comm_start(c, &a, &q) != BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, "a start after one completed");
+    comm_destroy(c);  // 64 left in flight: destroy cancels what is left, no leak, no hang
+    return 0;
+  });
+  expect_all_ok(r);
+}
