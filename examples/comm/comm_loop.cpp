@@ -6,7 +6,9 @@
 //   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 comm_loop --op allreduce --bytes 1048576
 //
 // or `ballast launch -n 2 -- comm_loop ...`. Rank 0 prints one JSON line of
-// figures. --fault injects a failure on --fault-rank at --fault-iter (for
+// figures. --in-flight K starts K of the collective per iteration (each into
+// its own output buffer) before waiting for them, as a trainer overlapping
+// its gradient buckets does; an iteration's time is that of all K. --fault injects a failure on --fault-rank at --fault-iter (for
 // tests and demonstrations of the hang detector): kill (SIGKILL itself),
 // stop (SIGSTOP itself), skip (leave the collective out), other (call a
 // broadcast instead), exit (exit 3 without a word), slow (sleep 50 ms before
@@ -56,7 +58,7 @@ int usage(const char* why) {
                "comm_loop: %s\n"
                "usage: comm_loop [--plugin PATH] [--op allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall|barrier]\n"
                "                 [--bytes N] [--dtype f32|f64|f16|bf16|i32|i64|u8] [--redop sum|prod|min|max]\n"
-               "                 [--iters N] [--warmup N] [--timeout-ms N] [--check] [--no-trace]\n"
+               "                 [--iters N] [--warmup N] [--in-flight K] [--timeout-ms N] [--check] [--no-trace]\n"
                "                 [--fault kill|stop|skip|other|exit|slow --fault-rank R --fault-iter I]\n",
                why);
   return 2;
@@ -122,7 +124,7 @@ double load(const void* buf, uint32_t dtype, uint64_t i) {
 int main(int argc, char** argv) {
   std::string plugin, op_name = "allreduce", dtype_name = "f32", redop_name = "sum", fault;
   uint64_t bytes = 8;
-  long iters = 100, warmup = 10, timeout_ms = 0, fault_rank = -1, fault_iter = 0;
+  long iters = 100, warmup = 10, in_flight = 1, timeout_ms = 0, fault_rank = -1, fault_iter = 0;
   bool check = false, no_trace = false;
   if (const char* env = std::getenv("BALLAST_COMM_PLUGIN")) plugin = env;
 #ifdef BALLAST_DEFAULT_COMM_PLUGIN
@@ -135,7 +137,7 @@ int main(int argc, char** argv) {
     if (a == "--check") check = true;
     else if (a == "--no-trace") no_trace = true;
     else if ((a == "--plugin" || a == "--op" || a == "--dtype" || a == "--redop" || a == "--bytes" || a == "--iters" ||
-              a == "--warmup" || a == "--timeout-ms" || a == "--fault" || a == "--fault-rank" || a == "--fault-iter")) {
+              a == "--warmup" || a == "--in-flight" || a == "--timeout-ms" || a == "--fault" || a == "--fault-rank" || a == "--fault-iter")) {
       if (!(v = next())) return usage(("missing value after " + a).c_str());
       if (a == "--plugin") plugin = v;
       else if (a == "--op") op_name = v;
@@ -149,6 +151,7 @@ int main(int argc, char** argv) {
         if (a == "--bytes") bytes = uint64_t(x);
         else if (a == "--iters") iters = long(x);
         else if (a == "--warmup") warmup = long(x);
+        else if (a == "--in-flight") in_flight = long(x);
         else if (a == "--timeout-ms") timeout_ms = long(x);
         else if (a == "--fault-rank") fault_rank = long(x);
         else fault_iter = long(x);
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
   if (!fault.empty() && fault != "kill" && fault != "stop" && fault != "skip" && fault != "other" && fault != "exit" &&
       fault != "slow")
     return usage(("unknown --fault " + fault).c_str());
+  if (in_flight < 1) return usage("--in-flight must be at least 1");
   if (plugin.empty()) return usage("no plugin: give --plugin PATH or BALLAST_COMM_PLUGIN");
 
   void* so = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -212,7 +216,8 @@ int main(int argc, char** argv) {
   if (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL) count = std::max<uint64_t>(count / uint64_t(n), bytes ? 1 : 0);
   const uint64_t in_elems = (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL) ? count * uint64_t(n) : count;
   const uint64_t out_elems = blocked && op != BALLAST_OP_REDUCE_SCATTER ? count * uint64_t(n) : count;
-  std::vector<char> in(std::max<uint64_t>(in_elems * es, 1)), out(std::max<uint64_t>(out_elems * es, 1));
+  std::vector<char> in(std::max<uint64_t>(in_elems * es, 1));
+  std::vector<std::vector<char>> outs(size_t(in_flight), std::vector<char>(std::max<uint64_t>(out_elems * es, 1)));
   for (uint64_t i = 0; i < in_elems; ++i) store(in.data(), uint32_t(dtype), i, value(rank, i));
 
   ballast_comm_args args{};
@@ -221,12 +226,12 @@ int main(int argc, char** argv) {
   args.dtype = uint32_t(dtype);
   args.redop = uint32_t(redop);
   args.sendbuf = in.data();
-  args.recvbuf = out.data();
   args.count = count;
   args.root = 0;
   std::vector<double> lat;
   lat.reserve(size_t(iters));
   int rc = BALLAST_OK;
+  std::string error;
   for (long it = -warmup; it < iters && rc == BALLAST_OK; ++it) {
     if (!fault.empty() && rank == fault_rank && it == fault_iter) {
       timespec now{};
@@ -246,17 +251,40 @@ int main(int argc, char** argv) {
       a.sendbuf = nullptr;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    rc = api->run(comm, &a);
+    if (in_flight == 1) {
+      a.recvbuf = outs[0].data();
+      if ((rc = api->run(comm, &a)) != BALLAST_OK) error = api->last_error(state);
+    } else {
+      std::vector<ballast_comm_request*> reqs;
+      for (auto& out : outs) {
+        a.recvbuf = out.data();
+        ballast_comm_request* r = nullptr;
+        if ((rc = api->start(comm, &a, &r)) != BALLAST_OK) {
+          error = api->last_error(state);
+          break;
+        }
+        reqs.push_back(r);
+      }
+      for (auto* r : reqs) {  // every request is waited for (and freed), the first failure kept
+        const int w = api->wait(r);
+        if (rc == BALLAST_OK && w != BALLAST_OK) {
+          rc = w;
+          error = api->last_error(state);
+        }
+      }
+    }
     const auto t1 = std::chrono::steady_clock::now();
     if (it >= 0) lat.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
   if (rc != BALLAST_OK) {
-    std::fprintf(stderr, "comm_loop: rank %d: %s: %s\n", rank, ballast_status_name(rc), api->last_error(state));
+    std::fprintf(stderr, "comm_loop: rank %d: %s: %s\n", rank, ballast_status_name(rc), error.c_str());
     api->destroy(comm);
     return 1;
   }
   long bad = 0;
-  if (check && op != BALLAST_OP_BARRIER) {
+  for (const auto& buf : outs) {
+    if (!check || op == BALLAST_OP_BARRIER) break;
+    const char* out = buf.data();
     for (uint64_t i = 0; i < out_elems; ++i) {
       double want = 0;
       if (op == BALLAST_OP_ALLREDUCE || op == BALLAST_OP_REDUCE) {
@@ -279,9 +307,9 @@ int main(int argc, char** argv) {
       } else if (op == BALLAST_OP_ALLTOALL) {
         want = value(int(i / count), uint64_t(rank) * count + i % count);
       }
-      if (load(out.data(), uint32_t(dtype), i) != want && bad++ < 3)
+      if (load(out, uint32_t(dtype), i) != want && bad++ < 3)
         std::fprintf(stderr, "comm_loop: rank %d: element %llu is %g, expected %g\n", rank, (unsigned long long)i,
-                     load(out.data(), uint32_t(dtype), i), want);
+                     load(out, uint32_t(dtype), i), want);
     }
   }
   std::sort(lat.begin(), lat.end());

@@ -201,14 +201,16 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
       v.warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
 
   // Where every rank is on every communicator: its last collective record,
-  // except collectives queued behind the one it runs (issued, not started):
-  // the rank is in that one.
+  // except collectives queued behind the one it runs or failed in (issued,
+  // or failed with it, never started): the rank is in that one.
   std::map<uint64_t, std::map<int, Member>> comms;
   for (const auto& r : rings)
     for (const auto& s : r.records) {
       if (s.flags & BALLAST_TRACE_P2P) continue;
       auto [at, fresh] = comms[s.comm_id].try_emplace(r.header.rank);
-      if (!fresh && s.state == BALLAST_TRACE_ISSUED && unfinished(*at->second.last)) continue;
+      const bool never_ran = s.state == BALLAST_TRACE_ISSUED || (s.state == BALLAST_TRACE_FAILED && s.start_tick == 0);
+      const ballast_trace_slot* in = at->second.last;
+      if (!fresh && never_ran && (unfinished(*in) || in->state == BALLAST_TRACE_FAILED)) continue;
       at->second = Member{&r, &s, last_progress(r, s)};
     }
 

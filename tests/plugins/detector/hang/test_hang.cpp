@@ -238,6 +238,23 @@ TEST_CASE("a rank that skips a collective is named not_joined") {
   expect_cause(verdict(r), "hang", 0, "not_joined");
 }
 
+TEST_CASE("with 4 collectives in flight per iteration, a killed and a skipping rank are named") {
+  // Each rank has collectives queued behind the running one (records in
+  // state issued): the verdict must place it at the one it runs.
+  const std::vector<std::string> four = {"--in-flight", "4"};
+  auto with = [&](std::vector<std::string> fault) {
+    fault.insert(fault.end(), four.begin(), four.end());
+    return fault;
+  };
+  const auto killed = launch(fresh_dir("kill4"), with({"--fault", "kill", "--fault-rank", "2", "--fault-iter", "50"}));
+  CHECK(killed.code == 1);
+  expect_cause(verdict(killed), "hang", 2, "crashed");
+  const auto skipped = launch(fresh_dir("skip4"), with({"--fault", "skip", "--fault-rank", "1", "--fault-iter", "50"}));
+  CHECK(skipped.code == 1);
+  expect_cause(verdict(skipped), "hang", 1, "not_joined");
+  CHECK(verdict(skipped)["seq"] == 4 * 300 - 3);  // the first of the last iteration's 4, which rank 1 never started
+}
+
 TEST_CASE("a rank in another collective is named mismatch") {
   const auto r = launch(fresh_dir("other"), {"--fault", "other", "--fault-rank", "1", "--fault-iter", "100"});
   CHECK(r.code == 1);
@@ -520,30 +537,36 @@ ballast::hang::RankRing ring_of(int rank, uint64_t first, const std::vector<uint
 }  // namespace
 
 // Ranks 0-2 run seq 11 with seqs 12 and 13 queued behind it (issued, not
-// started: a trainer starts several collectives at once); rank 3 finished
-// seq 10 and never started another. The hang is at seq 11, not 13.
+// started: a trainer starts several collectives at once), or failed in seq
+// 11 and so ended 12 and 13 unstarted; rank 3 finished seq 10 and never
+// started another. The hang is at seq 11, not 13.
 TEST_CASE("collectives queued behind the running one do not count as where a rank is") {
   constexpr uint32_t AR = BALLAST_OP_ALLREDUCE;
-  std::vector<ballast::hang::RankRing> rings;
-  for (int rank = 0; rank < 3; ++rank) {
-    auto r = ring_of(rank, 10, {AR, AR, AR, AR}, BALLAST_TRACE_ISSUED);
-    r.records[1].state = BALLAST_TRACE_STARTED;
-    r.records[1].end_tick = 0;
-    for (size_t i : {2, 3}) {
-      r.records[i].state = BALLAST_TRACE_ISSUED;
-      r.records[i].issue_tick = r.records[i].start_tick;
-      r.records[i].start_tick = r.records[i].end_tick = 0;
+  for (const uint32_t state : {BALLAST_TRACE_STARTED, BALLAST_TRACE_FAILED}) {
+    const bool running = state == BALLAST_TRACE_STARTED;
+    INFO((running ? "running seq 11" : "failed in seq 11"));
+    std::vector<ballast::hang::RankRing> rings;
+    for (int rank = 0; rank < 3; ++rank) {
+      auto r = ring_of(rank, 10, {AR, AR, AR, AR}, BALLAST_TRACE_ISSUED);
+      r.records[1].state = state;
+      if (running) r.records[1].end_tick = 0;
+      for (size_t i : {2, 3}) {
+        r.records[i].state = running ? BALLAST_TRACE_ISSUED : BALLAST_TRACE_FAILED;
+        r.records[i].issue_tick = r.records[i].start_tick;
+        r.records[i].start_tick = 0;
+        r.records[i].end_tick = running ? 0 : r.records[1].end_tick;
+      }
+      rings.push_back(r);
     }
-    rings.push_back(r);
+    rings.push_back(ring_of(3, 10, {AR}, BALLAST_TRACE_DONE));
+    const auto v = ballast::hang::analyze(rings, {});
+    INFO(v.to_text());
+    CHECK(v.verdict == "hang");
+    CHECK(v.seq == 11);
+    REQUIRE(v.causes.size() == 1);
+    CHECK(v.causes[0].rank == 3);
+    CHECK(v.causes[0].kind == "not_joined");
   }
-  rings.push_back(ring_of(3, 10, {AR}, BALLAST_TRACE_DONE));
-  const auto v = ballast::hang::analyze(rings, {});
-  INFO(v.to_text());
-  CHECK(v.verdict == "hang");
-  CHECK(v.seq == 11);
-  REQUIRE(v.causes.size() == 1);
-  CHECK(v.causes[0].rank == 3);
-  CHECK(v.causes[0].kind == "not_joined");
 }
 
 // Rank 0 broadcast at seq 12 and moved on; rank 2 failed on it; ranks 1 and 3
