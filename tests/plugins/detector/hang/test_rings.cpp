@@ -39,9 +39,12 @@ std::string ring_path(const std::string& dir, int rank, int pid, const std::stri
 }
 
 TraceRing* make_ring(const std::string& path, int rank) {
+  // Rings live as long as the process, as in a plugin: held where exit does not free them.
+  static auto* made = new std::vector<TraceRing*>;
   std::string err;
   TraceRing* r = TraceRing::create(path, rank, 2, &err);
   REQUIRE_MESSAGE(r, err);
+  made->push_back(r);
   return r;
 }
 
