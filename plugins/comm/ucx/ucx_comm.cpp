@@ -488,7 +488,8 @@ int progress(Op& op) {
     op.step_posted = false;
   }
   if (op.cur == op.steps.size()) {
-    finish(op, BALLAST_OK, "", false);
+    static const std::string no_message;  // not a string built per operation
+    finish(op, BALLAST_OK, no_message, false);
     return 1;
   }
   if ((++op.iter & 63) == 0) {
@@ -510,7 +511,7 @@ int progress(Op& op) {
 // Write op's record: issued (a collective queued behind another; start 0)
 // or started. Straight into the slot, each of its 3 cache lines once, in
 // order (gen stays 0 until publish): no copy through the stack.
-void write_record(Op& op, uint32_t state, uint64_t start) {
+__attribute__((always_inline)) inline void write_record(Op& op, uint32_t state, uint64_t start) {
   Comm* c = op.comm;
   const ballast_comm_args& a = op.args;
   const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
@@ -564,13 +565,12 @@ bool begin(Op& op) {
     return false;
   }
   op.built = true;
-  if (!c->trace) return true;
-  const uint64_t start = op.slot ? std::max(uint64_t(c->clock.now()), op.issue_tick) : op.issue_tick;
-  op.start_tick = start;
   if (!op.slot) {
-    write_record(op, BALLAST_TRACE_STARTED, start);
+    if (c->trace) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
     return true;
   }
+  const uint64_t start = std::max(uint64_t(c->clock.now()), op.issue_tick);
+  op.start_tick = start;
   ballast_trace_slot* s = op.slot;  // issued while queued: the rest of its record, then its state
   put(&s->algorithm, op.algorithm);
   put(&s->steps, uint32_t(op.steps.size()));
