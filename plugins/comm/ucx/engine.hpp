@@ -145,7 +145,7 @@ struct Step {
   size_t copy_len = 0;
 };
 
-struct alignas(64) Op {
+struct Op {
   Comm* comm = nullptr;
   ballast_comm_args args{};
   uint32_t esize = 1;
