@@ -180,7 +180,6 @@ struct Op {
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t chunks_at_refresh = 0;  // sent + received when the record's progress time was last moved
   uint64_t issue_tick = 0;         // when start() was called (the clock read for the deadline)
-  bool built = false;              // its steps are made: it runs (a queued collective is not yet)
   bool done = false;               // ended: status and msg are final, the caller has yet to collect it
   int status = BALLAST_OK;
   std::string msg;

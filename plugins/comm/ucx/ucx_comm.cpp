@@ -511,7 +511,7 @@ int progress(Op& op) {
 // Write op's record: issued (a collective queued behind another; start 0)
 // or started. Straight into the slot, each of its 3 cache lines once, in
 // order (gen stays 0 until publish): no copy through the stack.
-__attribute__((always_inline)) inline void write_record(Op& op, uint32_t state, uint64_t start) {
+void write_record(Op& op, uint32_t state, uint64_t start) {
   Comm* c = op.comm;
   const ballast_comm_args& a = op.args;
   const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
@@ -564,7 +564,6 @@ bool begin(Op& op) {
     c->failed = BALLAST_OK;
     return false;
   }
-  op.built = true;
   if (!op.slot) {
     if (c->trace) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
     return true;
@@ -832,7 +831,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   op.sends_in_flight = op.recvs_in_flight = 0;
   op.recvs_posted = 0;
   op.iter = 0;
-  op.built = op.done = false;
+  op.done = false;
   op.status = BALLAST_OK;
   op.msg.clear();
   const int64_t now = int64_t(c->clock.now());

@@ -429,8 +429,25 @@ std::string chrome_trace(const std::vector<RankRing>& rings) {
         events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
                           {"args", {{"name", "communicator " + hex(s.comm_id) + " (rank " + std::to_string(s.rank) +
                                                  " of " + std::to_string(s.nranks) + ")"}}}});
+      nlohmann::json args = {{"seq", s.seq}, {"bytes", s.bytes}, {"count", s.count}, {"dtype", ballast_dtype_name(s.dtype)},
+                             {"state", s.state == BALLAST_TRACE_DONE     ? "done"
+                                       : s.state == BALLAST_TRACE_FAILED ? "failed"
+                                       : s.state == BALLAST_TRACE_ISSUED ? "issued"
+                                                                         : "in flight"},
+                             {"status", s.status}, {"peer", s.peer}, {"chunks_sent", s.chunks_sent},
+                             {"chunks_received", s.chunks_received}, {"chunks_total", s.chunks_total}};
+      if (s.start_tick == 0) {
+        // Queued behind another collective and never run (still waiting, or
+        // ended by that one's failure): a mark where it was issued. A span
+        // would overlap the running one on the same thread.
+        events.push_back({{"name", std::string(ballast_op_name(s.op)) + " (not started)"}, {"ph", "i"}, {"s", "t"},
+                          {"ts", double(r.wall_ns(s.issue_tick)) / 1e3}, {"pid", rank}, {"tid", tid}, {"args", args}});
+        continue;
+      }
       const int64_t start = r.wall_ns(s.start_tick);
       const int64_t end = s.end_tick ? r.wall_ns(s.end_tick) : std::max(start, now);
+      if (s.issue_tick && s.issue_tick < s.start_tick)  // it waited in the queue for the collectives before it
+        args["queued_us"] = double(start - r.wall_ns(s.issue_tick)) / 1e3;
       events.push_back({{"name", ballast_op_name(s.op)},
                         {"cat", ballast_algorithm_name(s.algorithm)},
                         {"ph", "X"},
@@ -438,11 +455,7 @@ std::string chrome_trace(const std::vector<RankRing>& rings) {
                         {"dur", double(end - start) / 1e3},
                         {"pid", rank},
                         {"tid", tid},
-                        {"args",
-                         {{"seq", s.seq}, {"bytes", s.bytes}, {"count", s.count}, {"dtype", ballast_dtype_name(s.dtype)},
-                          {"state", s.state == BALLAST_TRACE_DONE ? "done" : s.state == BALLAST_TRACE_FAILED ? "failed" : "in flight"},
-                          {"status", s.status}, {"peer", s.peer}, {"chunks_sent", s.chunks_sent},
-                          {"chunks_received", s.chunks_received}, {"chunks_total", s.chunks_total}}}});
+                        {"args", args}});
     }
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump();

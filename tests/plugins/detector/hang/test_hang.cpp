@@ -246,9 +246,26 @@ TEST_CASE("with 4 collectives in flight per iteration, a killed and a skipping r
     fault.insert(fault.end(), four.begin(), four.end());
     return fault;
   };
-  const auto killed = launch(fresh_dir("kill4"), with({"--fault", "kill", "--fault-rank", "2", "--fault-iter", "50"}));
+  const std::string dir = fresh_dir("kill4");
+  const auto killed = launch(dir, with({"--fault", "kill", "--fault-rank", "2", "--fault-iter", "50"}));
   CHECK(killed.code == 1);
   expect_cause(verdict(killed), "hang", 2, "crashed");
+  // The Chrome trace: operations that waited in the queue say how long; the
+  // ones that never ran (ended by the failure before their turn) are marks,
+  // not spans from a start they never had.
+  const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--chrome", dir + "/t.json"}); });
+  std::ifstream f(dir + "/t.json");
+  const auto trace = nlohmann::json::parse(f);
+  int queued = 0, never_ran = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") continue;
+    INFO(e.dump());
+    CHECK(e["ts"].get<double>() > 1e15);  // microseconds since 1970, not since a tick of 0
+    if (e["ph"] == "X" && e["args"].contains("queued_us")) ++queued;
+    if (e["ph"] == "i") ++never_ran;
+  }
+  CHECK(queued > 50);
+  CHECK(never_ran >= 1);
   const auto skipped = launch(fresh_dir("skip4"), with({"--fault", "skip", "--fault-rank", "1", "--fault-iter", "50"}));
   CHECK(skipped.code == 1);
   expect_cause(verdict(skipped), "hang", 1, "not_joined");
