@@ -515,7 +515,7 @@ void write_record(Op& op, uint32_t state, uint64_t start) {
   Comm* c = op.comm;
   const ballast_comm_args& a = op.args;
   const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
-  ballast_trace_slot* s = c->w->ring->claim(&op.slot_index);
+  ballast_trace_slot* s = op.claimed;
   *s = ballast_trace_slot{.gen = 0,
                           .comm_id = c->id,
                           .seq = op.seq,
@@ -560,6 +560,7 @@ void write_record(Op& op, uint32_t state, uint64_t start) {
 bool begin(Op& op) {
   Comm* c = op.comm;
   if (int rc = build(op); rc != BALLAST_OK) {
+    if (c->trace && !op.slot) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);  // the slot is claimed
     finish(op, rc, last_error(), false);
     c->failed = BALLAST_OK;
     return false;
@@ -801,6 +802,9 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   }
   Op& op = *c->idle.back();
   c->idle.pop_back();
+  // The record's slot first: claiming it is a locked instruction, which
+  // waits for every store before it; here there are few.
+  if (c->trace) op.claimed = c->w->ring->claim(&op.slot_index);
   op.comm = c;
   std::memcpy(&op.args, args, std::min<size_t>(args->size, sizeof op.args));
   op.args.size = sizeof op.args;
