@@ -17,7 +17,7 @@ void begin_step(Op& op) {
 }
 
 void add_xfer(Op& op, bool send, int peer, char* buf, size_t len, char* reduce_dst = nullptr) {
-  Xfer& x = op.xfers.emplace_back();  // in place: an Xfer is some 500 bytes
+  Xfer& x = op.xfers.emplace_back();  // in place: an Xfer is some 500 bytes, its window left unwritten
   x.send = send;
   x.peer = peer;
   x.buf = buf ? buf : &g_zero_byte;

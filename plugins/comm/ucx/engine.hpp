@@ -114,15 +114,18 @@ struct World {
 
 constexpr int kWindow = 8;  // chunks in flight per transfer
 
+// A chunk posted. No initial values: post_chunk writes every field before
+// anything reads it, and the 8 of a transfer are 450 bytes to zero per op.
 struct Pending {
-  void* req = nullptr;
-  bool done_now = false;
-  size_t off = 0, len = 0;  // of the chunk within the transfer
-  char* at = nullptr;       // where the chunk's bytes are sent from or received to
-  ucp_tag_recv_info_t info{};
+  void* req;
+  bool done_now;
+  size_t off, len;  // of the chunk within the transfer
+  char* at;         // where the chunk's bytes are sent from or received to
+  ucp_tag_recv_info_t info;
 };
 
 struct Xfer {
+  Xfer() {}  // user-provided: emplace_back() leaves win as it is instead of zeroing it first
   bool send = false;
   int peer = 0;  // rank in the communicator
   char* buf = nullptr;
