@@ -176,8 +176,10 @@ RankRing merge_rings(std::vector<RankRing> parts) {
       out.records.push_back(s);
     }
   }
+  // Oldest first by issue, or by start for a writer that leaves the issue unset.
+  auto when = [](const ballast_trace_slot& s) { return s.issue_tick ? s.issue_tick : s.start_tick; };
   std::stable_sort(out.records.begin(), out.records.end(),
-                   [](const ballast_trace_slot& a, const ballast_trace_slot& b) { return a.issue_tick < b.issue_tick; });
+                   [&when](const ballast_trace_slot& a, const ballast_trace_slot& b) { return when(a) < when(b); });
   return out;
 }
 
