@@ -8,8 +8,9 @@
 // or `ballast launch -n 2 -- comm_loop ...`. Rank 0 prints one JSON line of
 // figures. --in-flight K starts K of the collective per iteration (each into
 // its own output buffer) before waiting for them, as a trainer overlapping
-// its gradient buckets does; an iteration's time is that of all K. --fault injects a failure on --fault-rank at --fault-iter (for
-// tests and demonstrations of the hang detector): kill (SIGKILL itself),
+// its gradient buckets does; an iteration's time is that of all K. --fault
+// injects a failure on --fault-rank at --fault-iter (for tests and
+// demonstrations of the hang detector): kill (SIGKILL itself),
 // stop (SIGSTOP itself), skip (leave the collective out), other (call a
 // broadcast instead), exit (exit 3 without a word), slow (sleep 50 ms before
 // every collective from that iteration on). Just before, the faulty rank
@@ -283,7 +284,7 @@ int main(int argc, char** argv) {
   }
   long bad = 0;
   for (const auto& buf : outs) {
-    if (!check || op == BALLAST_OP_BARRIER) break;
+    if (!check || op == BALLAST_OP_BARRIER) break;  // nothing to check
     const char* out = buf.data();
     for (uint64_t i = 0; i < out_elems; ++i) {
       double want = 0;

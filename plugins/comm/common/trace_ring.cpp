@@ -6,10 +6,8 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <mutex>
 
 static_assert(sizeof(ballast_trace_header) == 256, "trace header layout");
@@ -20,12 +18,6 @@ namespace ballast::comm {
 namespace {
 
 constexpr uint32_t kSlots = 1024;  // 192 KiB per process: stays in L2, so a record costs no cache miss
-
-int64_t clock_ns(clockid_t id) {
-  timespec ts;
-  clock_gettime(id, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 std::mutex g_mu;
 TraceRing* g_ring = nullptr;
@@ -78,7 +70,7 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   h->nranks = nranks;
   h->ns_per_tick = 1.0;  // ticks are CLOCK_MONOTONIC ns
   h->clock_tick = trace_tick();
-  h->clock_wall_ns = clock_ns(CLOCK_REALTIME);
+  h->clock_wall_ns = int64_t(trace_ns(CLOCK_REALTIME));
   h->heartbeat_tick = h->clock_tick;
   gethostname(h->host, sizeof h->host - 1);
   __atomic_store_n(&h->magic, BALLAST_TRACE_MAGIC, __ATOMIC_RELEASE);
@@ -92,7 +84,6 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   ring->hdr_ = h;
   ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
   ring->mask_ = kSlots - 1;
-  ring->path_ = path;
   return ring;
 }
 

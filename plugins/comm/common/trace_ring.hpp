@@ -1,5 +1,6 @@
 // The writer side of the collective trace ring (abi/ballast/trace.h): one
-// shared-memory file per process, mapped once, written without locks.
+// shared-memory file per comm plugin per process, mapped once, written
+// without locks.
 #pragma once
 
 #include <ballast/trace.h>
@@ -56,7 +57,6 @@ class TraceRing {
   }
   void heartbeat() { __atomic_store_n(&hdr_->heartbeat_tick, trace_tick(), __ATOMIC_RELAXED); }
   void set_closed(bool closed) { __atomic_store_n(&hdr_->closed, closed ? 1u : 0u, __ATOMIC_RELEASE); }
-  const std::string& path() const { return path_; }
   // The process's ring if one was created, else NULL. Any thread.
   static TraceRing* current();
   uint64_t head() const { return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE); }
@@ -73,7 +73,6 @@ class TraceRing {
   ballast_trace_header* hdr_ = nullptr;
   ballast_trace_slot* slots_ = nullptr;
   uint64_t mask_ = 0;
-  std::string path_;
 };
 
 }  // namespace ballast::comm

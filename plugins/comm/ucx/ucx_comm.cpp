@@ -853,12 +853,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     if (c->trace) write_record(op, BALLAST_TRACE_ISSUED, 0);
     c->queue.push_back(&op);
   } else {
-    if (!begin(op)) {
-      const int rc = op.status;
-      const std::string m = op.msg;
-      c->idle.push_back(&op);
-      return set_last_error(rc, m);
-    }
+    if (!begin(op)) return collect(op);  // failed to build: its result, and back to the pool
     if (p2p) c->p2p.push_back(&op);
     else c->queue.push_back(&op);
   }
