@@ -10,6 +10,7 @@
 // One JSON object per line: {"bench","case","metric","value","unit"}.
 // busbw follows nccl-tests: algbw = bytes / time (GB = 1e9), busbw = algbw * 2(n-1)/n,
 // with time the median call.
+#include <tsc_clock.hpp>
 #include <ucx_comm.hpp>
 
 #include <fcntl.h>
@@ -142,6 +143,10 @@ std::vector<Figures> mpi(int n, const std::string& tls, uint64_t bytes, long ite
 
 struct Trio {
   Figures traced, untraced, openmpi;
+  // Per round, Open MPI's p50 over ours (traced, untraced): above 1 when we
+  // are faster. Paired within a round, so that a slow stretch of the shared
+  // machine cancels out instead of landing on one side of a ratio of medians.
+  std::vector<double> ratio_traced, ratio_untraced;
 };
 
 // reps rounds of [traced, untraced, Open MPI], each figure the median over
@@ -149,12 +154,28 @@ struct Trio {
 // machine falls on all three alike rather than on whichever ran then.
 Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps) {
   std::vector<Figures> on, off, m;
+  Trio t;
   for (int i = 0; i < reps; ++i) {
-    for (const Figures& f : ours(n, tls, bytes, iters, true)) on.push_back(f);
-    for (const Figures& f : ours(n, tls, bytes, iters, false)) off.push_back(f);
-    for (const Figures& f : mpi(n, tls, bytes, iters)) m.push_back(f);
+    const auto a = ours(n, tls, bytes, iters, true);
+    const auto b = ours(n, tls, bytes, iters, false);
+    const auto c = mpi(n, tls, bytes, iters);
+    on.insert(on.end(), a.begin(), a.end());
+    off.insert(off.end(), b.begin(), b.end());
+    m.insert(m.end(), c.begin(), c.end());
+    if (c.empty() || c[0].p50 <= 0) continue;
+    if (!a.empty() && a[0].p50 > 0) t.ratio_traced.push_back(c[0].p50 / a[0].p50);
+    if (!b.empty() && b[0].p50 > 0) t.ratio_untraced.push_back(c[0].p50 / b[0].p50);
   }
-  return {median_of(on), median_of(off), median_of(m)};
+  t.traced = median_of(on);
+  t.untraced = median_of(off);
+  t.openmpi = median_of(m);
+  return t;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
@@ -178,6 +199,23 @@ double memcpy_gbs(uint64_t bytes) {
   }
   std::sort(t.begin(), t.end());
   return double(bytes) / t[2] / 1e9;
+}
+
+// The floor under a record's cost: one read of the clock that stamps an
+// operation's end (the TSC where the kernel counts time with it, else the
+// vDSO), which a traced operation takes and an untraced one does not.
+double clock_read_ns() {
+  ballast::comm::TscClock clock;
+  std::vector<double> t;
+  uint64_t sink = 0;
+  for (int rep = 0; rep < 11; ++rep) {
+    const int iters = 200000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) sink += clock.now();
+    t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  asm volatile("" ::"r"(sink));
+  return median(t);
 }
 
 // The cost of one operation's bookkeeping with and without its trace record:
@@ -223,15 +261,12 @@ std::pair<double, double> trace_cost() {
     diff[1].push_back(ns[1] - ns[0]);
     diff[2].push_back(ns[2] - ns[0]);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   emit("trace_record", "op_ns_untraced", median(t[0]), "ns");
   emit("trace_record", "op_ns_traced", median(t[1]), "ns");
   emit("trace_record", "trace_cost", median(diff[1]), "ns/op");
   emit("trace_record", "op_ns_traced_exact", median(t[2]), "ns");
   emit("trace_record", "trace_cost_exact", median(diff[2]), "ns/op");
+  emit("trace_record", "clock_read", clock_read_ns(), "ns");
   for (Comm* c : comm) comm_destroy(c);
   return {median(diff[1]), median(diff[2])};
 }
@@ -303,25 +338,31 @@ int main(int argc, char** argv) {
       for (uint64_t b : lat_sizes) {
         const long iters = quick ? 500 : 2000;
         const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
-        const auto [on, off, m] = measure(n, tls, b, iters, reps);
+        const Trio t = measure(n, tls, b, iters, reps);
+        const Figures &on = t.traced, &off = t.untraced, &m = t.openmpi;
         emit(cs, "p50_ballast", on.p50, "us");
         emit(cs, "p99_ballast", on.p99, "us");
         emit(cs, "p50_ballast_notrace", off.p50, "us");
         emit(cs, "p50_openmpi", m.p50, "us");
         emit(cs, "p99_openmpi", m.p99, "us");
+        emit(cs, "speedup_vs_openmpi", median(t.ratio_traced), "x");
+        emit(cs, "speedup_vs_openmpi_notrace", median(t.ratio_untraced), "x");
         if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
         emit_trace_share(cs, b, off.p50, cost);
       }
       for (uint64_t b : bw_sizes) {
         const long iters = long(std::clamp<uint64_t>((quick ? 256ull << 20 : 1ull << 30) / b, 9, 1000));
         const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
-        const auto [on, off, m] = measure(n, tls, b, iters, reps);
+        const Trio t = measure(n, tls, b, iters, reps);
+        const Figures &on = t.traced, &off = t.untraced, &m = t.openmpi;
         // The median call, not the mean: on a shared machine a descheduled
         // rank adds milliseconds to a few calls and would swamp the mean.
         auto busbw = [&](const Figures& f) { return f.p50 > 0 ? double(b) / (f.p50 * 1e-6) / 1e9 * factor : -1; };
         emit(cs, "busbw_ballast", busbw(on), "GB/s");
         emit(cs, "busbw_ballast_notrace", busbw(off), "GB/s");
         emit(cs, "busbw_openmpi", busbw(m), "GB/s");
+        emit(cs, "speedup_vs_openmpi", median(t.ratio_traced), "x");
+        emit(cs, "speedup_vs_openmpi_notrace", median(t.ratio_untraced), "x");
         if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
         emit_trace_share(cs, b, off.p50, cost);
       }
