@@ -97,6 +97,19 @@ bool drains(cudaStream_t s, double limit_s) {
   return true;
 }
 
+// An in-place f32 sum allreduce of count floats at buf on stream s (NULL:
+// the plugin's own stream).
+ballast_comm_args allreduce_args(float* buf, uint64_t count, cudaStream_t s = nullptr) {
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.recvbuf = buf;
+  a.count = count;
+  a.stream = s;
+  return a;
+}
+
 }  // namespace
 
 TEST_CASE("allreduce, broadcast and allgather on device buffers, and a timeout-free run") {
@@ -161,12 +174,7 @@ TEST_CASE("the watchdog ends an operation nobody waits for, and the next start g
   REQUIRE(api->info(comm, &info) == BALLAST_OK);
   float* buf = nullptr;
   REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.recvbuf = buf;
-  a.count = 1024;
+  const ballast_comm_args a = allreduce_args(buf, 1024);
   ballast_comm_request* req = nullptr;
   REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
   CHECK(record_state(info.comm_id, 1, 10.0) == BALLAST_TRACE_DONE);  // no test() or wait() called
@@ -188,14 +196,8 @@ TEST_CASE("an operation that cannot start fails at its deadline: the watchdog ab
   float* buf = nullptr;
   REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
   StreamGate gate(s);
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.recvbuf = buf;
-  a.count = 1024;
+  ballast_comm_args a = allreduce_args(buf, 1024, s);
   a.timeout_ns = 200000000;  // 200 ms
-  a.stream = s;
   ballast_comm_request* req = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
@@ -228,13 +230,7 @@ TEST_CASE("abort() from another thread ends the operation in flight with its rea
   float* buf = nullptr;
   REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
   StreamGate gate(s);
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.recvbuf = buf;
-  a.count = 1024;
-  a.stream = s;
+  const ballast_comm_args a = allreduce_args(buf, 1024, s);
   ballast_comm_request* req = nullptr;
   REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
   std::thread other([&] {
@@ -278,12 +274,7 @@ TEST_CASE("with a host, the plugin's operations arrive on the bus as collective.
   ballast_comm* comm = world(api);
   float* buf = nullptr;
   REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.recvbuf = buf;
-  a.count = 1024;
+  const ballast_comm_args a = allreduce_args(buf, 1024);
   for (int i = 0; i < 3; ++i) REQUIRE_MESSAGE(api->run(comm, &a) == BALLAST_OK, api->last_error(nullptr));
   for (int i = 0; i < 100; ++i) {
     {
