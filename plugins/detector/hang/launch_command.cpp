@@ -254,10 +254,17 @@ int launch_main(int argc, char** argv) {
     std::fprintf(stderr, "ballast launch: rank %d (pid %d) %s\n", failed_rank, int(pids[size_t(failed_rank)]), why.c_str());
   else
     std::fprintf(stderr, "ballast launch: the job hangs: %s\n", why.c_str());
+  for (const auto& e : errors) std::fprintf(stderr, "ballast launch: warning: %s\n", e.c_str());
   if (json) {
     std::printf("%s\n", v.to_json().c_str());
   } else {
     std::fputs(v.to_text().c_str(), stderr);
+    // "healthy" beside a failed rank reads as a contradiction: it speaks of
+    // the collectives only.
+    if (v.verdict == "healthy" && failed_rank >= 0)
+      std::fprintf(stderr, rings.empty() ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin\n"
+                                         : "  the collective traces in %s show no hang or mismatch: the failure is the rank's own\n",
+                   dir.c_str());
   }
   stop_ranks(pids, codes);
   std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());

@@ -505,6 +505,28 @@ TEST_CASE("bad input: a missing folder, a corrupt ring, a missing command") {
   CHECK(a.err.find("missing the command") != std::string::npos);
 }
 
+TEST_CASE("a rank that fails outside any collective: launch names it and says the traces show no hang") {
+  const std::string dir = fresh_dir("no-collective");
+  const auto r = capture([&] {
+    return call(ballast::hang::launch_main, {"ballast launch", "-n", "2", "--trace-dir", dir, "--", "sh", "-c",
+                                             "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30"});
+  });
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK(r.err.find("rank 1 (pid") != std::string::npos);
+  CHECK(r.err.find("exited with code 3") != std::string::npos);
+  CHECK(r.err.find("verdict: healthy") != std::string::npos);
+  CHECK(r.err.find("no trace ring in " + dir + ": no rank ran a collective") != std::string::npos);
+  // A ring it cannot read is named, not passed over.
+  std::ofstream(dir + "/rank-0.1.ucx.btrace") << std::string(300, 'x');
+  const auto bad = capture([&] {
+    return call(ballast::hang::launch_main, {"ballast launch", "-n", "1", "--trace-dir", dir, "--", "sh", "-c", "exit 4"});
+  });
+  INFO(bad.err);
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("warning: " + dir + "/rank-0.1.ucx.btrace: field magic") != std::string::npos);
+}
+
 TEST_CASE("end to end: the real `ballast launch` and `ballast analyze` name a killed rank") {
   require_ballast();
   const std::string dir = fresh_dir("e2e");
