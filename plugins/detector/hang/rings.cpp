@@ -119,6 +119,8 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err) {
   else if (hd.header_size < sizeof(ballast_trace_header)) bad = "field header_size is " + std::to_string(hd.header_size);
   else if (hd.slot_count == 0 || (hd.slot_count & (hd.slot_count - 1)) != 0) bad = "field slot_count " + std::to_string(hd.slot_count) + " is not a power of two";
   else if (!(hd.ns_per_tick > 0)) bad = "field ns_per_tick is " + std::to_string(hd.ns_per_tick) + ", not positive";
+  else if (hd.nranks < 0 || hd.rank < -1 || (hd.nranks > 0 && hd.rank >= hd.nranks))  // -1 and 0: unknown
+    bad = "field rank " + std::to_string(hd.rank) + " is outside a world of " + std::to_string(hd.nranks);
   else if (size < size_t(hd.header_size) + size_t(hd.slot_count) * hd.slot_size)
     bad = "the file (" + std::to_string(size) + " bytes) is shorter than its " + std::to_string(hd.slot_count) + " slots";
   if (!bad.empty()) {

@@ -161,18 +161,36 @@ TEST_CASE("a ring made again at the same path leaves a reader's mapping of the o
   CHECK(names == std::set<std::string>{fs::path(path).filename().string()});
 }
 
-TEST_CASE("a ring whose clock says nothing is refused, naming the field") {
-  const std::string dir = fresh_dir("bad-clock");
-  const std::string path = ring_path(dir, 0, int(getpid()), "ucx");
+namespace {
+
+// The error read_ring gives for a ring whose header holds `value` at `offset`.
+template <class T>
+std::string refusal(const std::string& name, size_t offset, T value) {
+  const std::string path = ring_path(fresh_dir(name), 0, int(getpid()), "ucx");
   make_ring(path, 0);
   const int fd = open(path.c_str(), O_RDWR);
   REQUIRE(fd >= 0);
-  const double zero = 0;
-  REQUIRE(pwrite(fd, &zero, sizeof zero, offsetof(ballast_trace_header, ns_per_tick)) == sizeof zero);
+  REQUIRE(pwrite(fd, &value, sizeof value, off_t(offset)) == sizeof value);
   close(fd);
   RankRing r;
   std::string err;
   CHECK_FALSE(ballast::hang::read_ring(path, &r, &err));
   CHECK(err.find(path) == 0);
+  return err;
+}
+
+}  // namespace
+
+TEST_CASE("a ring whose clock says nothing is refused, naming the field") {
+  const std::string err = refusal("bad-clock", offsetof(ballast_trace_header, ns_per_tick), 0.0);
   CHECK(err.find("field ns_per_tick") != std::string::npos);
+}
+
+TEST_CASE("a ring whose rank lies outside its world is refused, naming the field") {
+  CHECK(refusal("rank-past", offsetof(ballast_trace_header, rank), int32_t(99)).find("field rank 99 is outside a world of") !=
+        std::string::npos);
+  CHECK(refusal("rank-negative", offsetof(ballast_trace_header, rank), int32_t(-2)).find("field rank -2") !=
+        std::string::npos);
+  CHECK(refusal("nranks-negative", offsetof(ballast_trace_header, nranks), int32_t(-5)).find("a world of -5") !=
+        std::string::npos);
 }
