@@ -178,11 +178,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
-  if (value < 0) return;
+// One result line. A value that may be negative (a difference) is printed
+// through here; emit() skips -1, which stands for "not measured".
+void print_result(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
   std::printf("{\"bench\":\"comm\",\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.4g,\"unit\":\"%s\"}\n", cs.c_str(),
               metric.c_str(), value, unit.c_str());
   std::fflush(stdout);
+}
+
+void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit) {
+  if (value >= 0) print_result(cs, metric, value, unit);
 }
 
 double memcpy_gbs(uint64_t bytes) {
@@ -224,8 +229,7 @@ double clock_read_ns() {
 // 64 KiB and more always are; small ones end on the coarse clock where the
 // kernel's clocksource is not the TSC, else the same) blocks alternate, and
 // the median differences are taken, so that a noisy machine slows all alike.
-// Returns the two record costs in ns (small operations, large ones).
-std::pair<double, double> trace_cost() {
+void trace_cost() {
   using namespace ballast::comm;
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");
@@ -237,7 +241,7 @@ std::pair<double, double> trace_cost() {
     cfg.flags = k == 0 ? BALLAST_COMM_NO_TRACE : 0;
     cfg.trace_dir = g_trace_dir.c_str();
     setenv("BALLAST_TRACE_EXACT", k == 2 ? "1" : "0", 1);  // read once per world
-    if (comm_init(&cfg, &comm[k]) != BALLAST_OK) return {-1, -1};
+    if (comm_init(&cfg, &comm[k]) != BALLAST_OK) return;
   }
   unsetenv("BALLAST_TRACE_EXACT");
   float in[2] = {1, 2}, out[2];
@@ -268,16 +272,90 @@ std::pair<double, double> trace_cost() {
   emit("trace_record", "trace_cost_exact", median(diff[2]), "ns/op");
   emit("trace_record", "clock_read", clock_read_ns(), "ns");
   for (Comm* c : comm) comm_destroy(c);
-  return {median(diff[1]), median(diff[2])};
+}
+
+// One rank of trace_cost_2ranks: returns rank 0's median difference (ns),
+// -1 on a failure.
+double pair_blocks(int rank, const int port[2], bool control, double* untraced, double* traced) {
+  using namespace ballast::comm;
+  Comm* comm[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    ballast_comm_config cfg{};
+    cfg.size = sizeof cfg;
+    cfg.rank = rank;
+    cfg.nranks = 2;
+    cfg.master_addr = "127.0.0.1";
+    cfg.master_port = port[k];
+    cfg.flags = k == 0 || control ? BALLAST_COMM_NO_TRACE : 0;
+    cfg.trace_dir = g_trace_dir.c_str();
+    if (comm_init(&cfg, &comm[k]) != BALLAST_OK) return -1;
+  }
+  float in[2] = {1, 2}, out[2];
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.sendbuf = in;
+  a.recvbuf = out;
+  a.count = 2;
+  bool ok = true;
+  for (int i = 0; i < 1000 && ok; ++i) ok = comm_run(comm[0], &a) == BALLAST_OK && comm_run(comm[1], &a) == BALLAST_OK;
+  const int iters = 1000;
+  std::vector<double> t[2], diff;
+  for (int rep = 0; rep < 151 && ok; ++rep) {
+    double ns[2];
+    for (int j = 0; j < 2; ++j) {
+      const int k = rep % 2 ? 1 - j : j;  // which goes first alternates too
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters && ok; ++i) ok = comm_run(comm[k], &a) == BALLAST_OK;
+      ns[k] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters;
+      t[k].push_back(ns[k]);
+    }
+    diff.push_back(ns[1] - ns[0]);
+  }
+  for (Comm* c : comm) comm_destroy(c);
+  if (!ok) return -1;
+  *untraced = median(t[0]);
+  *traced = median(t[1]);
+  return median(diff);
+}
+
+// What a trace record costs a real operation: an 8-byte allreduce between
+// two processes over sm (this program and a fork of it), which besides the
+// world-of-one bookkeeping copies the operation's progress into its record
+// at the end. Each process holds a traced and an untraced world; blocks of
+// 1000 operations alternate between them and the median of the per-block
+// differences is taken. With control set both worlds are untraced: what the
+// method reads where there is nothing to find (its noise). -1 on a failure.
+double trace_cost_2ranks(bool control) {
+  const int port[2] = {free_port(), free_port()};
+  const char* old_tls = std::getenv("UCX_TLS");
+  const std::string saved = old_tls ? old_tls : "";
+  setenv("UCX_TLS", "sm,self", 1);
+  const pid_t peer = fork();
+  double untraced = -1, traced = -1;
+  if (peer == 0) _exit(pair_blocks(1, port, control, &untraced, &traced) == -1 ? 1 : 0);
+  const double cost = peer > 0 ? pair_blocks(0, port, control, &untraced, &traced) : -1;
+  int st = 0;
+  if (peer > 0) waitpid(peer, &st, 0);
+  if (old_tls) setenv("UCX_TLS", saved.c_str(), 1);
+  else unsetenv("UCX_TLS");
+  if (cost == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+  const std::string metric = control ? "trace_cost_2ranks_control" : "trace_cost_2ranks";
+  if (!control) {
+    emit("trace_record", "op_ns_untraced_2ranks", untraced, "ns");
+    emit("trace_record", "op_ns_traced_2ranks", traced, "ns");
+  }
+  print_result("trace_record", metric, cost, "ns/op");
+  return cost;
 }
 
 // What tracing adds to an operation, in % of its untraced p50: the record's
-// cost measured in process, since across 2-4 processes on a shared machine
-// the traced and untraced p50 differ by more than that from run to run
-// (the trace_overhead lines). Operations from 64 KiB read the exact clock.
-void emit_trace_share(const std::string& cs, uint64_t bytes, double untraced_p50_us, std::pair<double, double> cost) {
-  const double ns = bytes >= 65536 ? cost.second : cost.first;
-  if (untraced_p50_us > 0 && ns >= 0) emit(cs, "trace_share", 100.0 * ns / (untraced_p50_us * 1000), "%");
+// cost on a 2-process operation (trace_cost_2ranks), since across 2-4
+// processes the traced and untraced p50 of separate runs differ by more than
+// that from run to run (the trace_overhead lines).
+void emit_trace_share(const std::string& cs, double untraced_p50_us, double cost_ns) {
+  if (untraced_p50_us > 0 && cost_ns >= 0) emit(cs, "trace_share", 100.0 * cost_ns / (untraced_p50_us * 1000), "%");
 }
 
 }  // namespace
@@ -321,7 +399,9 @@ int main(int argc, char** argv) {
   struct Cleanup {
     ~Cleanup() { std::filesystem::remove_all(g_trace_dir); }
   } cleanup;
-  const auto cost = trace_cost();
+  trace_cost();
+  const double cost = trace_cost_2ranks(false);
+  trace_cost_2ranks(true);
   if (trace_only) return 0;
   std::vector<uint64_t> lat_sizes = {8, 64, 1024, 8192, 65536};
   std::vector<uint64_t> bw_sizes = {65536, 262144, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
@@ -347,8 +427,8 @@ int main(int argc, char** argv) {
         emit(cs, "p99_openmpi", m.p99, "us");
         emit(cs, "speedup_vs_openmpi", median(t.ratio_traced), "x");
         emit(cs, "speedup_vs_openmpi_notrace", median(t.ratio_untraced), "x");
-        if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
-        emit_trace_share(cs, b, off.p50, cost);
+        if (on.p50 > 0 && off.p50 > 0) print_result(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
+        emit_trace_share(cs, off.p50, cost);
       }
       for (uint64_t b : bw_sizes) {
         const long iters = long(std::clamp<uint64_t>((quick ? 256ull << 20 : 1ull << 30) / b, 9, 1000));
@@ -363,8 +443,8 @@ int main(int argc, char** argv) {
         emit(cs, "busbw_openmpi", busbw(m), "GB/s");
         emit(cs, "speedup_vs_openmpi", median(t.ratio_traced), "x");
         emit(cs, "speedup_vs_openmpi_notrace", median(t.ratio_untraced), "x");
-        if (on.p50 > 0 && off.p50 > 0) emit(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
-        emit_trace_share(cs, b, off.p50, cost);
+        if (on.p50 > 0 && off.p50 > 0) print_result(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
+        emit_trace_share(cs, off.p50, cost);
       }
     }
   return 0;

@@ -21,22 +21,27 @@ constexpr uint32_t kSlots = 1024;  // 192 KiB per process: stays in L2, so a rec
 
 std::mutex g_mu;
 TraceRing* g_ring = nullptr;
+pid_t g_ring_pid = 0;  // the process that made g_ring: a child forked after it makes its own
 
 }  // namespace
 
 TraceRing* TraceRing::process_ring(const std::string& writer, const std::string& dir_in, int rank, int nranks,
                                    std::string* err) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_ring) return g_ring;
+  if (g_ring && g_ring_pid == getpid()) return g_ring;
   std::string dir = dir_in;
   if (dir.empty()) {
     const char* env = std::getenv("BALLAST_TRACE_DIR");
     dir = env && *env ? env : "/dev/shm";
   }
-  g_ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
-                      BALLAST_TRACE_SUFFIX,
-                  rank, nranks, err);
-  return g_ring;
+  TraceRing* ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
+                               BALLAST_TRACE_SUFFIX,
+                           rank, nranks, err);
+  if (ring) {
+    g_ring = ring;
+    g_ring_pid = getpid();
+  }
+  return ring;
 }
 
 TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std::string* err) {
@@ -89,7 +94,7 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
 
 TraceRing* TraceRing::current() {
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_ring;
+  return g_ring_pid == getpid() ? g_ring : nullptr;
 }
 
 bool TraceRing::read(uint64_t i, ballast_trace_slot* out) const {

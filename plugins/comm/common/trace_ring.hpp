@@ -32,8 +32,9 @@ class TraceRing {
   // The ring of this plugin in this process, created on first use as
   // "<dir>/rank-R.PID.<writer>.btrace" (dir: BALLAST_TRACE_DIR or /dev/shm
   // when empty; writer: the plugin, "ucx" or "nccl", so that two comm plugins
-  // in one process keep two files). Later calls return the same ring whatever
-  // they say. NULL with *err set when the file cannot be created. Thread-safe.
+  // in one process keep two files). Later calls in the process return the
+  // same ring whatever they say; a child forked after it gets its own. NULL
+  // with *err set when the file cannot be created. Thread-safe.
   static TraceRing* process_ring(const std::string& writer, const std::string& dir, int rank, int nranks,
                                  std::string* err);
   // A new ring at `path`, for process_ring and for tests. It appears complete
@@ -57,7 +58,7 @@ class TraceRing {
   }
   void heartbeat() { __atomic_store_n(&hdr_->heartbeat_tick, trace_tick(), __ATOMIC_RELAXED); }
   void set_closed(bool closed) { __atomic_store_n(&hdr_->closed, closed ? 1u : 0u, __ATOMIC_RELEASE); }
-  // The process's ring if one was created, else NULL. Any thread.
+  // This process's ring if it made one, else NULL. Any thread.
   static TraceRing* current();
   uint64_t head() const { return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE); }
   // A consistent copy of record i; false when it was overwritten or is being written.

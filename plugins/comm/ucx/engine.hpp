@@ -178,11 +178,12 @@ struct Op {
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to
-  // the trace slot every 64 rounds of progress and at the end: an operation
-  // done in fewer rounds costs the ring a few stores.
+  // the trace slot every 100 us while it runs and at its end: an operation
+  // done sooner costs the ring one copy.
   uint64_t chunks_total = 0, chunks_posted = 0, chunks_sent = 0, chunks_received = 0, chunks_reduced = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t chunks_at_refresh = 0;  // sent + received when the record's progress time was last moved
+  int64_t next_refresh = 0;        // when the record's progress is next copied
   uint64_t issue_tick = 0;         // when start() was called (the clock read for the deadline)
   bool done = false;               // ended: status and msg are final, the caller has yet to collect it
   int status = BALLAST_OK;

@@ -194,3 +194,31 @@ TEST_CASE("a ring whose rank lies outside its world is refused, naming the field
   CHECK(refusal("nranks-negative", offsetof(ballast_trace_header, nranks), int32_t(-5)).find("a world of -5") !=
         std::string::npos);
 }
+
+TEST_CASE("a process forked after its ring was made writes a ring of its own") {
+  const std::string dir = fresh_dir("forked");
+  std::string err;
+  TraceRing* parent = TraceRing::process_ring("ucx", dir, 0, 2, &err);
+  REQUIRE_MESSAGE(parent, err);
+  CHECK(TraceRing::current() == parent);
+  const pid_t kid = fork();
+  if (kid == 0) {
+    // Not the parent's ring (its file names the parent's pid and rank): the
+    // child's records would go to the parent's file, and its writes would
+    // contend with the parent's for the same head.
+    if (TraceRing::current() != nullptr) _exit(1);
+    std::string e;
+    TraceRing* own = TraceRing::process_ring("ucx", dir, 1, 2, &e);
+    _exit(own && own != parent && TraceRing::current() == own ? 0 : 2);
+  }
+  REQUIRE(kid > 0);
+  int st = 0;
+  REQUIRE(waitpid(kid, &st, 0) == kid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(TraceRing::process_ring("ucx", dir, 0, 2, &err) == parent);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  CHECK(names == std::set<std::string>{fs::path(ring_path(dir, 0, int(getpid()), "ucx")).filename().string(),
+                                       fs::path(ring_path(dir, 1, int(kid), "ucx")).filename().string()});
+}
