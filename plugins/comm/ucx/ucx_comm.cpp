@@ -158,7 +158,7 @@ void flush_progress(Op& op) {
 // now if chunks moved since the last refresh. Hang analysis reads that time
 // in milliseconds; a refresh per chunk cost 16 ns each (12 chunks in a
 // 4-rank 64 KiB ring) for no better verdict, and one every 64 rounds cost a
-// 2-rank 8-byte allreduce 15-20 ns (it spins some 100 rounds for its peer).
+// 2-rank 8-byte allreduce 10-25 ns (it spins some 100 rounds for its peer).
 constexpr int64_t kRefreshNs = 100000;
 void refresh_progress(Op& op, int64_t now) {
   op.next_refresh = now + kRefreshNs;
