@@ -1,7 +1,10 @@
 // bench_comm: allreduce latency (p50, p99) and bus bandwidth of the UCX comm
 // plugin (through examples/comm/comm_loop, one process per rank) over sm and
 // tcp, next to Open MPI's MPI_Allreduce and the memcpy ceiling measured in
-// the same run, with tracing on and off; plus the cost of one trace record.
+// the same run, with tracing on and off, and each cell's speedup over Open
+// MPI paired within rounds; plus the cost of one trace record, in a world of
+// one and on an 8-byte allreduce between two processes (--trace-only: that
+// alone).
 //
 //   bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps 3] [--quick] [--sizes B,B,...] [--trace-only]
 //
