@@ -209,6 +209,18 @@ double memcpy_gbs(uint64_t bytes) {
   return double(bytes) / t[2] / 1e9;
 }
 
+// The operation both record measurements time: an 8-byte f32 sum allreduce.
+ballast_comm_args allreduce_8b(const float* in, float* out) {
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = BALLAST_OP_ALLREDUCE;
+  a.dtype = BALLAST_DT_F32;
+  a.sendbuf = in;
+  a.recvbuf = out;
+  a.count = 2;
+  return a;
+}
+
 // The floor under a record's cost: one read of the clock that stamps an
 // operation's end (the TSC where the kernel counts time with it, else the
 // vDSO), which a traced operation takes and an untraced one does not.
@@ -248,13 +260,7 @@ void trace_cost() {
   }
   unsetenv("BALLAST_TRACE_EXACT");
   float in[2] = {1, 2}, out[2];
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.sendbuf = in;
-  a.recvbuf = out;
-  a.count = 2;
+  const ballast_comm_args a = allreduce_8b(in, out);
   const int iters = 20000;
   std::vector<double> t[3], diff[3];
   for (int rep = 0; rep < 41; ++rep) {
@@ -295,13 +301,7 @@ bool pair_blocks(int rank, const int port[2], bool control, double* diff_ns, dou
     ok = comm_init(&cfg, &comm[k]) == BALLAST_OK;
   }
   float in[2] = {1, 2}, out[2];
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.sendbuf = in;
-  a.recvbuf = out;
-  a.count = 2;
+  const ballast_comm_args a = allreduce_8b(in, out);
   for (int i = 0; i < 1000 && ok; ++i) ok = comm_run(comm[0], &a) == BALLAST_OK && comm_run(comm[1], &a) == BALLAST_OK;
   const int iters = 1000;
   std::vector<double> t[2], diff;

@@ -572,13 +572,11 @@ bool begin(Op& op) {
     return false;
   }
   if (!op.slot) {
-    op.next_refresh = int64_t(op.start_tick) + kRefreshNs;
     if (c->trace) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
     return true;
   }
   const uint64_t start = std::max(uint64_t(c->clock.now()), op.issue_tick);
   op.start_tick = start;
-  op.next_refresh = int64_t(start) + kRefreshNs;
   ballast_trace_slot* s = op.slot;  // issued while queued: the rest of its record, then its state
   put(&s->algorithm, op.algorithm);
   put(&s->steps, uint32_t(op.steps.size()));
@@ -850,6 +848,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   op.issue_tick = op.start_tick = uint64_t(now);
   op.deadline = now + (a.timeout_ns > 0 ? a.timeout_ns : c->w->timeout_ns);
   op.next_live_check = now + 10000000;
+  op.next_refresh = now + kRefreshNs;
   op.exact_ticks = a.count * op.esize >= (64u << 10) || c->clock.uses_tsc() || c->w->exact_ticks;
   op.slot = nullptr;
   op.chunks_total = op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
