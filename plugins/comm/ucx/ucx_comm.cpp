@@ -194,6 +194,18 @@ void cancel_pending(Op& op) {
   op.xfers.clear();
 }
 
+// The record's end: its status, end time and final state.
+void end_record(Op& op, int status) {
+  op.slot->status = status;
+  // Neither the coarse clock (a step behind) nor the TSC one (re-anchored
+  // now and then) may put the end before the start.
+  const uint64_t end = std::max(op.exact_ticks ? op.comm->clock.now() : trace_tick_coarse(), op.start_tick);
+  __atomic_store_n(&op.slot->end_tick, end, __ATOMIC_RELAXED);
+  __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
+                   __ATOMIC_RELEASE);
+  op.slot = nullptr;
+}
+
 int finish(Op& op, int status, const std::string& msg, bool notify) {
   Comm* c = op.comm;
   // Before the transfers are dropped; an operation that posted nothing (one
@@ -207,16 +219,7 @@ int finish(Op& op, int status, const std::string& msg, bool notify) {
       if (notify && c->n > 1) send_notices(c, msg);
     }
   }
-  if (op.slot) {
-    op.slot->status = status;
-    // Neither the coarse clock (a step behind) nor the TSC one (re-anchored
-    // now and then) may put the end before the start.
-    const uint64_t end = std::max(op.exact_ticks ? c->clock.now() : trace_tick_coarse(), op.start_tick);
-    __atomic_store_n(&op.slot->end_tick, end, __ATOMIC_RELAXED);
-    __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
-                     __ATOMIC_RELEASE);
-    op.slot = nullptr;
-  }
+  if (op.slot) end_record(op, status);
   op.status = status;
   op.msg = msg;
   op.done = true;
@@ -403,6 +406,40 @@ int complete_ready(Op& op, Xfer& x) {
   return 0;
 }
 
+// Post the first chunks of the current step: a window of each transfer.
+int post_step(Op& op) {
+  op.step_posted = true;
+  const Step& s = op.steps[op.cur];
+  for (uint32_t i = s.first; i < s.last; ++i) {
+    Xfer& x = op.xfers[i];
+    while (x.posted < x.nchunks && x.posted - x.completed < kWindow)
+      if (int rc = post_chunk(op, x); rc != BALLAST_OK) return rc;
+  }
+  return BALLAST_OK;
+}
+
+// Post what a ring may post now: receives as far as the window allows,
+// sends of chunks whose block is in (see progress_ring).
+int post_ring(Op& op) {
+  const size_t n = op.steps.size();
+  // Receives first: posted before the neighbour's data arrives, it lands in
+  // place instead of in UCX's unexpected queue.
+  for (; op.recv_next < n; ++op.recv_next) {
+    Xfer& x = op.xfers[op.steps[op.recv_next].first + 1];
+    while (x.posted < x.nchunks && op.recvs_in_flight < kWindow)
+      if (int rc = post_chunk(op, x); rc != BALLAST_OK) return rc;
+    if (x.posted < x.nchunks) break;
+  }
+  for (; op.send_next < n; ++op.send_next) {
+    Xfer& x = op.xfers[op.steps[op.send_next].first];
+    const Xfer* feed = op.send_next > 0 ? &op.xfers[op.steps[op.send_next - 1].first + 1] : nullptr;
+    while (x.posted < x.nchunks && op.sends_in_flight < kWindow && (!feed || feed->completed > x.posted))
+      if (int rc = post_chunk(op, x); rc != BALLAST_OK) return rc;
+    if (x.posted < x.nchunks) break;
+  }
+  return BALLAST_OK;
+}
+
 // The ring with its steps overlapped. The send of step s forwards the block
 // that the receive of step s - 1 brought in (and reduced), so its chunk k
 // may go as soon as chunk k of that receive is done, while the later chunks
@@ -427,22 +464,7 @@ int progress_ring(Op& op) {
   }
   op.cur = std::min(op.send_done, op.recv_done);
   if (op.cur == n) return 1;
-  // Receives first: posted before the neighbour's data arrives, it lands in
-  // place instead of in UCX's unexpected queue.
-  for (; op.recv_next < n; ++op.recv_next) {
-    Xfer& x = recv_of(op.recv_next);
-    while (x.posted < x.nchunks && op.recvs_in_flight < kWindow)
-      if (post_chunk(op, x) != BALLAST_OK) return -1;
-    if (x.posted < x.nchunks) break;
-  }
-  for (; op.send_next < n; ++op.send_next) {
-    Xfer& x = send_of(op.send_next);
-    const Xfer* feed = op.send_next > 0 ? &recv_of(op.send_next - 1) : nullptr;
-    while (x.posted < x.nchunks && op.sends_in_flight < kWindow && (!feed || feed->completed > x.posted))
-      if (post_chunk(op, x) != BALLAST_OK) return -1;
-    if (x.posted < x.nchunks) break;
-  }
-  return 0;
+  return post_ring(op) == BALLAST_OK ? 0 : -1;
 }
 
 // One round of progress of a running operation, after UCX's (advance()).
@@ -458,14 +480,7 @@ int progress(Op& op) {
   }
   while (!op.ring && op.cur < op.steps.size()) {
     Step& s = op.steps[op.cur];
-    if (!op.step_posted) {
-      op.step_posted = true;
-      for (uint32_t i = s.first; i < s.last; ++i) {
-        Xfer& x = op.xfers[i];
-        while (x.posted < x.nchunks && x.posted - x.completed < kWindow)
-          if (post_chunk(op, x) != BALLAST_OK) return 1;
-      }
-    }
+    if (!op.step_posted && post_step(op) != BALLAST_OK) return 1;
     bool all = true;
     for (uint32_t i = s.first; i < s.last; ++i) {
       Xfer& x = op.xfers[i];
@@ -548,7 +563,7 @@ int progress(Op& op) {
                           .end_tick = 0,
                           .progress_tick = std::max(start, op.issue_tick),
                           .chunks_total = op.chunks_total,
-                          .chunks_posted = 0,
+                          .chunks_posted = op.chunks_posted,
                           .chunks_sent = 0,
                           .chunks_received = 0,
                           .chunks_reduced = 0,
@@ -571,10 +586,7 @@ bool begin(Op& op) {
     c->failed = BALLAST_OK;
     return false;
   }
-  if (!op.slot) {
-    if (c->trace) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
-    return true;
-  }
+  if (!op.slot) return true;  // not queued: comm_start writes the record, once the first chunks are posted
   const uint64_t start = std::max(uint64_t(c->clock.now()), op.issue_tick);
   op.start_tick = start;
   ballast_trace_slot* s = op.slot;  // issued while queued: the rest of its record, then its state
@@ -863,6 +875,20 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     if (!begin(op)) return collect(op);  // failed to build: its result, and back to the pool
     if (p2p) c->p2p.push_back(&op);
     else c->queue.push_back(&op);
+    // The first chunks go now, so that they travel while the caller works
+    // until its test or wait; the record after them, off the path between
+    // the previous operation's end and this one's first message.
+    int rc = BALLAST_OK;
+    if (op.cur < op.steps.size()) rc = op.ring ? post_ring(op) : post_step(op);
+    if (c->trace) {
+      write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
+      if (op.done) end_record(op, op.status);
+    }
+    if (rc != BALLAST_OK) {  // ended as a failure in advance() would: the caller collects it
+      if (p2p) c->p2p.pop_back();
+      else c->queue.pop_front();
+      end_after_failure(c);
+    }
   }
   *req = reinterpret_cast<ballast_comm_request*>(&op);
   return BALLAST_OK;

@@ -5,6 +5,8 @@
 
 #include "ranks.hpp"
 
+#include <trace_ring.hpp>
+
 #include <chrono>
 #include <csignal>
 
@@ -75,6 +77,66 @@ TEST_CASE("a rank killed in the middle of large allreduces: the others fail nami
     CHECK(!clean.empty());
     expect_failed(res, clean, "rank 1");
   }
+}
+
+TEST_CASE("a send started to a rank that died: the start's failure is the operation's result, naming the rank") {
+  // Rank 1 leaves at once; rank 0 keeps its worker running in a receive
+  // from rank 2 (which sends late) until the connection to rank 1 has
+  // failed, then starts a send to rank 1.
+  const int port = test::free_port();
+  const auto res = test::run_ranks(3, "tcp", 60, [&](int rank) {
+    ballast_comm_config cfg = test::config(rank, 3, port, 5000);
+    Comm* c = nullptr;
+    if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    std::vector<float> buf(16, 1);
+    ballast_comm_args a{};
+    a.size = sizeof a;
+    a.op = BALLAST_OP_ALLREDUCE;
+    a.dtype = BALLAST_DT_F32;
+    a.sendbuf = a.recvbuf = buf.data();
+    a.count = buf.size();
+    if (int rc = comm_run(c, &a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    if (rank == 1) _exit(0);
+    if (rank == 2) {
+      sleep(2);
+      a.op = BALLAST_OP_SEND;
+      a.root = 0;
+      comm_run(c, &a);  // its outcome depends on how far rank 0 got: not checked
+      comm_destroy(c);
+      return 0;
+    }
+    a.op = BALLAST_OP_RECV;
+    a.root = 2;
+    ballast_comm_request *recv = nullptr, *send = nullptr;
+    if (int rc = comm_start(c, &a, &recv); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    int done = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+    while (std::chrono::steady_clock::now() < until && !done) comm_test(recv, &done);
+    if (done) return test::child_fail(rank, BALLAST_EIO, "the receive from rank 2 ended early: " + std::string(last_error()));
+    a.op = BALLAST_OP_SEND;
+    a.root = 1;
+    if (int rc = comm_start(c, &a, &send); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    const int rc = comm_wait(send);
+    const std::string msg = last_error();
+    if (rc != BALLAST_EPEER || msg.find("rank 1") == std::string::npos)
+      return test::child_fail(rank, BALLAST_EIO, "send: " + std::to_string(rc) + " " + msg);
+    if (comm_wait(recv) != BALLAST_EPEER) return test::child_fail(rank, BALLAST_EIO, "the receive did not end with it");
+    // Its record: written, and failed.
+    TraceRing* ring = TraceRing::current();
+    int failed_sends = 0;
+    for (uint64_t i = 0; i < ring->head(); ++i) {
+      ballast_trace_slot s;
+      if (ring->read(i, &s) && s.op == BALLAST_OP_SEND && s.peer == 1 && s.state == BALLAST_TRACE_FAILED &&
+          s.status == BALLAST_EPEER && s.end_tick >= s.start_tick)
+        ++failed_sends;
+    }
+    if (failed_sends != 1) return test::child_fail(rank, BALLAST_EIO, "no failed record of the send");
+    comm_destroy(c);
+    return 0;
+  });
+  INFO("rank 0: ", test::read_err(0));
+  CHECK(res.codes[0] == 0);
+  CHECK(res.codes[2] != -1);
 }
 
 TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") {

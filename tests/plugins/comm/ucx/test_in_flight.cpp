@@ -8,6 +8,8 @@
 
 #include <trace_ring.hpp>
 
+#include <poll.h>
+
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -154,6 +156,56 @@ TEST_CASE("a send and a receive in flight together: both ways at once, beside a 
     });
     expect_all_ok(r);
   }
+}
+
+// Rank 0 starts an operation, then computes (blocks on a pipe, never
+// calling into the comm) until rank 1 says that its side completed: which it
+// can only if rank 0's start already sent its data.
+int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_fd) {
+  auto cfg = test::config(rank, 2, port, 20000);
+  Comm* c = nullptr;
+  if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  std::vector<float> in(1000, float(rank + 1)), out(1000, 0);
+  auto warm = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());  // connections wired up
+  if (int rc = comm_run(c, &warm); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  auto a = args_of(op, in.data(), out.data(), in.size());
+  if (op == BALLAST_OP_SEND || op == BALLAST_OP_RECV) {
+    a.op = rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV;
+    a.root = 1 - rank;
+  }
+  if (rank == 1) {
+    if (int rc = comm_run(c, &a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    const char byte = 1;
+    if (write(pipe_fd, &byte, 1) != 1) return test::child_fail(rank, BALLAST_EIO, "write to the pipe");
+  } else {
+    ballast_comm_request* q = nullptr;
+    if (int rc = comm_start(c, &a, &q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    pollfd pfd{pipe_fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1)
+      return test::child_fail(rank, BALLAST_ETIMEDOUT, "rank 1 did not complete in 10 s while rank 0 computed after start");
+    if (int rc = comm_wait(q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  }
+  const float want = op == BALLAST_OP_ALLREDUCE ? 3 : 1;
+  if (rank == 1 || op == BALLAST_OP_ALLREDUCE)
+    for (float x : out)
+      if (x != want) return test::child_fail(rank, BALLAST_EIO, "received " + std::to_string(x));
+  comm_destroy(c);
+  return 0;
+}
+
+TEST_CASE("start sends an operation's first messages: a peer completes while the starter computes") {
+  for (const char* tls : {"sm,self", "tcp"})
+    for (uint32_t op : {uint32_t(BALLAST_OP_ALLREDUCE), uint32_t(BALLAST_OP_SEND)}) {
+      INFO(tls, " ", ballast_op_name(op));
+      int fds[2];
+      REQUIRE(pipe(fds) == 0);
+      const int port = test::free_port();
+      expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) {
+        return completes_while_starter_computes(rank, port, op, rank == 0 ? fds[0] : fds[1]);
+      }));
+      close(fds[0]);
+      close(fds[1]);
+    }
 }
 
 TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
