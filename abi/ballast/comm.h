@@ -7,7 +7,10 @@
  * explicit values), and split into sub-communicators by colour and key.
  *
  * Every operation is non-blocking: start() returns a request, test() polls
- * it, wait() blocks on it; run() is the blocking wrapper. Each operation has
+ * it, wait() blocks on it; run() is the blocking wrapper. start() sets the
+ * operation going where it can (the UCX plugin sends its first messages, the
+ * NCCL plugin enqueues it on the stream), so that it travels while the
+ * caller computes; test() and wait() move it on. Each operation has
  * a deadline: a dead, stopped or missing peer, or a peer that calls a
  * different operation, makes it fail with a message naming the rank and the
  * reason before the deadline has passed by much, never hang. After a failed
