@@ -195,7 +195,7 @@ void cancel_pending(Op& op) {
 }
 
 // The record's end: its status, end time and final state.
-void end_record(Op& op, int status) {
+[[gnu::always_inline]] inline void end_record(Op& op, int status) {
   op.slot->status = status;
   // Neither the coarse clock (a step behind) nor the TSC one (re-anchored
   // now and then) may put the end before the start.
@@ -467,6 +467,30 @@ int progress_ring(Op& op) {
   return post_ring(op) == BALLAST_OK ? 0 : -1;
 }
 
+// The end of an operation that succeeded, inlined into progress: every
+// step is done, so its record needs only the counters that can have moved,
+// its last step and no peer waited on, then its end. Through finish (calls
+// to copy every counter, look for peers still waited on, then end the
+// record) a 2-process 8-byte allreduce paid 46 ns for its record instead
+// of 34 (bench_comm --trace-only, 11 alternating runs each).
+[[gnu::always_inline]] inline void succeed(Op& op) {
+  if (ballast_trace_slot* s = op.slot) {
+    put(&s->chunks_posted, op.chunks_posted);
+    put(&s->chunks_sent, op.chunks_sent);
+    put(&s->chunks_received, op.chunks_received);
+    put(&s->chunks_reduced, op.chunks_reduced);
+    put(&s->bytes_sent, op.bytes_sent);
+    put(&s->bytes_received, op.bytes_received);
+    put(&s->step, uint32_t(op.steps.size()));
+    put(&s->wait_peer, int32_t(-1));
+    put(&s->send_peer, int32_t(-1));
+    end_record(op, BALLAST_OK);
+  }
+  op.status = BALLAST_OK;
+  op.msg.clear();
+  op.done = true;
+}
+
 // One round of progress of a running operation, after UCX's (advance()).
 // 1: done (op.status says how), 0: running.
 int progress(Op& op) {
@@ -501,13 +525,15 @@ int progress(Op& op) {
     } else if (s.red_dst) {
       reduce_into(s.red_dst, s.red_src, s.red_count, op.args.dtype, op.args.redop);
     }
+    if (s.red_dst)  // the step's received chunks are reduced now, not one by one as they came
+      for (uint32_t i = s.first; i < s.last; ++i)
+        if (!op.xfers[i].send && !op.xfers[i].reduce_dst) op.chunks_reduced += op.xfers[i].nchunks;
     if (s.copy_dst) std::memcpy(s.copy_dst, s.copy_src, s.copy_len);
     ++op.cur;
     op.step_posted = false;
   }
   if (op.cur == op.steps.size()) {
-    static const std::string no_message;  // not a string built per operation
-    finish(op, BALLAST_OK, no_message, false);
+    succeed(op);
     return 1;
   }
   if ((++op.iter & 63) == 0) {

@@ -208,6 +208,64 @@ TEST_CASE("start sends an operation's first messages: a peer completes while the
     }
 }
 
+// The record of each finished operation holds its final progress: every
+// chunk posted and completed, the bytes each way, the last step, no peer
+// waited on.
+int final_progress(int rank, int port) {
+  auto cfg = test::config(rank, 2, port, 20000);
+  Comm* c = nullptr;
+  if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  std::vector<float> in(1u << 20, 1), out(1u << 20);
+  auto small = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), 2);
+  auto large = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());
+  auto p2p = args_of(rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV, in.data(), out.data(), 1000);
+  p2p.root = 1 - rank;
+  for (auto* a : {&small, &large, &p2p})
+    if (int rc = comm_run(c, a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  TraceRing* ring = TraceRing::current();
+  std::vector<ballast_trace_slot> recs;
+  for (uint64_t i = 0; i < ring->head(); ++i) {
+    ballast_trace_slot s;
+    if (ring->read(i, &s)) recs.push_back(s);
+  }
+  if (recs.size() != 3) return test::child_fail(rank, BALLAST_EIO, std::to_string(recs.size()) + " records");
+  for (const auto& s : recs) {
+    const std::string what = std::string(ballast_op_name(s.op)) + " of " + std::to_string(s.bytes) + " bytes: ";
+    if (s.state != BALLAST_TRACE_DONE || s.status != BALLAST_OK || s.end_tick < s.start_tick)
+      return test::child_fail(rank, BALLAST_EIO, what + "not done, or ends before it starts");
+    if (s.chunks_total == 0 || s.chunks_posted != s.chunks_total || s.chunks_sent + s.chunks_received != s.chunks_total)
+      return test::child_fail(rank, BALLAST_EIO, what + "chunks " + std::to_string(s.chunks_posted) + " posted, " +
+                                                     std::to_string(s.chunks_sent) + " sent, " +
+                                                     std::to_string(s.chunks_received) + " received of " +
+                                                     std::to_string(s.chunks_total));
+    if (s.step != s.steps || s.steps == 0 || s.wait_peer != -1 || s.send_peer != -1)
+      return test::child_fail(rank, BALLAST_EIO, what + "step " + std::to_string(s.step) + " of " +
+                                                     std::to_string(s.steps) + ", waiting for " +
+                                                     std::to_string(s.wait_peer) + ", sending to " +
+                                                     std::to_string(s.send_peer));
+  }
+  // 2 floats: one exchange, 8 bytes each way, reduced once.
+  if (recs[0].bytes_sent != 8 || recs[0].bytes_received != 8 || recs[0].chunks_reduced != 1)
+    return test::child_fail(rank, BALLAST_EIO, "the 8-byte allreduce: " + std::to_string(recs[0].bytes_sent) + " bytes sent, " + std::to_string(recs[0].bytes_received) + " received, " + std::to_string(recs[0].chunks_reduced) + " chunks reduced");
+  // 4 MiB: half reduced and half gathered each way, at least.
+  if (recs[1].bytes_sent < (4u << 20) / 2 || recs[1].bytes_received != recs[1].bytes_sent || recs[1].chunks_reduced == 0)
+    return test::child_fail(rank, BALLAST_EIO, "the 4 MiB allreduce sent " + std::to_string(recs[1].bytes_sent) +
+                                                   " and received " + std::to_string(recs[1].bytes_received));
+  const uint64_t sent = rank == 0 ? 4000 : 0;
+  if (recs[2].bytes_sent != sent || recs[2].bytes_received != 4000 - sent)
+    return test::child_fail(rank, BALLAST_EIO, "the send/receive's bytes");
+  comm_destroy(c);
+  return 0;
+}
+
+TEST_CASE("a finished operation's record holds its final progress") {
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO(tls);
+    const int port = test::free_port();
+    expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) { return final_progress(rank, port); }));
+  }
+}
+
 TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
   const int port = test::free_port();
   const auto r = test::run_ranks(2, "sm,self", 60, [&](int rank) {
