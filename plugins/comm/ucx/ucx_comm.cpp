@@ -440,6 +440,13 @@ int post_ring(Op& op) {
   return BALLAST_OK;
 }
 
+// Post the first chunks of an operation that runs now. false: posting
+// failed, and the operation ended so.
+bool post_first(Op& op) {
+  if (op.cur >= op.steps.size()) return true;
+  return (op.ring ? post_ring(op) : post_step(op)) == BALLAST_OK;
+}
+
 // The ring with its steps overlapped. The send of step s forwards the block
 // that the receive of step s - 1 brought in (and reduced), so its chunk k
 // may go as soon as chunk k of that receive is done, while the later chunks
@@ -678,6 +685,11 @@ unsigned advance(Comm* c) {
     return events;
   }
   while (!c->queue.empty() && !begin(*c->queue.front())) c->queue.pop_front();
+  // The next collective's first chunks go now, not at the caller's next test or wait.
+  if (!c->queue.empty() && !post_first(*c->queue.front())) {
+    c->queue.pop_front();
+    end_after_failure(c);
+  }
   return events;
 }
 
@@ -904,13 +916,12 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     // The first chunks go now, so that they travel while the caller works
     // until its test or wait; the record after them, so as not to hold
     // them up.
-    int rc = BALLAST_OK;
-    if (op.cur < op.steps.size()) rc = op.ring ? post_ring(op) : post_step(op);
+    const bool posted = post_first(op);
     if (c->trace) {
       write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
       if (op.done) end_record(op, op.status);
     }
-    if (rc != BALLAST_OK) {  // ended as a failure in advance() would: the caller collects it
+    if (!posted) {  // ended as a failure in advance() would: the caller collects it
       if (p2p) c->p2p.pop_back();
       else c->queue.pop_front();
       end_after_failure(c);

@@ -160,8 +160,10 @@ TEST_CASE("a send and a receive in flight together: both ways at once, beside a 
 
 // Rank 0 starts an operation, then computes (blocks on a pipe, never
 // calling into the comm) until rank 1 says that its side completed: which it
-// can only if rank 0's start already sent its data.
-int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_fd) {
+// can only if rank 0's start already sent its data. queued: rank 0 starts
+// it behind another collective, and computes once a test saw that one done
+// (its turn came inside that test).
+int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_fd, bool queued = false) {
   auto cfg = test::config(rank, 2, port, 20000);
   Comm* c = nullptr;
   if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -173,13 +175,21 @@ int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_f
     a.op = rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV;
     a.root = 1 - rank;
   }
+  std::vector<float> first_in(8, 1), first_out(8);
+  auto first = args_of(BALLAST_OP_ALLREDUCE, first_in.data(), first_out.data(), first_in.size());
   if (rank == 1) {
+    if (queued)
+      if (int rc = comm_run(c, &first); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     if (int rc = comm_run(c, &a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     const char byte = 1;
     if (write(pipe_fd, &byte, 1) != 1) return test::child_fail(rank, BALLAST_EIO, "write to the pipe");
   } else {
-    ballast_comm_request* q = nullptr;
+    ballast_comm_request *q = nullptr, *q_first = nullptr;
+    if (queued)
+      if (int rc = comm_start(c, &first, &q_first); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     if (int rc = comm_start(c, &a, &q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+    for (int done = 0; q_first && !done;)
+      if (int rc = comm_test(q_first, &done); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     pollfd pfd{pipe_fd, POLLIN, 0};
     if (poll(&pfd, 1, 10000) != 1)
       return test::child_fail(rank, BALLAST_ETIMEDOUT, "rank 1 did not complete in 10 s while rank 0 computed after start");
@@ -195,17 +205,19 @@ int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_f
 
 TEST_CASE("start sends an operation's first messages: a peer completes while the starter computes") {
   for (const char* tls : {"sm,self", "tcp"})
-    for (uint32_t op : {uint32_t(BALLAST_OP_ALLREDUCE), uint32_t(BALLAST_OP_SEND)}) {
-      INFO(tls, " ", ballast_op_name(op));
-      int fds[2];
-      REQUIRE(pipe(fds) == 0);
-      const int port = test::free_port();
-      expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) {
-        return completes_while_starter_computes(rank, port, op, rank == 0 ? fds[0] : fds[1]);
-      }));
-      close(fds[0]);
-      close(fds[1]);
-    }
+    for (uint32_t op : {uint32_t(BALLAST_OP_ALLREDUCE), uint32_t(BALLAST_OP_SEND)})
+      for (bool queued : {false, true}) {
+        if (queued && op == BALLAST_OP_SEND) continue;  // sends never queue
+        INFO(tls, " ", ballast_op_name(op), queued ? ", queued behind another collective" : "");
+        int fds[2];
+        REQUIRE(pipe(fds) == 0);
+        const int port = test::free_port();
+        expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) {
+          return completes_while_starter_computes(rank, port, op, rank == 0 ? fds[0] : fds[1], queued);
+        }));
+        close(fds[0]);
+        close(fds[1]);
+      }
 }
 
 // The record of each finished operation holds its final progress: every
