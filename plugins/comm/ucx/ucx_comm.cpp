@@ -129,16 +129,21 @@ void send_notices(Comm* c, const std::string& msg) {
 template <class T>
 inline void put(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 
-// Copy the operation's progress into its trace slot.
-void flush_progress(Op& op) {
-  ballast_trace_slot* s = op.slot;
-  put(&s->chunks_total, op.chunks_total);
+// The counters that move while an operation runs, into its trace slot.
+[[gnu::always_inline]] inline void put_counters(ballast_trace_slot* s, const Op& op) {
   put(&s->chunks_posted, op.chunks_posted);
   put(&s->chunks_sent, op.chunks_sent);
   put(&s->chunks_received, op.chunks_received);
   put(&s->chunks_reduced, op.chunks_reduced);
   put(&s->bytes_sent, op.bytes_sent);
   put(&s->bytes_received, op.bytes_received);
+}
+
+// Copy the operation's progress into its trace slot.
+void flush_progress(Op& op) {
+  ballast_trace_slot* s = op.slot;
+  put(&s->chunks_total, op.chunks_total);
+  put_counters(s, op);
   put(&s->steps, uint32_t(op.steps.size()));
   put(&s->step, uint32_t(std::min(op.cur + 1, op.steps.size())));
   int wp = -1, sp = -1;
@@ -482,12 +487,7 @@ int progress_ring(Op& op) {
 // of 20-24 (bench_comm --trace-only, medians of 7 alternating runs).
 [[gnu::always_inline]] inline void succeed(Op& op) {
   if (ballast_trace_slot* s = op.slot) {
-    put(&s->chunks_posted, op.chunks_posted);
-    put(&s->chunks_sent, op.chunks_sent);
-    put(&s->chunks_received, op.chunks_received);
-    put(&s->chunks_reduced, op.chunks_reduced);
-    put(&s->bytes_sent, op.bytes_sent);
-    put(&s->bytes_received, op.bytes_received);
+    put_counters(s, op);
     put(&s->step, uint32_t(op.steps.size()));
     put(&s->wait_peer, int32_t(-1));
     put(&s->send_peer, int32_t(-1));
