@@ -646,6 +646,18 @@ void end_after_failure(Comm* c) {
   end_all(c, c->failed, " did not complete: " + c->failed_msg, false);
 }
 
+// The running collective ended and others wait behind it: the next one
+// starts, its first chunks posted now rather than at the caller's next test
+// or wait. Not inlined into advance(): there it made the traced 2-process
+// 8-byte allreduce ~8 ns slower (3 series of 5-9 alternating runs).
+[[gnu::noinline]] void start_next(Comm* c) {
+  while (!c->queue.empty() && !begin(*c->queue.front())) c->queue.pop_front();
+  if (!c->queue.empty() && !post_first(*c->queue.front())) {
+    c->queue.pop_front();
+    end_after_failure(c);
+  }
+}
+
 // One round of progress of c: UCX's, then each running operation's. When
 // the running collective ends, the next one queued starts. Returns the UCX
 // events handled.
@@ -684,12 +696,7 @@ unsigned advance(Comm* c) {
     end_after_failure(c);
     return events;
   }
-  while (!c->queue.empty() && !begin(*c->queue.front())) c->queue.pop_front();
-  // The next collective's first chunks go now, not at the caller's next test or wait.
-  if (!c->queue.empty() && !post_first(*c->queue.front())) {
-    c->queue.pop_front();
-    end_after_failure(c);
-  }
+  if (!c->queue.empty()) start_next(c);
   return events;
 }
 
