@@ -423,6 +423,10 @@ int post_step(Op& op) {
   return BALLAST_OK;
 }
 
+// A ring step is [send to rank + 1, receive from rank - 1].
+Xfer& ring_send(Op& op, size_t step) { return op.xfers[op.steps[step].first]; }
+Xfer& ring_recv(Op& op, size_t step) { return op.xfers[op.steps[step].first + 1]; }
+
 // Post what a ring may post now: receives as far as the window allows,
 // sends of chunks whose block is in (see progress_ring).
 int post_ring(Op& op) {
@@ -430,14 +434,14 @@ int post_ring(Op& op) {
   // Receives first: posted before the neighbour's data arrives, it lands in
   // place instead of in UCX's unexpected queue.
   for (; op.recv_next < n; ++op.recv_next) {
-    Xfer& x = op.xfers[op.steps[op.recv_next].first + 1];
+    Xfer& x = ring_recv(op, op.recv_next);
     while (x.posted < x.nchunks && op.recvs_in_flight < kWindow)
       if (int rc = post_chunk(op, x); rc != BALLAST_OK) return rc;
     if (x.posted < x.nchunks) break;
   }
   for (; op.send_next < n; ++op.send_next) {
-    Xfer& x = op.xfers[op.steps[op.send_next].first];
-    const Xfer* feed = op.send_next > 0 ? &op.xfers[op.steps[op.send_next - 1].first + 1] : nullptr;
+    Xfer& x = ring_send(op, op.send_next);
+    const Xfer* feed = op.send_next > 0 ? &ring_recv(op, op.send_next - 1) : nullptr;
     while (x.posted < x.nchunks && op.sends_in_flight < kWindow && (!feed || feed->completed > x.posted))
       if (int rc = post_chunk(op, x); rc != BALLAST_OK) return rc;
     if (x.posted < x.nchunks) break;
@@ -462,15 +466,13 @@ bool post_first(Op& op) {
 // Returns 1 when every step is done, 0 while running, < 0 on failure.
 int progress_ring(Op& op) {
   const size_t n = op.steps.size();
-  auto send_of = [&](size_t s) -> Xfer& { return op.xfers[op.steps[s].first]; };
-  auto recv_of = [&](size_t s) -> Xfer& { return op.xfers[op.steps[s].first + 1]; };
   for (; op.recv_done < n; ++op.recv_done) {
-    Xfer& x = recv_of(op.recv_done);
+    Xfer& x = ring_recv(op, op.recv_done);
     if (complete_ready(op, x) < 0) return -1;
     if (x.completed < x.nchunks) break;
   }
   for (; op.send_done < n; ++op.send_done) {
-    Xfer& x = send_of(op.send_done);
+    Xfer& x = ring_send(op, op.send_done);
     if (complete_ready(op, x) < 0) return -1;
     if (x.completed < x.nchunks) break;
   }
