@@ -1,14 +1,15 @@
 // NCCL communicators are created non-blocking (config.blocking = 0): every
-// call returns at once. A trainer enqueues an operation on its stream and
-// seldom waits for it on the CPU, so each communicator has a watchdog
-// thread: while an operation is in flight it looks, every few milliseconds,
-// at the CUDA event recorded after it, at ncclCommGetAsyncError, at its
-// deadline and at its progress (watchdog.hpp decides), and ends it: done,
-// or failed, with ncclCommAbort, which also frees the stream of a rank
-// whose peer is gone or stuck. test/wait make the same look themselves and
-// report what the watchdog recorded. NCCL allows one thread at a time on a
-// communicator: every NCCL call on one, and its operation's state, are
-// under its mutex.
+// call returns at once. A trainer enqueues operations on its stream (a
+// bucket of gradients after another) and seldom waits for them on the CPU,
+// so each communicator has a watchdog thread: while operations are in
+// flight it looks, every few milliseconds, at the CUDA event recorded after
+// each, at ncclCommGetAsyncError, at their deadlines and their progress
+// (watchdog.hpp decides), and ends them: done, or failed, with
+// ncclCommAbort, which also frees the stream of a rank whose peer is gone
+// or stuck, and ends the others in flight with the same cause. test/wait
+// make the same look themselves and report what the watchdog recorded.
+// NCCL allows one thread at a time on a communicator: every NCCL call on
+// one, and the state of its operations, are under its mutex.
 #include "nccl_comm.hpp"
 
 #include "bootstrap.hpp"
@@ -27,10 +28,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 namespace ballast::comm_nccl {
 
@@ -55,11 +58,32 @@ const ncclDataType_t kTypes[BALLAST_DT_COUNT] = {ncclFloat32, ncclFloat64, ncclF
                                                  ncclInt32,   ncclInt64,   ncclUint8};
 const ncclRedOp_t kOps[BALLAST_RED_COUNT] = {ncclSum, ncclProd, ncclMin, ncclMax};
 
+// Operations started and not yet collected by test or wait, as comm-ucx.
+constexpr size_t kMaxInFlight = 64;
+
 }  // namespace
+
+struct Comm;
+
+// One operation: running from its start until its outcome is known (the
+// watchdog or the owner saw it), then kept until test or wait collects it.
+// The caller's request points to it. Made when first needed, reused after.
+struct Op {
+  Comm* comm = nullptr;
+  cudaEvent_t done = nullptr;  // recorded after the operation on its stream
+  bool recorded = false;       // the event is on the stream
+  bool running = false;
+  uint32_t op = 0;
+  int32_t peer = -1;
+  uint64_t seq = 0;
+  int64_t started = 0, deadline = 0;
+  ballast_trace_slot* slot = nullptr;  // its record until it ends
+  int status = BALLAST_OK;
+  std::string msg;
+};
 
 struct Comm {
   cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
   int device = 0;
   int rank = 0, n = 1, world_rank = 0;
   uint64_t id = 0, seq = 0;
@@ -68,7 +92,8 @@ struct Comm {
   TraceRing* ring = nullptr;
   void* barrier_buf = nullptr;
   // Its name in NCCL (ncclConfig_t.commName), under which NCCL's profiler
-  // callbacks (progress.cpp) find the operation in flight when it is traced.
+  // callbacks (progress.cpp) find the operation being enqueued when it is
+  // traced.
   std::string nccl_name;
   std::shared_ptr<OpTracker> tracker = std::make_shared<OpTracker>();
 
@@ -85,16 +110,9 @@ struct Comm {
   ncclComm_t nccl = nullptr;  // NULL once aborted
   int failed = BALLAST_OK;
   std::string failed_msg;
-  bool busy = false;
-  // The operation in flight, or the last one.
-  uint32_t op = 0;
-  int32_t peer = -1;
-  uint64_t op_seq = 0;
-  int64_t started = 0, deadline = 0;
-  ballast_trace_slot* slot = nullptr;
-  uint64_t slot_index = 0;
-  int status = BALLAST_OK;
-  std::string msg;
+  std::vector<std::unique_ptr<Op>> ops;  // every Op made
+  std::vector<Op*> idle;                 // made and not started, or collected
+  std::vector<Op*> running;              // in start order
 };
 
 namespace {
@@ -104,8 +122,36 @@ std::string abort_reason(Comm* c) {
   return c->abort_reason;
 }
 
-// Abort c's NCCL communicator once, and make every later call report `msg`.
-// The caller holds c->mu or has c to itself.
+// What an operation is, for messages.
+std::string describe_op(const Op& op) {
+  const Comm* c = op.comm;
+  char buf[160];
+  const bool p2p = op.op == BALLAST_OP_SEND || op.op == BALLAST_OP_RECV;
+  std::snprintf(buf, sizeof buf, "%s %s %lld on communicator %016llx (rank %d of %d)", ballast_op_name(op.op),
+                p2p ? "with rank" : "seq", p2p ? static_cast<long long>(op.peer) : static_cast<long long>(op.seq),
+                static_cast<unsigned long long>(c->id), c->rank, c->n);
+  return buf;
+}
+
+// End a running operation with `status`, and its record. Under c->mu (or
+// the caller has c to itself).
+void end_op(Op& op, int status, const std::string& msg) {
+  if (ballast_trace_slot* t = op.slot) {
+    t->status = status;
+    __atomic_store_n(&t->end_tick, trace_tick(), __ATOMIC_RELAXED);
+    __atomic_store_n(&t->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED, __ATOMIC_RELEASE);
+    op.slot = nullptr;
+  }
+  op.running = false;
+  op.status = status;
+  op.msg = msg;
+  auto& r = op.comm->running;
+  r.erase(std::find(r.begin(), r.end(), &op));
+}
+
+// Abort c's NCCL communicator once, make every later call report `msg`,
+// and end the operations still in flight with it. The caller holds c->mu
+// or has c to itself.
 void fail_comm(Comm* c, int status, const std::string& msg) {
   if (c->failed == BALLAST_OK) {
     c->failed = status;
@@ -113,22 +159,42 @@ void fail_comm(Comm* c, int status, const std::string& msg) {
   }
   if (c->nccl) ncclCommAbort(c->nccl);  // unblocks this rank's kernels; peers see the error or time out
   c->nccl = nullptr;
+  while (!c->running.empty()) {
+    Op& op = *c->running.front();
+    end_op(op, status, describe_op(op) + " did not complete: " + msg);
+  }
 }
 
-// End the operation in flight with `status`; a failure aborts the
-// communicator. Under c->mu.
-void finish(Comm* c, int status, const std::string& msg) {
-  c->tracker->end();
-  if (c->slot) {
-    c->slot->status = status;
-    __atomic_store_n(&c->slot->end_tick, trace_tick(), __ATOMIC_RELAXED);
-    __atomic_store_n(&c->slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED, __ATOMIC_RELEASE);
-    c->slot = nullptr;
+// End op as failed: the communicator is aborted, and the others in flight
+// end with op's message.
+void fail_op(Op& op, int status, const std::string& msg) {
+  end_op(op, status, msg);
+  fail_comm(op.comm, status, msg);
+}
+
+// An idle operation of c, made (with its event) when none is; NULL with
+// t_error set when CUDA cannot make the event. Under c->mu.
+Op* take_op(Comm* c) {
+  if (c->idle.empty()) {
+    auto op = std::make_unique<Op>();
+    if (const cudaError_t e = cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming); e != cudaSuccess) {
+      fail(BALLAST_EIO, std::string("start: cannot create a CUDA event: ") + cudaGetErrorString(e));
+      return nullptr;
+    }
+    op->comm = c;
+    c->ops.push_back(std::move(op));
+    c->idle.push_back(c->ops.back().get());
   }
-  if (status != BALLAST_OK) fail_comm(c, status, msg);
-  c->status = status;
-  c->msg = msg;
-  c->busy = false;
+  Op* op = c->idle.back();
+  c->idle.pop_back();
+  return op;
+}
+
+// Give a collected operation back to c and return its status, its message
+// in t_error. Under c->mu.
+int collect(Op& op) {
+  op.comm->idle.push_back(&op);
+  return fail(op.status, op.msg);
 }
 
 // Wait for a non-blocking NCCL call on c (init, split, finalize) to leave
@@ -155,8 +221,7 @@ int settle(Comm* c, int64_t deadline, const std::string& what) {
       continue;
     }
     m += "; ncclCommAbort was called on the communicator";
-    if (c->busy) finish(c, status, m);
-    else fail_comm(c, status, m);
+    fail_comm(c, status, m);
     return fail(status, m);
   }
 }
@@ -183,64 +248,63 @@ Comm* new_comm(int device, int rank, int n, int world_rank, uint64_t id, int64_t
   c->stall_ns = stall_ns();
   c->ring = ring;
   cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-  cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
   cudaMalloc(&c->barrier_buf, 16);
   return c;
 }
 
-// What the operation in flight is, for messages. Under c->mu.
-std::string describe_op(const Comm* c) {
-  char buf[160];
-  const bool p2p = c->op == BALLAST_OP_SEND || c->op == BALLAST_OP_RECV;
-  std::snprintf(buf, sizeof buf, "%s %s %lld on communicator %016llx (rank %d of %d)", ballast_op_name(c->op),
-                p2p ? "with rank" : "seq", p2p ? static_cast<long long>(c->peer) : static_cast<long long>(c->op_seq),
-                static_cast<unsigned long long>(c->id), c->rank, c->n);
-  return buf;
-}
-
-// One look at the operation in flight (its event is recorded when
-// `recorded`); ends it when its outcome is known. Returns the verdict and,
-// while NCCL is still in progress, says so in *in_progress. Under c->mu.
-Verdict look(Comm* c, bool recorded, bool* in_progress = nullptr) {
+// One look at the operations in flight, in start order: each whose outcome
+// is known ends (a failure ends them all). While NCCL is still in progress
+// (a communicator connecting), says so in *in_progress. Under c->mu.
+void look(Comm* c, bool* in_progress = nullptr) {
   OpState s;
   s.now = monotonic_ns();
-  s.started = c->started;
-  s.deadline = c->deadline;
   s.stall_ns = c->stall_ns;
   s.abort_requested = c->abort_flag.load();
   ncclResult_t st = ncclSuccess;
-  if (ncclCommGetAsyncError(c->nccl, &st) != ncclSuccess) st = ncclInternalError;
+  if (c->nccl && ncclCommGetAsyncError(c->nccl, &st) != ncclSuccess) st = ncclInternalError;
   s.nccl = st == ncclSuccess ? NcclState::ok : st == ncclInProgress ? NcclState::in_progress : NcclState::error;
-  cudaError_t q = cudaErrorNotReady;
-  if (recorded) q = cudaEventQuery(c->done);
-  s.event = q == cudaSuccess ? EventState::done : q == cudaErrorNotReady ? EventState::pending : EventState::error;
-  if (c->slot) {
-    const uint64_t p = __atomic_load_n(&c->slot->progress_tick, __ATOMIC_RELAXED);
-    if (p > c->slot->start_tick) s.last_progress = int64_t(p);  // both CLOCK_MONOTONIC ns
-  }
   if (in_progress) *in_progress = s.nccl == NcclState::in_progress;
-  const Verdict v = decide(s);
-  if (v == Verdict::running) return v;
-  std::string detail;
-  if (v == Verdict::aborted) detail = abort_reason(c);
-  if (v == Verdict::nccl_error) detail = std::string(ncclGetErrorString(st)) + ": " + ncclGetLastError(c->nccl);
-  if (v == Verdict::cuda_error) detail = cudaGetErrorString(q);
-  finish(c, status_of(v), describe(v, describe_op(c), s, detail));
-  return v;
+  for (size_t i = 0; i < c->running.size();) {
+    Op& op = *c->running[i];
+    s.started = op.started;
+    s.deadline = op.deadline;
+    s.last_progress = 0;
+    const cudaError_t q = op.recorded ? cudaEventQuery(op.done) : cudaErrorNotReady;
+    s.event = q == cudaSuccess ? EventState::done : q == cudaErrorNotReady ? EventState::pending : EventState::error;
+    if (op.slot) {
+      const uint64_t p = __atomic_load_n(&op.slot->progress_tick, __ATOMIC_RELAXED);
+      if (p > op.slot->start_tick) s.last_progress = int64_t(p);  // both CLOCK_MONOTONIC ns
+    }
+    const Verdict v = decide(s);
+    if (v == Verdict::running) {
+      ++i;
+      continue;
+    }
+    if (v == Verdict::done) {
+      end_op(op, BALLAST_OK, "");  // out of running: i is the next one now
+      continue;
+    }
+    std::string detail;
+    if (v == Verdict::aborted) detail = abort_reason(c);
+    if (v == Verdict::nccl_error) detail = std::string(ncclGetErrorString(st)) + ": " + ncclGetLastError(c->nccl);
+    if (v == Verdict::cuda_error) detail = cudaGetErrorString(q);
+    fail_op(op, status_of(v), describe(v, describe_op(op), s, detail));
+    return;
+  }
 }
 
 // The watchdog thread of c: sleeps while nothing is in flight, else looks
-// at the operation every period_ns. Runs until destroy() sets stopping.
+// at the operations every period_ns. Runs until destroy() sets stopping.
 void watch(Comm* c) {
   cudaSetDevice(c->device);  // for cudaEventQuery; NCCL's calls set their own
   std::unique_lock<std::mutex> lock(c->mu);
   while (!c->stopping) {
-    if (!c->busy) {
-      c->wake.wait(lock, [c] { return c->stopping || c->busy; });
+    if (c->running.empty()) {
+      c->wake.wait(lock, [c] { return c->stopping || !c->running.empty(); });
       continue;
     }
     c->wake.wait_for(lock, std::chrono::nanoseconds(c->period_ns), [c] { return c->stopping || c->abort_flag.load(); });
-    if (!c->stopping && c->busy) look(c, true);
+    if (!c->stopping) look(c);
   }
 }
 
@@ -331,7 +395,11 @@ void c_destroy(ballast_comm* comm) {
     c->watchdog.join();
   }
   // The owner's alone from here.
-  if (c->busy) finish(c, BALLAST_EABORTED, describe_op(c) + " cancelled: the communicator was destroyed");
+  if (!c->running.empty()) {
+    for (Op* op : std::vector<Op*>(c->running))
+      end_op(*op, BALLAST_EABORTED, describe_op(*op) + " cancelled: the communicator was destroyed");
+    fail_comm(c, BALLAST_EABORTED, "the communicator was destroyed with operations in flight");
+  }
   if (c->nccl) {
     if (c->abort_flag.load()) {
       ncclCommAbort(c->nccl);
@@ -342,7 +410,7 @@ void c_destroy(ballast_comm* comm) {
   }
   untrack(c->nccl_name);
   cudaFree(c->barrier_buf);
-  cudaEventDestroy(c->done);
+  for (const auto& op : c->ops) cudaEventDestroy(op->done);
   cudaStreamDestroy(c->stream);
   delete c;
 }
@@ -390,7 +458,7 @@ int c_abort(ballast_comm* comm, const char* reason) {
     if (!c->abort_flag.load()) c->abort_reason = reason ? reason : "abort() was called";
     c->abort_flag.store(true);
   }
-  // The watchdog aborts NCCL at once if an operation is in flight; else the
+  // The watchdog aborts NCCL at once if operations are in flight; else the
   // next start() fails. Without the mutex: a wake-up missed is one period late.
   c->wake.notify_all();
   return BALLAST_OK;
@@ -404,7 +472,7 @@ int c_info(ballast_comm* comm, ballast_comm_info* info) {
   info->world_rank = c->world_rank;
   info->comm_id = c->id;
   info->seq = c->seq;
-  if (info->size >= sizeof *info) info->max_in_flight = 1;
+  if (info->size >= sizeof *info) info->max_in_flight = uint32_t(kMaxInFlight);
   return BALLAST_OK;
 }
 
@@ -442,27 +510,34 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
     return fail(BALLAST_EINVAL, "start: unknown op, dtype or redop");
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->abort_flag.load()) return fail(BALLAST_EABORTED, "communicator aborted: " + abort_reason(c));
-  // The previous operation may have ended since the watchdog's last look;
-  // if it failed (then or earlier, unseen by the caller), that is the news.
-  if (c->busy) look(c, true);
+  // Operations in flight may have ended since the watchdog's last look; if
+  // one failed (then or earlier, unseen by the caller), that is the news.
+  look(c);
   if (c->failed != BALLAST_OK) return fail(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
-  if (c->busy)
-    return fail(BALLAST_EFULL, "start: another operation of this communicator is in flight (comm-nccl takes one at a time)");
+  if (c->ops.size() - c->idle.size() >= kMaxInFlight)
+    return fail(BALLAST_EFULL, "start: " + std::to_string(kMaxInFlight) +
+                                   " operations of this communicator are started and not yet completed by test or "
+                                   "wait, the most it takes");
+  Op* op = take_op(c);
+  if (!op) return BALLAST_EIO;
   ballast_comm_args a{};
   std::memcpy(&a, args, std::min<size_t>(args->size, sizeof a));
   cudaStream_t s = args->size >= sizeof a && a.stream ? static_cast<cudaStream_t>(a.stream) : c->stream;
-  c->op = a.op;
   const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
-  c->peer = p2p ? a.root : -1;
-  c->op_seq = p2p ? 0 : ++c->seq;
-  c->busy = true;
-  c->started = monotonic_ns();
-  c->deadline = c->started + (a.timeout_ns > 0 ? a.timeout_ns : c->timeout_ns);
+  op->op = a.op;
+  op->peer = p2p ? a.root : -1;
+  op->seq = p2p ? 0 : ++c->seq;
+  op->recorded = false;
+  op->running = true;
+  op->started = monotonic_ns();
+  op->deadline = op->started + (a.timeout_ns > 0 ? a.timeout_ns : c->timeout_ns);
+  c->running.push_back(op);
   if (c->ring) {
-    ballast_trace_slot* t = c->ring->claim(&c->slot_index);
+    uint64_t index = 0;
+    ballast_trace_slot* t = c->ring->claim(&index);
     std::memset(reinterpret_cast<char*>(t) + sizeof t->gen, 0, sizeof *t - sizeof t->gen);
     t->comm_id = c->id;
-    t->seq = c->op_seq;
+    t->seq = op->seq;
     t->count = a.count;
     t->bytes = a.count * ballast_dtype_size(a.dtype);
     t->op = a.op;
@@ -478,49 +553,53 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
     t->wait_peer = t->send_peer = -1;
     t->steps = 1;
     t->issue_tick = t->start_tick = t->progress_tick = trace_tick();
-    TraceRing::publish(t, c->slot_index);
-    c->slot = t;
-    c->tracker->begin(t, c->slot_index);  // NCCL's profiler callbacks count its chunks from here
+    TraceRing::publish(t, index);
+    op->slot = t;
+    // NCCL's profiler binds the events it starts while enqueuing (one per
+    // collective, send or receive) to this record; later events follow them.
+    c->tracker->begin(t, index);
   }
   const ncclResult_t r = enqueue(c, a, s);
   if (r != ncclSuccess && r != ncclInProgress) {
-    const std::string m = std::string(ballast_op_name(a.op)) + ": NCCL refused it: " + ncclGetErrorString(r);
-    finish(c, BALLAST_EIO, m);
-    return fail(BALLAST_EIO, m);
+    c->tracker->end();
+    fail_op(*op, BALLAST_EIO, std::string(ballast_op_name(a.op)) + ": NCCL refused it: " + ncclGetErrorString(r));
+    return collect(*op);
   }
   // A communicator still connecting returns ncclInProgress, and NCCL puts
-  // the kernels on the stream only once it leaves that state: an event
-  // recorded before would pass at once, and so would the caller's next
-  // kernels. Wait here, within the deadline and abort().
-  for (bool in_progress = r == ncclInProgress; in_progress; usleep(100))
-    if (look(c, false, &in_progress) != Verdict::running) return fail(c->status, c->msg);
-  if (const cudaError_t e = cudaEventRecord(c->done, s); e != cudaSuccess) {
-    const std::string m = describe_op(c) + ": cudaEventRecord failed: " + cudaGetErrorString(e);
-    finish(c, BALLAST_EIO, m);
-    return fail(BALLAST_EIO, m);
+  // the kernels on the stream (and starts the operation's profiler events)
+  // only once it leaves that state: an event recorded before would pass at
+  // once, and so would the caller's next kernels. Wait here, within the
+  // deadline and abort().
+  for (bool in_progress = r == ncclInProgress; in_progress && op->running; usleep(100)) look(c, &in_progress);
+  c->tracker->end();
+  if (!op->running) return collect(*op);  // failed while NCCL was in progress
+  if (const cudaError_t e = cudaEventRecord(op->done, s); e != cudaSuccess) {
+    fail_op(*op, BALLAST_EIO, describe_op(*op) + ": cudaEventRecord failed: " + cudaGetErrorString(e));
+    return collect(*op);
   }
+  op->recorded = true;
   c->wake.notify_one();
-  *req = reinterpret_cast<ballast_comm_request*>(c);
+  *req = reinterpret_cast<ballast_comm_request*>(op);
   return BALLAST_OK;
 }
 
 int c_test(ballast_comm_request* req, int* done) {
-  auto* c = reinterpret_cast<Comm*>(req);
-  if (!c || !done) return fail(BALLAST_EINVAL, "test: bad arguments");
-  std::lock_guard<std::mutex> lock(c->mu);
-  if (c->busy) look(c, true);
-  *done = c->busy ? 0 : 1;
-  return *done ? fail(c->status, c->msg) : BALLAST_OK;
+  auto* op = reinterpret_cast<Op*>(req);
+  if (!op || !done) return fail(BALLAST_EINVAL, "test: bad arguments");
+  std::lock_guard<std::mutex> lock(op->comm->mu);
+  if (op->running) look(op->comm);
+  *done = op->running ? 0 : 1;
+  return *done ? collect(*op) : BALLAST_OK;
 }
 
 int c_wait(ballast_comm_request* req) {
-  auto* c = reinterpret_cast<Comm*>(req);
-  if (!c) return fail(BALLAST_EINVAL, "wait: req is NULL");
+  auto* op = reinterpret_cast<Op*>(req);
+  if (!op) return fail(BALLAST_EINVAL, "wait: req is NULL");
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(c->mu);
-      if (c->busy) look(c, true);
-      if (!c->busy) return fail(c->status, c->msg);
+      std::lock_guard<std::mutex> lock(op->comm->mu);
+      if (op->running) look(op->comm);
+      if (!op->running) return collect(*op);
     }
     usleep(20);
   }

@@ -2,11 +2,11 @@
 // profiler plugin interface (v5): this shared object is also NCCL's
 // profiler. NCCL calls it from its own threads (the proxy thread for
 // network steps, the caller's for enqueueing); each event it reports for a
-// Ballast communicator lands in the record of that communicator's operation
-// in flight: chunks to move (ProxyOp nSteps), posted, sent and received
-// (ProxyStep), bytes, the peers sent to and waited for, and the progress
-// time (also on the kernel's channel events, the only ones within a node
-// without network transfers).
+// Ballast communicator lands in the record of the operation it belongs to:
+// chunks to move (ProxyOp nSteps), posted, sent and received (ProxyStep),
+// bytes, the peers sent to and waited for, and the progress time (also on
+// the kernel's channel events, the only ones within a node without network
+// transfers).
 #pragma once
 
 #include "nccl_profiler_v5.h"
@@ -20,8 +20,11 @@
 
 namespace ballast::comm_nccl {
 
-// A communicator's operation in flight, as the profiler finds it: set by
-// the owner before it enqueues, cleared when the operation ends.
+// The operation a communicator is enqueuing, as the profiler finds it: set
+// by the owner before it calls NCCL, cleared once NCCL has taken it (start
+// returns). The events NCCL starts meanwhile (a collective's, or a send's
+// or receive's) hold that record, and the events under them follow their
+// parents, so several operations in flight each get their own.
 struct OpTracker {
   void begin(ballast_trace_slot* slot, uint64_t index) {
     index_.store(index, std::memory_order_relaxed);

@@ -165,87 +165,159 @@ TEST_CASE("init without a GPU or with a bad rank fails with a message") {
   CHECK(std::string(api->last_error(nullptr)).find("invalid rank 3") != std::string::npos);
 }
 
-TEST_CASE("the watchdog ends an operation nobody waits for, and the next start goes ahead") {
-  require_gpu();
+// A world of one (its info read), a stream of the test's own and a device
+// buffer of 1024 floats; torn down in the reverse order.
+struct Gpu {
   const ballast_comm_api* api = ballast::comm_nccl::api();
-  ballast_comm* comm = world(api);
+  ballast_comm* comm = nullptr;
   ballast_comm_info info{};
-  info.size = sizeof info;
-  REQUIRE(api->info(comm, &info) == BALLAST_OK);
+  cudaStream_t stream = nullptr;
   float* buf = nullptr;
-  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
-  const ballast_comm_args a = allreduce_args(buf, 1024);
+
+  Gpu() {
+    require_gpu();
+    comm = world(api);
+    info.size = sizeof info;
+    REQUIRE(api->info(comm, &info) == BALLAST_OK);
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
+  }
+  ~Gpu() {
+    api->destroy(comm);
+    cudaFree(buf);
+    cudaStreamDestroy(stream);
+  }
+};
+
+TEST_CASE("the watchdog ends an operation nobody waits for, and the next start goes ahead") {
+  Gpu g;
+  const ballast_comm_args a = allreduce_args(g.buf, 1024);
   ballast_comm_request* req = nullptr;
-  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
-  CHECK(record_state(info.comm_id, 1, 10.0) == BALLAST_TRACE_DONE);  // no test() or wait() called
-  CHECK_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
-  CHECK(api->wait(req) == BALLAST_OK);
-  cudaFree(buf);
-  api->destroy(comm);
+  REQUIRE_MESSAGE(g.api->start(g.comm, &a, &req) == BALLAST_OK, g.api->last_error(nullptr));
+  CHECK(record_state(g.info.comm_id, 1, 10.0) == BALLAST_TRACE_DONE);  // no test() or wait() called
+  ballast_comm_request* next = nullptr;
+  CHECK_MESSAGE(g.api->start(g.comm, &a, &next) == BALLAST_OK, g.api->last_error(nullptr));
+  CHECK(g.api->wait(next) == BALLAST_OK);
+  int done = 0;
+  CHECK(g.api->test(req, &done) == BALLAST_OK);  // still the caller's to collect
+  CHECK(done == 1);
+}
+
+TEST_CASE("several operations in flight: each request reports its own, collected in any order") {
+  Gpu g;
+  CHECK(g.info.max_in_flight == 64);
+  const size_t count = 4096;
+  float* in = nullptr;
+  float* out = nullptr;
+  REQUIRE(cudaMalloc(&in, 3 * count * 4) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, 3 * count * 4) == cudaSuccess);
+  std::vector<float> host(3 * count);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = float(i / count + 1);  // 1, 2, 3 per operation
+  cudaMemcpy(in, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemset(out, 0, 3 * count * 4);
+  StreamGate gate(g.stream);
+  ballast_comm_request* req[3] = {};
+  for (int k = 0; k < 3; ++k) {
+    ballast_comm_args a = allreduce_args(out + k * count, count, g.stream);
+    a.sendbuf = in + k * count;
+    REQUIRE_MESSAGE(g.api->start(g.comm, &a, &req[k]) == BALLAST_OK, g.api->last_error(nullptr));
+  }
+  int done = 1;
+  CHECK(g.api->test(req[0], &done) == BALLAST_OK);
+  CHECK(done == 0);  // held behind the gate
+  gate.release();
+  CHECK(g.api->wait(req[2]) == BALLAST_OK);
+  CHECK(g.api->wait(req[0]) == BALLAST_OK);
+  for (int i = 0; i < 10000 && done == 0; ++i) CHECK(g.api->test(req[1], &done) == BALLAST_OK);
+  CHECK(done == 1);
+  std::vector<float> back(3 * count);
+  cudaMemcpy(back.data(), out, back.size() * 4, cudaMemcpyDeviceToHost);
+  CHECK(back == host);
+  for (uint64_t seq = 1; seq <= 3; ++seq) CHECK(record_state(g.info.comm_id, seq, 5.0) == BALLAST_TRACE_DONE);
+  cudaFree(in);
+  cudaFree(out);
+}
+
+TEST_CASE("start past max_in_flight returns EFULL; collecting one makes room") {
+  Gpu g;
+  StreamGate gate(g.stream);
+  const ballast_comm_args a = allreduce_args(g.buf, 1024, g.stream);
+  std::vector<ballast_comm_request*> reqs(64);
+  for (auto& r : reqs) REQUIRE_MESSAGE(g.api->start(g.comm, &a, &r) == BALLAST_OK, g.api->last_error(nullptr));
+  ballast_comm_request* extra = nullptr;
+  CHECK(g.api->start(g.comm, &a, &extra) == BALLAST_EFULL);
+  CHECK_MESSAGE(contains(g.api->last_error(nullptr), "64 operations"), g.api->last_error(nullptr));
+  gate.release();
+  CHECK(g.api->wait(reqs[0]) == BALLAST_OK);
+  CHECK_MESSAGE(g.api->start(g.comm, &a, &reqs[0]) == BALLAST_OK, g.api->last_error(nullptr));
+  for (auto* r : reqs) CHECK(g.api->wait(r) == BALLAST_OK);
+}
+
+TEST_CASE("when one operation in flight fails, the others fail with its cause") {
+  Gpu g;
+  StreamGate gate(g.stream);
+  ballast_comm_args first = allreduce_args(g.buf, 1024, g.stream);
+  first.timeout_ns = 200000000;  // 200 ms; the second keeps the communicator's 300 s
+  const ballast_comm_args second = allreduce_args(g.buf, 1024, g.stream);
+  ballast_comm_request* r1 = nullptr;
+  ballast_comm_request* r2 = nullptr;
+  REQUIRE_MESSAGE(g.api->start(g.comm, &first, &r1) == BALLAST_OK, g.api->last_error(nullptr));
+  REQUIRE_MESSAGE(g.api->start(g.comm, &second, &r2) == BALLAST_OK, g.api->last_error(nullptr));
+  int32_t status = 0;
+  CHECK(record_state(g.info.comm_id, 2, 3.0, &status) == BALLAST_TRACE_FAILED);  // the watchdog, nobody waiting
+  CHECK(status == BALLAST_ETIMEDOUT);
+  gate.release();
+  CHECK(drains(g.stream, 30.0));
+  CHECK(g.api->wait(r2) == BALLAST_ETIMEDOUT);
+  const std::string m = g.api->last_error(nullptr);
+  CHECK_MESSAGE(contains(m, "allreduce seq 2 on communicator"), m);
+  CHECK_MESSAGE(contains(m, "did not complete: allreduce seq 1"), m);
+  CHECK_MESSAGE(contains(m, "timed out"), m);
+  CHECK(g.api->wait(r1) == BALLAST_ETIMEDOUT);
+  CHECK(record_state(g.info.comm_id, 1, 1.0) == BALLAST_TRACE_FAILED);
 }
 
 TEST_CASE("an operation that cannot start fails at its deadline: the watchdog aborts NCCL and the stream drains") {
-  require_gpu();
-  const ballast_comm_api* api = ballast::comm_nccl::api();
-  ballast_comm* comm = world(api);
-  ballast_comm_info info{};
-  info.size = sizeof info;
-  REQUIRE(api->info(comm, &info) == BALLAST_OK);
-  cudaStream_t s = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  float* buf = nullptr;
-  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
-  StreamGate gate(s);
-  ballast_comm_args a = allreduce_args(buf, 1024, s);
+  Gpu g;
+  StreamGate gate(g.stream);
+  ballast_comm_args a = allreduce_args(g.buf, 1024, g.stream);
   a.timeout_ns = 200000000;  // 200 ms
   ballast_comm_request* req = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  REQUIRE_MESSAGE(g.api->start(g.comm, &a, &req) == BALLAST_OK, g.api->last_error(nullptr));
   int32_t status = 0;
-  CHECK(record_state(info.comm_id, 1, 3.0, &status) == BALLAST_TRACE_FAILED);  // no test() or wait() called
+  CHECK(record_state(g.info.comm_id, 1, 3.0, &status) == BALLAST_TRACE_FAILED);  // no test() or wait() called
   CHECK(status == BALLAST_ETIMEDOUT);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   gate.release();
-  CHECK(drains(s, 30.0));
+  CHECK(drains(g.stream, 30.0));
   int done = 0;
-  CHECK(api->test(req, &done) == BALLAST_ETIMEDOUT);
+  CHECK(g.api->test(req, &done) == BALLAST_ETIMEDOUT);
   CHECK(done == 1);
-  const std::string m = api->last_error(nullptr);
+  const std::string m = g.api->last_error(nullptr);
   CHECK_MESSAGE(contains(m, "allreduce seq 1 on communicator"), m);
   CHECK_MESSAGE(contains(m, "timed out"), m);
   CHECK_MESSAGE(contains(m, "ncclCommAbort was called"), m);
-  CHECK(api->start(comm, &a, &req) == BALLAST_ESTATE);
-  CHECK(contains(api->last_error(nullptr), "failed earlier"));
-  api->destroy(comm);
-  cudaFree(buf);
-  cudaStreamDestroy(s);
+  CHECK(g.api->start(g.comm, &a, &req) == BALLAST_ESTATE);
+  CHECK(contains(g.api->last_error(nullptr), "failed earlier"));
 }
 
 TEST_CASE("abort() from another thread ends the operation in flight with its reason") {
-  require_gpu();
-  const ballast_comm_api* api = ballast::comm_nccl::api();
-  ballast_comm* comm = world(api);
-  cudaStream_t s = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  float* buf = nullptr;
-  REQUIRE(cudaMalloc(&buf, 1024 * 4) == cudaSuccess);
-  StreamGate gate(s);
-  const ballast_comm_args a = allreduce_args(buf, 1024, s);
+  Gpu g;
+  StreamGate gate(g.stream);
+  const ballast_comm_args a = allreduce_args(g.buf, 1024, g.stream);
   ballast_comm_request* req = nullptr;
-  REQUIRE_MESSAGE(api->start(comm, &a, &req) == BALLAST_OK, api->last_error(nullptr));
+  REQUIRE_MESSAGE(g.api->start(g.comm, &a, &req) == BALLAST_OK, g.api->last_error(nullptr));
   std::thread other([&] {
     usleep(100000);
-    api->abort(comm, "the launcher saw a peer die");
+    g.api->abort(g.comm, "the launcher saw a peer die");
   });
-  CHECK(api->wait(req) == BALLAST_EABORTED);
-  CHECK(contains(api->last_error(nullptr), "the launcher saw a peer die"));
+  CHECK(g.api->wait(req) == BALLAST_EABORTED);
+  CHECK(contains(g.api->last_error(nullptr), "the launcher saw a peer die"));
   other.join();
   gate.release();
-  CHECK(drains(s, 30.0));
-  CHECK(api->start(comm, &a, &req) == BALLAST_EABORTED);
-  api->destroy(comm);
-  cudaFree(buf);
-  cudaStreamDestroy(s);
+  CHECK(drains(g.stream, 30.0));
+  CHECK(g.api->start(g.comm, &a, &req) == BALLAST_EABORTED);
 }
 
 TEST_CASE("with a host, the plugin's operations arrive on the bus as collective.record") {

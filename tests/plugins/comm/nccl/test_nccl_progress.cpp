@@ -25,7 +25,19 @@ namespace {
 using namespace ballast::comm_nccl;
 using ballast::comm::TraceRing;
 
-// A record in flight, as c_start leaves it, tracked under name.
+// A record of an operation in flight in ring, as c_start writes it.
+ballast_trace_slot* running_record(TraceRing* ring, uint64_t* index) {
+  ballast_trace_slot* slot = ring->claim(index);
+  *slot = ballast_trace_slot{};
+  slot->state = BALLAST_TRACE_STARTED;
+  slot->wait_peer = slot->send_peer = -1;
+  slot->start_tick = slot->progress_tick = ballast::comm::trace_tick();
+  TraceRing::publish(slot, *index);
+  return slot;
+}
+
+// An operation being enqueued, as c_start leaves it before it calls NCCL,
+// on a communicator tracked under name.
 struct Running {
   TraceRing* ring = nullptr;
   ballast_trace_slot* slot = nullptr;
@@ -37,12 +49,7 @@ struct Running {
     std::string err;
     ring = TraceRing::process_ring("nccl", std::filesystem::temp_directory_path().string(), 0, 2, &err);
     REQUIRE_MESSAGE(ring, err);
-    slot = ring->claim(&index);
-    *slot = ballast_trace_slot{};
-    slot->state = BALLAST_TRACE_STARTED;
-    slot->wait_peer = slot->send_peer = -1;
-    slot->start_tick = slot->progress_tick = ballast::comm::trace_tick();
-    TraceRing::publish(slot, index);
+    slot = running_record(ring, &index);
     tracker->begin(slot, index);
     track(name, tracker);
   }
@@ -150,6 +157,56 @@ TEST_CASE("NCCL's profiler events count a traced operation's chunks, bytes and p
   CHECK(op.get(op.slot->chunks_total) == 4);
   CHECK(op.get(op.slot->chunks_posted) == 4);
   CHECK(op.get(op.slot->chunks_sent) == 2);
+  CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
+}
+
+TEST_CASE("operations in flight together on one communicator: each one's events land in its own record") {
+  Running first("ballast-test-two");
+  int mask = 0;
+  void* ctx = init("ballast-test-two", &mask);
+  REQUIRE(ctx != nullptr);
+  // start() of the first: NCCL starts the collective's event while enqueuing it.
+  void* coll1 = start(ctx, NCCL_PROF_COLL, nullptr);
+  CHECK(ncclProfiler_v5.stopEvent(coll1) == ncclSuccess);
+  first.tracker->end();
+  // start() of the second, while the first still runs.
+  uint64_t index2 = 0;
+  ballast_trace_slot* second = running_record(first.ring, &index2);
+  first.tracker->begin(second, index2);
+  void* coll2 = start(ctx, NCCL_PROF_COLL, nullptr);
+  CHECK(ncclProfiler_v5.stopEvent(coll2) == ncclSuccess);
+  first.tracker->end();
+  // An event NCCL starts with no start() under way belongs to neither.
+  void* stray = start(ctx, NCCL_PROF_COLL, nullptr);
+  void* stray_op = proxy_op(ctx, stray, true, 7, 9);
+
+  // Their network work interleaves on the proxy thread.
+  void* send2 = proxy_op(ctx, coll2, true, 2, 5);
+  void* send1 = proxy_op(ctx, coll1, true, 1, 3);
+  for (void* parent : {send2, send1, send2}) {
+    void* step = start(ctx, NCCL_PROF_PROXY_STEP, parent);
+    state(step, NCCL_PROF_STEP_SEND_WAIT, 1000);
+    CHECK(ncclProfiler_v5.stopEvent(step) == ncclSuccess);
+  }
+  CHECK(first.get(first.slot->chunks_total) == 3);
+  CHECK(first.get(first.slot->chunks_sent) == 1);
+  CHECK(first.get(first.slot->bytes_sent) == 1000);
+  CHECK(first.slot->send_peer == 1);
+  CHECK(first.get(second->chunks_total) == 5);
+  CHECK(first.get(second->chunks_sent) == 2);
+  CHECK(first.get(second->bytes_sent) == 2000);
+  CHECK(second->send_peer == 2);
+
+  // The first ends: its late events write nothing, the second's still count.
+  __atomic_store_n(&first.slot->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+  for (void* parent : {send1, send2}) {
+    void* step = start(ctx, NCCL_PROF_PROXY_STEP, parent);
+    state(step, NCCL_PROF_STEP_SEND_WAIT, 1000);
+    CHECK(ncclProfiler_v5.stopEvent(step) == ncclSuccess);
+  }
+  CHECK(first.get(first.slot->chunks_sent) == 1);
+  CHECK(first.get(second->chunks_sent) == 3);
+  for (void* h : {send1, send2, stray_op, stray}) CHECK(ncclProfiler_v5.stopEvent(h) == ncclSuccess);
   CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
 }
 
