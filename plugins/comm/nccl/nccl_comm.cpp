@@ -512,7 +512,7 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
   if (c->abort_flag.load()) return fail(BALLAST_EABORTED, "communicator aborted: " + abort_reason(c));
   // Operations in flight may have ended since the watchdog's last look; if
   // one failed (then or earlier, unseen by the caller), that is the news.
-  look(c);
+  if (!c->running.empty()) look(c);
   if (c->failed != BALLAST_OK) return fail(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
   if (c->ops.size() - c->idle.size() >= kMaxInFlight)
     return fail(BALLAST_EFULL, "start: " + std::to_string(kMaxInFlight) +
