@@ -142,7 +142,7 @@ int build(Op& op) {
   auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
   switch (a.op) {
     case BALLAST_OP_ALLREDUCE: {
-      const bool pair = n == 2 && bytes >= c->w->chunk_bytes && bytes <= c->w->pair_bytes;
+      const bool pair = n == 2 && bytes >= c->w->pair_min_bytes && bytes <= c->w->pair_bytes;
       const bool ring = n > 1 && bytes > c->w->small_bytes && a.count >= uint64_t(n) && !pair;
       // The ring and the pair swap read a separate input in place; the others work in dst.
       if (bytes && src && src != dst && (!(ring || pair) || partly_overlap(src, dst, bytes))) {

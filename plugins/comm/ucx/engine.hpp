@@ -74,6 +74,7 @@ struct World {
   size_t chunk_bytes = 256 << 10;
   size_t small_bytes = 16 << 10;
   size_t pair_bytes = 0;  // 2 ranks: allreduce up to this size swaps whole buffers in one message (tcp alone)
+  size_t pair_min_bytes = 128 << 10;  // ... from this size
   size_t direct_bytes = 1 << 10;
   size_t halving_bytes = 512 << 10;
   bool yield = false;  // more local ranks than CPUs: yield while waiting

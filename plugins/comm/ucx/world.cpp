@@ -96,14 +96,18 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // 4 ranks, 8 B allreduce 24 us by recursive doubling, 43 us in one round.
   w->direct_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_DIRECT_BYTES", tcp ? 0 : 1 << 10)));
   w->halving_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_HALVING_BYTES", 512 << 10)));
-  // 2 ranks over tcp alone: from a chunk (the rendezvous threshold there)
-  // to 1 MiB, an allreduce swaps the whole buffers (one message each way,
-  // then each reduces all of it) instead of the ring's reduce-scatter and
-  // allgather of halves. Medians of 6 alternating runs: 512 KiB 212 -> 186
-  // us, 1 MiB 400 -> 340 us (Open MPI 204 and 324 us); at 2 MiB the ring
-  // wins (630 against 690 us), and below a chunk, where the messages go
-  // eager (256 KiB: 141 against 102 us).
+  // 2 ranks over tcp alone: from 128 KiB to 1 MiB, an allreduce swaps the
+  // whole buffers (one message each way, then each reduces all of it)
+  // instead of the ring's reduce-scatter and allgather of halves: a message
+  // over tcp costs system calls on both ends, and a rendezvous (from a
+  // chunk) a round trip more. Medians of 6 alternating runs: 512 KiB 212 ->
+  // 186 us, 1 MiB 400 -> 340 us (Open MPI 204 and 324 us); at 2 MiB the
+  // ring wins (630 against 690 us). Below a chunk the whole buffer goes
+  // eager: Open MPI's p50 over ours, paired per round (9-11 rounds,
+  // session 13), 128 KiB 1.09 -> 1.74, 256 KiB 0.82 -> 1.25; at 64 KiB the
+  // ring's 32 KiB halves stay faster (2.09 against 1.68).
   w->pair_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_PAIR_BYTES", tcp ? 1 << 20 : 0)));
+  w->pair_min_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_PAIR_MIN_BYTES", 128 << 10)));
   w->ring_direct_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_RING_DIRECT_BYTES", 4 << 20)));
 
   // tcp sockets with 4 MiB buffers from the start (the kernel caps them at

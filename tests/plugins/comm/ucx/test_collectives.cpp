@@ -290,8 +290,9 @@ TEST_CASE("2 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many
 TEST_CASE("2 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") { expect_all_pass(2, "tcp", true); }
 TEST_CASE("3 ranks over tcp: every op and dtype, non-power-of-two") { expect_all_pass(3, "tcp", false); }
 // With tcp's own chunk (512 KiB, the rendezvous threshold too): eager
-// messages under it, the 2-rank whole-buffer swap up to 1 MiB (262144 f32
-// elements) and the ring just above it.
+// messages under it, the 2-rank whole-buffer swap from 128 KiB to 1 MiB
+// (70001 elements of 2 and 4 bytes eager, of 8 bytes by rendezvous; 262144
+// f32) and the ring just above it.
 TEST_CASE("2 and 4 ranks over tcp with the default chunk: eager, swap and ring sizes") {
   for (int n : {2, 4}) expect_all_pass(n, "tcp", false, {12289, 70001, 262144, 262147}, nullptr);
 }
