@@ -137,8 +137,12 @@ std::string describe_op(const Op& op) {
 // the caller has c to itself).
 void end_op(Op& op, int status, const std::string& msg) {
   if (ballast_trace_slot* t = op.slot) {
+    const uint64_t end = trace_tick();
+    // Seen done while still issued (on another stream than the one ahead
+    // of it): it ran, at a time not known closer than its end.
+    if (status == BALLAST_OK && t->start_tick == 0) __atomic_store_n(&t->start_tick, end, __ATOMIC_RELAXED);
     t->status = status;
-    __atomic_store_n(&t->end_tick, trace_tick(), __ATOMIC_RELAXED);
+    __atomic_store_n(&t->end_tick, end, __ATOMIC_RELAXED);
     __atomic_store_n(&t->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED, __ATOMIC_RELEASE);
     op.slot = nullptr;
   }
@@ -165,8 +169,23 @@ void fail_comm(Comm* c, int status, const std::string& msg) {
   }
 }
 
+// An operation enqueued behind others waits for them on the GPU: its record
+// says issued until the one before it ended, then started from the moment
+// that was seen (by the watchdog or the owner: up to a period late), as a
+// collective queued in comm-ucx. The hang analysis places a rank at the
+// operation it runs, not at those queued behind it. Under c->mu.
+void start_next(Comm* c) {
+  if (c->running.empty()) return;
+  ballast_trace_slot* t = c->running.front()->slot;
+  if (!t || __atomic_load_n(&t->state, __ATOMIC_RELAXED) != BALLAST_TRACE_ISSUED) return;
+  const uint64_t now = trace_tick();
+  __atomic_store_n(&t->start_tick, now, __ATOMIC_RELAXED);
+  __atomic_store_n(&t->progress_tick, std::max(now, __atomic_load_n(&t->progress_tick, __ATOMIC_RELAXED)), __ATOMIC_RELAXED);
+  __atomic_store_n(&t->state, BALLAST_TRACE_STARTED, __ATOMIC_RELEASE);
+}
+
 // End op as failed: the communicator is aborted, and the others in flight
-// end with op's message.
+// end with op's message (those still issued never started).
 void fail_op(Op& op, int status, const std::string& msg) {
   end_op(op, status, msg);
   fail_comm(op.comm, status, msg);
@@ -271,7 +290,7 @@ void look(Comm* c, bool* in_progress = nullptr) {
     s.last_progress = 0;
     const cudaError_t q = op.recorded ? cudaEventQuery(op.done) : cudaErrorNotReady;
     s.event = q == cudaSuccess ? EventState::done : q == cudaErrorNotReady ? EventState::pending : EventState::error;
-    if (op.slot) {
+    if (op.slot && op.slot->start_tick) {  // a queued one (issued) has no start: its deadline alone applies
       const uint64_t p = __atomic_load_n(&op.slot->progress_tick, __ATOMIC_RELAXED);
       if (p > op.slot->start_tick) s.last_progress = int64_t(p);  // both CLOCK_MONOTONIC ns
     }
@@ -282,6 +301,7 @@ void look(Comm* c, bool* in_progress = nullptr) {
     }
     if (v == Verdict::done) {
       end_op(op, BALLAST_OK, "");  // out of running: i is the next one now
+      if (i == 0) start_next(c);
       continue;
     }
     std::string detail;
@@ -531,6 +551,7 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
   op->running = true;
   op->started = monotonic_ns();
   op->deadline = op->started + (a.timeout_ns > 0 ? a.timeout_ns : c->timeout_ns);
+  const bool queued = !c->running.empty();
   c->running.push_back(op);
   if (c->ring) {
     uint64_t index = 0;
@@ -548,11 +569,12 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
     t->nranks = c->n;
     t->world_rank = c->world_rank;
     t->peer = (a.op == BALLAST_OP_BROADCAST || a.op == BALLAST_OP_REDUCE || p2p) ? a.root : -1;
-    t->state = BALLAST_TRACE_STARTED;
+    t->state = queued ? BALLAST_TRACE_ISSUED : BALLAST_TRACE_STARTED;
     t->flags = p2p ? BALLAST_TRACE_P2P : 0;
     t->wait_peer = t->send_peer = -1;
     t->steps = 1;
-    t->issue_tick = t->start_tick = t->progress_tick = trace_tick();
+    t->issue_tick = t->progress_tick = trace_tick();
+    t->start_tick = queued ? 0 : t->issue_tick;
     TraceRing::publish(t, index);
     op->slot = t;
     // NCCL's profiler binds the events it starts while enqueuing (one per

@@ -34,12 +34,14 @@ struct OpRef {
   Kind kind = Kind::op;
   ballast_trace_slot* slot = nullptr;
   uint64_t index = 0;
-  // The record while its operation runs, else NULL: a late event (the
-  // operation failed, or NCCL went on after our watchdog gave up) or a slot
-  // the ring has since reused gets no writes.
+  // The record while its operation runs or waits behind another (issued:
+  // NCCL's proxy takes its work when it is enqueued), else NULL: a late
+  // event (the operation failed, or NCCL went on after our watchdog gave up)
+  // or a slot the ring has since reused gets no writes.
   ballast_trace_slot* live() const {
     if (!slot || __atomic_load_n(&slot->gen, __ATOMIC_ACQUIRE) != index + 1) return nullptr;
-    return __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) == BALLAST_TRACE_STARTED ? slot : nullptr;
+    const uint32_t state = __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE);
+    return state == BALLAST_TRACE_STARTED || state == BALLAST_TRACE_ISSUED ? slot : nullptr;
   }
 };
 

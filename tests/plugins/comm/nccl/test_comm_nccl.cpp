@@ -52,24 +52,31 @@ ballast_comm* world(const ballast_comm_api* api, void* state = nullptr) {
   return comm;
 }
 
-// The state of record (comm, seq) in this process's ring once it is no
-// longer running, or BALLAST_TRACE_STARTED if still running after limit_s.
-uint32_t record_state(uint64_t comm_id, uint64_t seq, double limit_s, int32_t* status = nullptr) {
+// Record (comm, seq) of this process's ring once it has ended (done or
+// failed), or as it is after limit_s (issued or started). The record must
+// be in the ring.
+ballast_trace_slot record(uint64_t comm_id, uint64_t seq, double limit_s) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
   ballast::comm::TraceRing* ring = ballast::comm::TraceRing::current();
   REQUIRE(ring);
   while (true) {
-    for (uint64_t i = ring->head(); i-- > 0 && ring->head() - i <= ring->capacity();) {
-      ballast_trace_slot t;
-      if (!ring->read(i, &t) || t.comm_id != comm_id || t.seq != seq) continue;
-      if (t.state != BALLAST_TRACE_STARTED || std::chrono::steady_clock::now() > until) {
-        if (status) *status = t.status;
-        return t.state;
-      }
-      break;
+    ballast_trace_slot t{};
+    bool found = false;
+    for (uint64_t i = ring->head(); !found && i-- > 0 && ring->head() - i <= ring->capacity();)
+      found = ring->read(i, &t) && t.comm_id == comm_id && t.seq == seq;
+    const bool ended = found && (t.state == BALLAST_TRACE_DONE || t.state == BALLAST_TRACE_FAILED);
+    if (ended || std::chrono::steady_clock::now() > until) {
+      REQUIRE_MESSAGE(found, "no record of seq " << seq);
+      return t;
     }
     usleep(1000);
   }
+}
+
+uint32_t record_state(uint64_t comm_id, uint64_t seq, double limit_s, int32_t* status = nullptr) {
+  const ballast_trace_slot t = record(comm_id, seq, limit_s);
+  if (status) *status = t.status;
+  return t.state;
 }
 
 // Blocks a stream from the host until release() or a time limit, so that
@@ -225,6 +232,13 @@ TEST_CASE("several operations in flight: each request reports its own, collected
   int done = 1;
   CHECK(g.api->test(req[0], &done) == BALLAST_OK);
   CHECK(done == 0);  // held behind the gate
+  // The first runs (its kernels wait on the stream); the others are queued behind it.
+  CHECK(record_state(g.info.comm_id, 1, 0.05) == BALLAST_TRACE_STARTED);
+  for (uint64_t seq = 2; seq <= 3; ++seq) {
+    const ballast_trace_slot t = record(g.info.comm_id, seq, 0.0);
+    CHECK(t.state == BALLAST_TRACE_ISSUED);
+    CHECK(t.start_tick == 0);
+  }
   gate.release();
   CHECK(g.api->wait(req[2]) == BALLAST_OK);
   CHECK(g.api->wait(req[0]) == BALLAST_OK);
@@ -233,7 +247,14 @@ TEST_CASE("several operations in flight: each request reports its own, collected
   std::vector<float> back(3 * count);
   cudaMemcpy(back.data(), out, back.size() * 4, cudaMemcpyDeviceToHost);
   CHECK(back == host);
-  for (uint64_t seq = 1; seq <= 3; ++seq) CHECK(record_state(g.info.comm_id, seq, 5.0) == BALLAST_TRACE_DONE);
+  uint64_t previous_end = 0;
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    const ballast_trace_slot t = record(g.info.comm_id, seq, 5.0);
+    CHECK(t.state == BALLAST_TRACE_DONE);
+    CHECK(t.start_tick >= previous_end);  // each started once the one before it was seen done
+    CHECK(t.end_tick >= t.start_tick);
+    previous_end = t.end_tick;
+  }
   cudaFree(in);
   cudaFree(out);
 }
@@ -275,6 +296,7 @@ TEST_CASE("when one operation in flight fails, the others fail with its cause") 
   CHECK_MESSAGE(contains(m, "timed out"), m);
   CHECK(g.api->wait(r1) == BALLAST_ETIMEDOUT);
   CHECK(record_state(g.info.comm_id, 1, 1.0) == BALLAST_TRACE_FAILED);
+  CHECK(record(g.info.comm_id, 2, 1.0).start_tick == 0);  // failed while queued: never started
 }
 
 TEST_CASE("an operation that cannot start fails at its deadline: the watchdog aborts NCCL and the stream drains") {

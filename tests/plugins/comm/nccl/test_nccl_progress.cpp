@@ -25,11 +25,12 @@ namespace {
 using namespace ballast::comm_nccl;
 using ballast::comm::TraceRing;
 
-// A record of an operation in flight in ring, as c_start writes it.
-ballast_trace_slot* running_record(TraceRing* ring, uint64_t* index) {
+// A record of an operation in flight in ring, as c_start writes it: started,
+// or issued behind another.
+ballast_trace_slot* running_record(TraceRing* ring, uint64_t* index, uint32_t state = BALLAST_TRACE_STARTED) {
   ballast_trace_slot* slot = ring->claim(index);
   *slot = ballast_trace_slot{};
-  slot->state = BALLAST_TRACE_STARTED;
+  slot->state = state;
   slot->wait_peer = slot->send_peer = -1;
   slot->start_tick = slot->progress_tick = ballast::comm::trace_tick();
   TraceRing::publish(slot, *index);
@@ -169,9 +170,9 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
   void* coll1 = start(ctx, NCCL_PROF_COLL, nullptr);
   CHECK(ncclProfiler_v5.stopEvent(coll1) == ncclSuccess);
   first.tracker->end();
-  // start() of the second, while the first still runs.
+  // start() of the second, while the first still runs: queued behind it.
   uint64_t index2 = 0;
-  ballast_trace_slot* second = running_record(first.ring, &index2);
+  ballast_trace_slot* second = running_record(first.ring, &index2, BALLAST_TRACE_ISSUED);
   first.tracker->begin(second, index2);
   void* coll2 = start(ctx, NCCL_PROF_COLL, nullptr);
   CHECK(ncclProfiler_v5.stopEvent(coll2) == ncclSuccess);
@@ -180,7 +181,8 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
   void* stray = start(ctx, NCCL_PROF_COLL, nullptr);
   void* stray_op = proxy_op(ctx, stray, true, 7, 9);
 
-  // Their network work interleaves on the proxy thread.
+  // Their network work interleaves on the proxy thread (NCCL's proxy takes
+  // the second's when it is enqueued, before it runs).
   void* send2 = proxy_op(ctx, coll2, true, 2, 5);
   void* send1 = proxy_op(ctx, coll1, true, 1, 3);
   for (void* parent : {send2, send1, send2}) {
@@ -197,8 +199,10 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
   CHECK(first.get(second->bytes_sent) == 2000);
   CHECK(second->send_peer == 2);
 
-  // The first ends: its late events write nothing, the second's still count.
+  // The first ends and the second starts: the first's late events write
+  // nothing, the second's still count.
   __atomic_store_n(&first.slot->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+  __atomic_store_n(&second->state, BALLAST_TRACE_STARTED, __ATOMIC_RELEASE);
   for (void* parent : {send1, send2}) {
     void* step = start(ctx, NCCL_PROF_PROXY_STEP, parent);
     state(step, NCCL_PROF_STEP_SEND_WAIT, 1000);
