@@ -210,7 +210,8 @@ struct Comm {
   char ctrl_in[512];
   void* ctrl_req = nullptr;
   ucp_tag_recv_info_t ctrl_info{};
-  bool ctrl_done_now = false;
+  bool ctrl_arrived = false;  // the control receive completed (control_done)
+  ucs_status_t ctrl_status = UCS_OK;
   char notice[512];
   Scratch scratch, accum;
   // Operations in flight. Collectives run one at a time in start order (they

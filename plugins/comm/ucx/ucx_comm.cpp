@@ -78,26 +78,36 @@ uint64_t mix(uint64_t x) {
 }
 
 
+// The control receive's completion, run inside ucp_worker_progress (or
+// ucp_tag_recv_nbx itself): the operations' rounds of progress then test a
+// flag rather than call into UCX each round (60 instructions of an 8-byte
+// allreduce, callgrind). A cancelled one (its communicator being
+// destroyed) touches nothing.
+void control_done(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  if (status == UCS_ERR_CANCELED) return;
+  Comm* c = static_cast<Comm*>(user);
+  c->ctrl_status = status;
+  if (status == UCS_OK) c->ctrl_info = *info;
+  c->ctrl_arrived = true;
+}
+
 void post_control_recv(Comm* c) {
   ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.cb.recv = control_done;
+  prm.user_data = c;
   void* r = ucp_tag_recv_nbx(c->w->worker, c->ctrl_in, sizeof c->ctrl_in - 1, make_tag(kSeqControl, 0, c->ctx, 0),
                              kControlMask, &prm);
-  c->ctrl_done_now = r == nullptr;
   c->ctrl_req = UCS_PTR_IS_ERR(r) ? nullptr : r;
 }
 
 // A failure notice from a peer, if one arrived: fills *msg.
 bool control_arrived(Comm* c, std::string* msg) {
-  if (!c->ctrl_req && !c->ctrl_done_now) return false;
-  if (!c->ctrl_done_now) {
-    const ucs_status_t st = ucp_tag_recv_request_test(c->ctrl_req, &c->ctrl_info);
-    if (st == UCS_INPROGRESS) return false;
-    ucp_request_free(c->ctrl_req);
-    c->ctrl_req = nullptr;
-    if (st != UCS_OK) return false;
-  }
-  c->ctrl_done_now = false;
+  if (!c->ctrl_arrived) return false;
+  c->ctrl_arrived = false;
+  ucp_request_free(c->ctrl_req);
+  c->ctrl_req = nullptr;
+  if (c->ctrl_status != UCS_OK) return false;
   const size_t len = std::min(c->ctrl_info.length, sizeof c->ctrl_in - 1);
   c->ctrl_in[len] = '\0';
   const int from = int((c->ctrl_info.sender_tag >> 24) & 0xFFFF);

@@ -253,6 +253,24 @@ TEST_CASE("two ranks in a different collective: every rank reports the mismatch"
   }
 }
 
+TEST_CASE("a rank that finds a mismatch tells the others: they fail with its notice") {
+  // Rank 1 calls a broadcast from rank 0 while ranks 0 and 2 call an
+  // allreduce: rank 1 sees rank 0's allreduce message, and the others see
+  // nothing wrong until its notice comes.
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO("tls " << std::string(tls));
+    const int port = test::free_port();
+    const auto res = test::run_ranks(3, tls, 20, [&](int r) {
+      return loop(r, 3, port, 1024, 5, [](int rank, int it, ballast_comm_args& a) {
+        if (it == 3 && rank == 1) a.op = BALLAST_OP_BROADCAST;
+        return true;
+      });
+    });
+    expect_failed(res, {1}, "mismatched collectives");
+    expect_failed(res, {0, 2}, "rank 1 reported a failure: mismatched collectives");
+  }
+}
+
 TEST_CASE("mismatched dtypes and counts across ranks: a clear error on every rank") {
   for (int variant = 0; variant < 2; ++variant) {
     const int port = test::free_port();
