@@ -258,7 +258,10 @@ int final_progress(int rank, int port) {
   }
   // 2 floats: one exchange, 8 bytes each way, reduced once.
   if (recs[0].bytes_sent != 8 || recs[0].bytes_received != 8 || recs[0].chunks_reduced != 1)
-    return test::child_fail(rank, BALLAST_EIO, "the 8-byte allreduce: " + std::to_string(recs[0].bytes_sent) + " bytes sent, " + std::to_string(recs[0].bytes_received) + " received, " + std::to_string(recs[0].chunks_reduced) + " chunks reduced");
+    return test::child_fail(rank, BALLAST_EIO, "the 8-byte allreduce: " + std::to_string(recs[0].bytes_sent) +
+                                                   " bytes sent, " + std::to_string(recs[0].bytes_received) +
+                                                   " received, " + std::to_string(recs[0].chunks_reduced) +
+                                                   " chunks reduced");
   // 4 MiB: half reduced and half gathered each way, at least.
   if (recs[1].bytes_sent < (4u << 20) / 2 || recs[1].bytes_received != recs[1].bytes_sent || recs[1].chunks_reduced == 0)
     return test::child_fail(rank, BALLAST_EIO, "the 4 MiB allreduce sent " + std::to_string(recs[1].bytes_sent) +
