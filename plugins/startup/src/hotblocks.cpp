@@ -285,11 +285,28 @@ RelevanceCheck::Verdict RelevanceCheck::observe(const std::vector<std::pair<uint
   return verdict_;
 }
 
+namespace {
+
+// The program a process runs ("self" for this one); empty once it is gone.
+std::string exe_of(const std::string& pid) {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/" + pid + "/exe", ec).string();
+}
+
+}  // namespace
+
 void Prefetcher::watch(int pid, size_t limit) {
   if (watcher_.joinable()) return;
   watcher_ = std::thread([this, pid, limit] {
     RelevanceCheck check(files_, limit);
+    const std::string self = exe_of("self");
     while (!stop_.load() && next_.load() < pieces_.size()) {
+      // Between fork and exec the job is a copy of this process and holds the
+      // profile's files that the workers have open: not yet its own files.
+      if (exe_of(std::to_string(pid)) == self) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       switch (check.observe(open_files_of(pid))) {
         case RelevanceCheck::kRelevant:
           return;

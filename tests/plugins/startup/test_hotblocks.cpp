@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "command.hpp"
@@ -261,10 +262,17 @@ TEST_CASE("a prefetch watching a real job stops early when the job reads none of
   }
   Prefetcher pf(p, PrefetchOptions{1, big, 4096});
   pf.start();
+  // Until it execs, the job is a copy of this process and holds the profile's
+  // file (as the workers hold it): the watcher must not take that for the job
+  // reading the profile. The child waits before exec to make this certain.
+  int held = ::open((d / "big.bin").c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(held >= 0);
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::setpgid(0, 0);
+    struct timespec before_exec = {0, 300 * 1000 * 1000};
+    ::nanosleep(&before_exec, nullptr);
     int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
     std::vector<char*> args;
@@ -273,6 +281,7 @@ TEST_CASE("a prefetch watching a real job stops early when the job reads none of
     ::execvp("tail", args.data());
     ::_exit(127);
   }
+  ::close(held);
   pf.watch(pid, 16);
   pf.wait();  // returns once the watcher has stopped the workers
   ::kill(-pid, SIGKILL);
