@@ -10,6 +10,10 @@ namespace {
 
 char g_zero_byte = 0;  // where a transfer of 0 bytes points
 
+// Recorded, not done: plan() does the copies of every operation, of a kept
+// plan too, in this order.
+void copy_first(Op& op, char* dst, const char* src, size_t len) { op.copies[op.ncopies++] = {dst, src, len}; }
+
 void begin_step(Op& op) {
   Step s;
   s.first = s.last = uint32_t(op.xfers.size());
@@ -129,8 +133,7 @@ void halving_doubling(Op& op, char* dst, const char* in, const Blocks& b, char* 
   }
 }
 
-}  // namespace
-
+// The steps and transfers of op (0, or a failure).
 int build(Op& op) {
   Comm* c = op.comm;
   const ballast_comm_args& a = op.args;
@@ -146,7 +149,7 @@ int build(Op& op) {
       const bool ring = n > 1 && bytes > c->w->small_bytes && a.count >= uint64_t(n) && !pair;
       // The ring and the pair swap read a separate input in place; the others work in dst.
       if (bytes && src && src != dst && (!(ring || pair) || partly_overlap(src, dst, bytes))) {
-        std::memmove(dst, src, bytes);
+        copy_first(op, dst, src, bytes);
         src = dst;
       }
       if (n == 1 || a.count == 0) {
@@ -190,7 +193,7 @@ int build(Op& op) {
         op.algorithm = BALLAST_ALGO_PAIRWISE;
         char* all = c->scratch.get(bytes * size_t(n));
         if (!all) return nomem();
-        std::memcpy(all + size_t(r) * bytes, dst, bytes);
+        copy_first(op, all + size_t(r) * bytes, dst, bytes);
         begin_step(op);
         for (int k = 1; k < n; ++k) {
           const int from = mod(r - k, n);
@@ -254,7 +257,7 @@ int build(Op& op) {
     case BALLAST_OP_REDUCE_SCATTER: {
       const Blocks b{a.count * uint64_t(n), n, es};
       if (n == 1 || a.count == 0) {
-        if (bytes && src && src != dst) std::memmove(dst, src, bytes);
+        if (bytes && src && src != dst) copy_first(op, dst, src, bytes);
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
       }
@@ -270,7 +273,7 @@ int build(Op& op) {
     }
     case BALLAST_OP_ALLGATHER: {
       const Blocks b{a.count * uint64_t(n), n, es};
-      if (bytes && src && src != dst + b.off(r)) std::memmove(dst + b.off(r), src, bytes);
+      if (bytes && src && src != dst + b.off(r)) copy_first(op, dst + b.off(r), src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -280,7 +283,7 @@ int build(Op& op) {
       return BALLAST_OK;
     }
     case BALLAST_OP_BROADCAST: {
-      if (bytes && r == a.root && src && src != dst) std::memmove(dst, src, bytes);
+      if (bytes && r == a.root && src && src != dst) copy_first(op, dst, src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -308,7 +311,7 @@ int build(Op& op) {
     case BALLAST_OP_REDUCE: {
       char* acc = r == a.root ? dst : c->accum.get(bytes);
       if (!acc && bytes) return nomem();
-      if (bytes && src && src != acc) std::memmove(acc, src, bytes);
+      if (bytes && src && src != acc) copy_first(op, acc, src, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -331,7 +334,7 @@ int build(Op& op) {
       return BALLAST_OK;
     }
     case BALLAST_OP_ALLTOALL: {
-      if (bytes) std::memcpy(dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
+      if (bytes) copy_first(op, dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
       if (n == 1 || a.count == 0) {
         op.algorithm = BALLAST_ALGO_LOCAL;
         return BALLAST_OK;
@@ -366,5 +369,34 @@ int build(Op& op) {
   }
 }
 
+}  // namespace
+
+// A trainer repeats the same collectives on the same buffers: the plan of
+// this Op's last operation is kept when that had the same arguments and the
+// communicator's scratch buffers are where they were (one that grew since
+// may have moved). Callgrind, 8-byte allreduce on rank 0 over sm: building
+// it took 314 instructions of 2,215 an operation; keeping it, 1,999 in all.
+int plan(Op& op) {
+  const Comm* c = op.comm;
+  const PlanKey& k = op.plan_key;
+  if (!op.planned || !same_args(k, op.args) || k.scratch != c->scratch.p || k.accum != c->accum.p) {
+    op.planned = false;
+    op.chunk = std::max<size_t>(op.esize, c->w->chunk_bytes / op.esize * op.esize);
+    op.algorithm = BALLAST_ALGO_NONE;
+    op.xfers.clear();
+    op.steps.clear();
+    op.ncopies = 0;
+    op.ring = false;
+    op.chunks_total = 0;
+    if (int rc = build(op); rc != BALLAST_OK) return rc;
+    const ballast_comm_args& a = op.args;  // the scratch buffers after build, which may grow them
+    op.plan_key = {a.op, a.dtype, a.redop, a.root, a.count, a.sendbuf, a.recvbuf, c->scratch.p, c->accum.p};
+    op.planned = true;
+  } else {
+    for (Xfer& x : op.xfers) x.posted = x.completed = 0;
+  }
+  for (uint32_t i = 0; i < op.ncopies; ++i) std::memmove(op.copies[i].dst, op.copies[i].src, op.copies[i].len);
+  return BALLAST_OK;
+}
 
 }  // namespace ballast::comm

@@ -149,6 +149,32 @@ struct Step {
   size_t copy_len = 0;
 };
 
+// What an operation's plan (its algorithm, steps and transfers) depends on
+// besides its communicator: its arguments and where the communicator's
+// scratch buffers are.
+struct PlanKey {
+  uint32_t op = 0, dtype = 0, redop = 0;
+  int32_t root = 0;
+  uint64_t count = 0;
+  const void* sendbuf = nullptr;
+  const void* recvbuf = nullptr;
+  const char* scratch = nullptr;
+  const char* accum = nullptr;
+};
+
+inline bool same_args(const PlanKey& k, const ballast_comm_args& a) {
+  return k.op == a.op && k.dtype == a.dtype && k.redop == a.redop && k.root == a.root && k.count == a.count &&
+         k.sendbuf == a.sendbuf && k.recvbuf == a.recvbuf;
+}
+
+// A copy an operation starts with (its input into its output, its own
+// block into a gathering buffer), made before its first transfer.
+struct Copy {
+  char* dst;
+  const char* src;
+  size_t len;
+};
+
 struct Op {
   Comm* comm = nullptr;
   ballast_comm_args args{};
@@ -157,9 +183,15 @@ struct Op {
   uint32_t tag_ctx = 0;
   uint32_t low = 0;       // op | dtype | redop bits
   uint32_t algorithm = 0;
+  // The plan, made by build() and kept for this Op's next operation when
+  // that has the same key (plan() in algorithms.cpp).
   size_t chunk = 0;
   std::vector<Xfer> xfers;
   std::vector<Step> steps;
+  Copy copies[2];  // at most: an allreduce's input into its output, then its own block of them all
+  uint32_t ncopies = 0;
+  bool planned = false;
+  PlanKey plan_key;
   size_t cur = 0;
   bool step_posted = false;
   // A ring whose steps overlap (see progress_ring): every step is [send to
@@ -230,8 +262,9 @@ struct Comm {
 };
 
 
-// algorithms.cpp: the steps and transfers of op (0, or a failure).
-int build(Op& op);
+// algorithms.cpp: op's plan, made or kept, and the copies it starts with
+// done (0, or a failure).
+int plan(Op& op);
 
 // world.cpp: a world from cfg and the torchrun environment, bootstrapped;
 // nullptr with *err and *status on failure.

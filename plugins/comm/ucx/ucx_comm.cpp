@@ -206,6 +206,7 @@ void cancel_pending(Op& op) {
     ucp_request_free(r);
   }
   op.xfers.clear();
+  op.planned = false;
 }
 
 // The record's end: its status, end time and final state.
@@ -580,6 +581,8 @@ int progress(Op& op) {
   Comm* c = op.comm;
   const ballast_comm_args& a = op.args;
   const bool p2p = a.op == BALLAST_OP_SEND || a.op == BALLAST_OP_RECV;
+  // An issued operation has no plan yet (what op holds is its last one's).
+  const bool planned = state != BALLAST_TRACE_ISSUED;
   ballast_trace_slot* s = op.claimed;
   *s = ballast_trace_slot{.gen = 0,
                           .comm_id = c->id,
@@ -589,7 +592,7 @@ int progress(Op& op) {
                           .op = a.op,
                           .dtype = a.dtype,
                           .redop = a.redop,
-                          .algorithm = op.algorithm,
+                          .algorithm = planned ? op.algorithm : uint32_t(BALLAST_ALGO_NONE),
                           .rank = c->rank,
                           .nranks = c->n,
                           .world_rank = c->w->rank,
@@ -599,14 +602,14 @@ int progress(Op& op) {
                           .flags = p2p ? uint32_t(BALLAST_TRACE_P2P) : 0u,
                           .wait_peer = -1,
                           .send_peer = -1,
-                          .steps = uint32_t(op.steps.size()),
+                          .steps = planned ? uint32_t(op.steps.size()) : 0u,
                           .step = 0,
                           .reserved0 = 0,
                           .issue_tick = op.issue_tick,
                           .start_tick = start,
                           .end_tick = 0,
                           .progress_tick = std::max(start, op.issue_tick),
-                          .chunks_total = op.chunks_total,
+                          .chunks_total = planned ? op.chunks_total : 0,
                           .chunks_posted = op.chunks_posted,
                           .chunks_sent = 0,
                           .chunks_received = 0,
@@ -624,7 +627,7 @@ int progress(Op& op) {
 // communicator stays usable).
 bool begin(Op& op) {
   Comm* c = op.comm;
-  if (int rc = build(op); rc != BALLAST_OK) {
+  if (int rc = plan(op); rc != BALLAST_OK) {
     if (c->trace && !op.slot) write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);  // the slot is claimed
     finish(op, rc, last_error(), false);
     c->failed = BALLAST_OK;
@@ -715,6 +718,27 @@ unsigned advance(Comm* c) {
 int collect(Op& op) {
   op.comm->idle.push_back(&op);
   return set_last_error(op.status, op.msg);
+}
+
+// Idle operations kept beyond those in flight, each with its plan: a
+// trainer's step repeats a few collectives on a few buffers.
+constexpr size_t kPlansKept = 16;
+
+// An Op from the pool for an operation with arguments a: one whose last
+// plan was made for them when there is one (the last one handed back is
+// looked at first), else a new one while fewer than kPlansKept are idle,
+// else the one idle longest.
+Op& take_op(Comm* c, const ballast_comm_args& a) {
+  auto& idle = c->idle;
+  size_t i = idle.size();
+  while (i > 0 && !same_args(idle[i - 1]->plan_key, a)) --i;
+  if (i == 0 && idle.size() < kPlansKept) {
+    c->ops.push_back(std::make_unique<Op>());
+    return *c->ops.back();
+  }
+  Op* op = idle[i == 0 ? 0 : i - 1];
+  idle.erase(idle.begin() + std::ptrdiff_t(i == 0 ? 0 : i - 1));
+  return *op;
 }
 
 int validate(Comm* c, const ballast_comm_args* a) {
@@ -870,12 +894,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   }
   if (c->failed != BALLAST_OK)
     return set_last_error(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
-  if (c->idle.empty()) {
-    c->ops.push_back(std::make_unique<Op>());
-    c->idle.push_back(c->ops.back().get());
-  }
-  Op& op = *c->idle.back();
-  c->idle.pop_back();
+  Op& op = take_op(c, *args);
   // The record's slot first: claiming it is a locked instruction, which
   // waits for every store before it; here there are few.
   if (c->trace) op.claimed = c->w->ring->claim(&op.slot_index);
@@ -898,13 +917,8 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   const uint32_t wire_op = a.op == BALLAST_OP_RECV ? uint32_t(BALLAST_OP_SEND) : a.op;
   const bool reducing = a.op == BALLAST_OP_ALLREDUCE || a.op == BALLAST_OP_REDUCE || a.op == BALLAST_OP_REDUCE_SCATTER;
   op.low = (wire_op << 8) | (a.op == BALLAST_OP_BARRIER ? 0 : a.dtype << 4) | (reducing ? a.redop : 0);
-  op.chunk = std::max<size_t>(op.esize, c->w->chunk_bytes / op.esize * op.esize);
-  op.algorithm = BALLAST_ALGO_NONE;
-  op.xfers.clear();
-  op.steps.clear();
   op.cur = 0;
   op.step_posted = false;
-  op.ring = false;
   op.send_next = op.recv_next = op.send_done = op.recv_done = 0;
   op.sends_in_flight = op.recvs_in_flight = 0;
   op.recvs_posted = 0;
@@ -919,7 +933,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
   op.next_refresh = now + kRefreshNs;
   op.exact_ticks = a.count * op.esize >= (64u << 10) || c->clock.uses_tsc() || c->w->exact_ticks;
   op.slot = nullptr;
-  op.chunks_total = op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
+  op.chunks_posted = op.chunks_sent = op.chunks_received = op.chunks_reduced = 0;
   op.bytes_sent = op.bytes_received = 0;
   op.chunks_at_refresh = 0;
   if (!p2p && !c->queue.empty()) {

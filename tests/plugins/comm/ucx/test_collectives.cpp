@@ -282,7 +282,110 @@ void expect_all_pass(int n, const char* tls, bool big, std::vector<uint64_t> cou
   }
 }
 
+// The same operations on the same buffers three times over, with new inputs
+// each time, as a trainer repeats its collectives: an operation whose plan
+// is kept from the last one still starts with its own copies (input into
+// output, its block into the gathered buffer) and gives its own result.
+// Then two allreduces in flight, the second growing the scratch buffer,
+// and the first's arguments again on both requests: a kept plan must not
+// point into the scratch buffer the growth freed (caught by the asan preset).
+int repeat_worker(int rank, int n, int port) {
+  auto cfg = test::config(rank, n, port, 30000);
+  Comm* comm = nullptr;
+  if (int rc = comm_init(&cfg, &comm); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  const size_t nn = size_t(n);
+  std::vector<float> in(70001 * nn), out(70001 * nn), small_in(3), small_out(3), mine(5), all(5 * nn);
+  std::string what;
+  auto args = [](uint32_t op, void* send, void* recv, uint64_t count, int root) {
+    ballast_comm_args a{};
+    a.size = sizeof a;
+    a.op = op;
+    a.dtype = BALLAST_DT_F32;
+    a.redop = BALLAST_RED_SUM;
+    a.sendbuf = send;
+    a.recvbuf = recv;
+    a.count = count;
+    a.root = root;
+    return a;
+  };
+  auto run = [&](uint32_t op, void* send, void* recv, uint64_t count, int root) {
+    const ballast_comm_args a = args(op, send, recv, count, root);
+    if (comm_run(comm, &a) == BALLAST_OK) return true;
+    what = std::string(ballast_op_name(op)) + ": " + last_error();
+    return false;
+  };
+  auto value = [](int r, size_t i, int it) { return float(r * 10 + int(i % 5) + it * 100); };
+  auto sum = [&](size_t i, int it) {
+    float s = 0;
+    for (int r = 0; r < n; ++r) s += value(r, i, it);
+    return s;
+  };
+  for (int it = 0; it < 3 && what.empty(); ++it) {
+    const std::string round = " (round " + std::to_string(it) + ")";
+    for (size_t i = 0; i < small_in.size(); ++i) small_in[i] = value(rank, i, it);
+    run(BALLAST_OP_ALLREDUCE, small_in.data(), small_out.data(), 3, 0);
+    for (size_t i = 0; i < 3 && what.empty(); ++i)
+      if (small_out[i] != sum(i, it)) what = "small allreduce" + round;
+    for (size_t i = 0; i < 70001; ++i) in[i] = value(rank, i, it);
+    if (what.empty()) run(BALLAST_OP_ALLREDUCE, in.data(), out.data(), 70001, 0);
+    for (size_t i = 0; i < 70001 && what.empty(); ++i)
+      if (out[i] != sum(i, it)) what = "allreduce" + round;
+    if (what.empty()) run(BALLAST_OP_REDUCE, small_in.data(), small_out.data(), 3, 1);
+    for (size_t i = 0; i < 3 && what.empty() && rank == 1; ++i)
+      if (small_out[i] != sum(i, it)) what = "reduce" + round;
+    if (what.empty()) run(BALLAST_OP_BROADCAST, small_in.data(), small_out.data(), 3, 1);
+    for (size_t i = 0; i < 3 && what.empty(); ++i)
+      if (small_out[i] != value(1, i, it)) what = "broadcast" + round;
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(rank, i, it);
+    if (what.empty()) run(BALLAST_OP_ALLGATHER, mine.data(), all.data(), 5, 0);
+    for (size_t i = 0; i < all.size() && what.empty(); ++i)
+      if (all[i] != value(int(i / 5), i % 5, it)) what = "allgather" + round;
+    for (size_t i = 0; i < all.size(); ++i) all[i] = value(rank, i, it);  // block r goes to rank r
+    if (what.empty()) run(BALLAST_OP_ALLTOALL, all.data(), out.data(), 5, 0);
+    for (size_t i = 0; i < all.size() && what.empty(); ++i)
+      if (out[i] != value(int(i / 5), size_t(rank) * 5 + i % 5, it)) what = "alltoall" + round;
+  }
+  // In place: 2 elements (recursive doubling or one round, through the
+  // scratch buffer) in flight with 70001 (a ring or halving, whose staging
+  // grows it); then 2 elements twice in flight, the second on the same
+  // request as the first before (requests are pooled: the last one handed
+  // back is the first one reused) and with the same arguments.
+  std::vector<float> a(2), b(2);
+  auto start = [&](float* buf, uint64_t count, ballast_comm_request** req) {
+    for (uint64_t i = 0; i < count; ++i) buf[i] = float(rank + 1);
+    const ballast_comm_args a = args(BALLAST_OP_ALLREDUCE, buf, buf, count, 0);
+    if (comm_start(comm, &a, req) == BALLAST_OK) return true;
+    what = "start: " + std::string(last_error());
+    return false;
+  };
+  const float want = float(n * (n + 1) / 2);
+  for (int pass = 0; pass < 2 && what.empty(); ++pass) {
+    ballast_comm_request* r[2] = {nullptr, nullptr};
+    if (pass == 0 && !(start(a.data(), 2, &r[0]) && start(out.data(), 70001, &r[1]))) break;
+    if (pass == 1 && !(start(b.data(), 2, &r[0]) && start(a.data(), 2, &r[1]))) break;
+    for (auto* req : r)
+      if (comm_wait(req) != BALLAST_OK && what.empty()) what = "in flight: " + std::string(last_error());
+    const float* second = pass == 0 ? out.data() : b.data();
+    for (int k = 0; k < 2 && what.empty(); ++k)
+      if (a[size_t(k)] != want || second[k] != want) what = "in flight, pass " + std::to_string(pass);
+  }
+  comm_destroy(comm);
+  return what.empty() ? 0 : test::child_fail(rank, BALLAST_EIO, what);
+}
+
 }  // namespace
+
+TEST_CASE("operations repeated on the same buffers: each gives its own result") {
+  for (const char* tls : {"sm,self", "tcp"})
+    for (int n : {2, 4}) {
+      const int port = test::free_port();
+      const auto res = test::run_ranks(n, tls, 60, [&](int r) { return repeat_worker(r, n, port); });
+      for (int r = 0; r < n; ++r) {
+        INFO(tls, " ", n, " ranks, rank ", r, ": ", test::read_err(r));
+        CHECK(res.codes[size_t(r)] == 0);
+      }
+    }
+}
 
 TEST_CASE("2 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") {
   expect_all_pass(2, "sm,self", true);
