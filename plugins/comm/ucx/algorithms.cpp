@@ -145,7 +145,8 @@ int build(Op& op) {
   auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
   switch (a.op) {
     case BALLAST_OP_ALLREDUCE: {
-      const bool pair = n == 2 && bytes >= c->w->pair_min_bytes && bytes <= c->w->pair_bytes;
+      const bool pair = n == 2 && bytes >= c->w->pair_min_bytes && bytes <= c->w->pair_bytes &&
+                        (c->w->tcp_only || c->peer(1 - r).local);
       const bool ring = n > 1 && bytes > c->w->small_bytes && a.count >= uint64_t(n) && !pair;
       // The ring and the pair swap read a separate input in place; the others work in dst.
       if (bytes && src && src != dst && (!(ring || pair) || partly_overlap(src, dst, bytes))) {
@@ -159,7 +160,9 @@ int build(Op& op) {
       if (pair) {
         // Two ranks swap whole buffers, one message each way as one chunk
         // (over tcp every message, a rendezvous above all, costs a round
-        // trip of system calls), and each reduces all of it. Out of place
+        // trip of system calls; on one host each wait may cost a trip
+        // through a busy scheduler), and each reduces all of it (see
+        // BALLAST_COMM_PAIR_BYTES in world.cpp). Out of place
         // the peer's buffer lands in dst and is reduced there (dst = in op
         // dst); in place through scratch.
         op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;

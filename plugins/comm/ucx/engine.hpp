@@ -73,7 +73,8 @@ struct World {
   int64_t timeout_ns = 0;
   size_t chunk_bytes = 256 << 10;
   size_t small_bytes = 16 << 10;
-  size_t pair_bytes = 0;  // 2 ranks: allreduce up to this size swaps whole buffers in one message (tcp alone)
+  bool tcp_only = false;  // UCX_TLS names tcp and no other data transport
+  size_t pair_bytes = 0;  // 2 ranks: allreduce up to this size swaps whole buffers in one message (tcp alone, or one host)
   size_t pair_min_bytes = 128 << 10;  // ... from this size
   size_t direct_bytes = 1 << 10;
   size_t halving_bytes = 512 << 10;

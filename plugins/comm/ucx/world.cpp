@@ -106,7 +106,17 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // eager: Open MPI's p50 over ours, paired per round (9-11 rounds,
   // session 13), 128 KiB 1.09 -> 1.74, 256 KiB 0.82 -> 1.25; at 64 KiB the
   // ring's 32 KiB halves stay faster (2.09 against 1.68).
-  w->pair_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_PAIR_BYTES", tcp ? 1 << 20 : 0)));
+  // 2 ranks on one host otherwise (shared memory), up to 4 MiB: the swap
+  // is one copy each way through the kernel (CMA), and the ring's 4 steps
+  // of waits fall into a slow mode, twice its fast one, whenever the VM
+  // is busy. Open MPI's p50 over ours, paired per round (session 14, 5-7
+  // rounds): 128 KiB 1.36 -> 2.39, 256 KiB 1.22 -> 1.22 (its slow rounds
+  // gone), 1 MiB 1.25 -> 2.28, 4 MiB 1.12 -> 1.52; the ring stays faster at
+  // 8 MiB (1.45 against 1.19) and 16 MiB (1.38 against 1.12), and the
+  // ring's eager halves at 64 KiB in their fast mode. Between hosts over
+  // other transports the ring keeps every size (not measured here).
+  w->tcp_only = tcp;
+  w->pair_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_PAIR_BYTES", tcp ? 1 << 20 : 4 << 20)));
   w->pair_min_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_PAIR_MIN_BYTES", 128 << 10)));
   w->ring_direct_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_RING_DIRECT_BYTES", 4 << 20)));
 

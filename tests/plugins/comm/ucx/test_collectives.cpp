@@ -399,6 +399,12 @@ TEST_CASE("3 ranks over tcp: every op and dtype, non-power-of-two") { expect_all
 TEST_CASE("2 and 4 ranks over tcp with the default chunk: eager, swap and ring sizes") {
   for (int n : {2, 4}) expect_all_pass(n, "tcp", false, {12289, 70001, 262144, 262147}, nullptr);
 }
+// With the plugin's own chunk over shared memory: 2 ranks swap whole
+// buffers from 128 KiB to 4 MiB (70001 elements of 2 bytes and more,
+// 1100000 of 1 and 2 bytes), the ring above (1100000 of 4 and 8 bytes).
+TEST_CASE("2 ranks over shared memory with the default chunk: eager, swap and ring sizes") {
+  expect_all_pass(2, "sm,self", false, {12289, 70001, 1100000}, nullptr);
+}
 TEST_CASE("4 ranks over shared memory: every op and dtype") { expect_all_pass(4, "sm,self", false); }
 TEST_CASE("4 ranks over tcp: every op and dtype") { expect_all_pass(4, "tcp", false); }
 TEST_CASE("3 ranks over shared memory: every op and dtype, non-power-of-two") { expect_all_pass(3, "sm,self", false); }
