@@ -111,6 +111,21 @@ inline Result run_ranks(int n, const char* tls, double timeout_s, const std::fun
   return res;
 }
 
+// The arguments of a summing operation.
+inline ballast_comm_args args_of(uint32_t op, const void* in, void* out, uint64_t count,
+                                 uint32_t dtype = BALLAST_DT_F32, int root = 0) {
+  ballast_comm_args a{};
+  a.size = sizeof a;
+  a.op = op;
+  a.dtype = dtype;
+  a.redop = BALLAST_RED_SUM;
+  a.sendbuf = in;
+  a.recvbuf = out;
+  a.count = count;
+  a.root = root;
+  return a;
+}
+
 inline ballast_comm_config config(int rank, int n, int port, int64_t timeout_ms) {
   ballast_comm_config c{};
   c.size = sizeof c;

@@ -90,17 +90,6 @@ struct CommTable {
   }
 };
 
-ballast_comm_args allreduce(float* in, float* out, uint64_t count) {
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = BALLAST_OP_ALLREDUCE;
-  a.dtype = BALLAST_DT_F32;
-  a.sendbuf = in;
-  a.recvbuf = out;
-  a.count = count;
-  return a;
-}
-
 // A host running the plugin, its collective events collected.
 struct BusHost {
   ballast_host* host = nullptr;
@@ -147,7 +136,7 @@ TEST_CASE("an operation in flight appears as collective.progress, then as collec
       if (ballast_comm* comm = t.init(1, 2, port)) {
         usleep(600000);
         float in[1024] = {}, out[1024];
-        ballast_comm_args a = allreduce(in, out, 1024);
+        ballast_comm_args a = test::args_of(BALLAST_OP_ALLREDUCE, in, out, 1024);
         rc = t.api->run(comm, &a) == BALLAST_OK ? 0 : 2;
         t.api->destroy(comm);
       }
@@ -161,7 +150,7 @@ TEST_CASE("an operation in flight appears as collective.progress, then as collec
     REQUIRE(comm);
     float in[1024], out[1024];
     for (int i = 0; i < 1024; ++i) in[i] = 1;
-    ballast_comm_args a = allreduce(in, out, 1024);
+    ballast_comm_args a = test::args_of(BALLAST_OP_ALLREDUCE, in, out, 1024);
     CHECK(t.api->run(comm, &a) == BALLAST_OK);
     CHECK(out[1023] == 1);  // the child's zeros added
     CHECK(bus.wait_for([](const Seen& s) { return !s.records.empty(); }));
@@ -191,7 +180,7 @@ TEST_CASE("every operation appears on the bus as collective.record") {
   ballast_comm* comm = t.init(0, 1);
   REQUIRE(comm);
   float in[4] = {1, 2, 3, 4}, out[4];
-  ballast_comm_args a = allreduce(in, out, 4);
+  ballast_comm_args a = test::args_of(BALLAST_OP_ALLREDUCE, in, out, 4);
   for (int i = 0; i < 5; ++i) REQUIRE(t.api->run(comm, &a) == BALLAST_OK);
   ballast_comm_info info{};
   info.size = sizeof info;
@@ -220,7 +209,7 @@ TEST_CASE("records overwritten before the timer read them are counted as comm-uc
   ballast_comm* comm = t.init(0, 1);
   REQUIRE(comm);
   float in[4] = {1, 2, 3, 4}, out[4];
-  ballast_comm_args a = allreduce(in, out, 4);
+  ballast_comm_args a = test::args_of(BALLAST_OP_ALLREDUCE, in, out, 4);
   constexpr int kOps = 5000;  // the ring holds 1024
   for (int i = 0; i < kOps; ++i) REQUIRE(t.api->run(comm, &a) == BALLAST_OK);
   int64_t lost = 0;

@@ -296,20 +296,8 @@ int repeat_worker(int rank, int n, int port) {
   const size_t nn = size_t(n);
   std::vector<float> in(70001 * nn), out(70001 * nn), small_in(3), small_out(3), mine(5), all(5 * nn);
   std::string what;
-  auto args = [](uint32_t op, void* send, void* recv, uint64_t count, int root) {
-    ballast_comm_args a{};
-    a.size = sizeof a;
-    a.op = op;
-    a.dtype = BALLAST_DT_F32;
-    a.redop = BALLAST_RED_SUM;
-    a.sendbuf = send;
-    a.recvbuf = recv;
-    a.count = count;
-    a.root = root;
-    return a;
-  };
   auto run = [&](uint32_t op, void* send, void* recv, uint64_t count, int root) {
-    const ballast_comm_args a = args(op, send, recv, count, root);
+    const ballast_comm_args a = test::args_of(op, send, recv, count, BALLAST_DT_F32, root);
     if (comm_run(comm, &a) == BALLAST_OK) return true;
     what = std::string(ballast_op_name(op)) + ": " + last_error();
     return false;
@@ -353,7 +341,7 @@ int repeat_worker(int rank, int n, int port) {
   std::vector<float> a(2), b(2);
   auto start = [&](float* buf, uint64_t count, ballast_comm_request** req) {
     for (uint64_t i = 0; i < count; ++i) buf[i] = float(rank + 1);
-    const ballast_comm_args a = args(BALLAST_OP_ALLREDUCE, buf, buf, count, 0);
+    const ballast_comm_args a = test::args_of(BALLAST_OP_ALLREDUCE, buf, buf, count);
     if (comm_start(comm, &a, req) == BALLAST_OK) return true;
     what = "start: " + std::string(last_error());
     return false;

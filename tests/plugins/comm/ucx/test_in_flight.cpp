@@ -18,18 +18,6 @@ using namespace ballast::comm;
 
 namespace {
 
-ballast_comm_args args_of(uint32_t op, void* in, void* out, uint64_t count, uint32_t dtype = BALLAST_DT_F32) {
-  ballast_comm_args a{};
-  a.size = sizeof a;
-  a.op = op;
-  a.dtype = dtype;
-  a.redop = BALLAST_RED_SUM;
-  a.sendbuf = in;
-  a.recvbuf = out;
-  a.count = count;
-  return a;
-}
-
 // Allreduces of sizes that take every algorithm (one exchange, recursive
 // doubling, halving, ring in chunks), a broadcast and an allgather, all
 // started before any is waited for, then waited for in reverse order.
@@ -48,14 +36,14 @@ int queued_collectives(int rank, int n, int port, bool test_last_first) {
   std::vector<int32_t> bcast(1000, rank == 1 ? 42 : 0);
   std::vector<int32_t> mine(300, rank), all(300 * size_t(n), -1);
   for (size_t k = 0; k < counts.size(); ++k) {
-    auto a = args_of(BALLAST_OP_ALLREDUCE, in[k].data(), out[k].data(), counts[k]);
+    auto a = test::args_of(BALLAST_OP_ALLREDUCE, in[k].data(), out[k].data(), counts[k]);
     ballast_comm_request* r = nullptr;
     if (int rc = comm_start(c, &a, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     reqs.push_back(r);
     if (k == 2) {  // a broadcast and an allgather among them
-      auto b = args_of(BALLAST_OP_BROADCAST, nullptr, bcast.data(), bcast.size(), BALLAST_DT_I32);
+      auto b = test::args_of(BALLAST_OP_BROADCAST, nullptr, bcast.data(), bcast.size(), BALLAST_DT_I32);
       b.root = 1;
-      auto g = args_of(BALLAST_OP_ALLGATHER, mine.data(), all.data(), mine.size(), BALLAST_DT_I32);
+      auto g = test::args_of(BALLAST_OP_ALLGATHER, mine.data(), all.data(), mine.size(), BALLAST_DT_I32);
       for (auto* x : {&b, &g}) {
         if (int rc = comm_start(c, x, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
         reqs.push_back(r);
@@ -137,10 +125,10 @@ TEST_CASE("a send and a receive in flight together: both ways at once, beside a 
       if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
       const size_t count = 4u << 20;
       std::vector<float> out(count, float(rank + 1)), back(count, 0), sum(1000, 1), summed(1000, 0);
-      auto s = args_of(BALLAST_OP_SEND, out.data(), nullptr, count);
-      auto v = args_of(BALLAST_OP_RECV, nullptr, back.data(), count);
+      auto s = test::args_of(BALLAST_OP_SEND, out.data(), nullptr, count);
+      auto v = test::args_of(BALLAST_OP_RECV, nullptr, back.data(), count);
       s.root = v.root = 1 - rank;
-      auto ar = args_of(BALLAST_OP_ALLREDUCE, sum.data(), summed.data(), sum.size());
+      auto ar = test::args_of(BALLAST_OP_ALLREDUCE, sum.data(), summed.data(), sum.size());
       ballast_comm_request *rs = nullptr, *rv = nullptr, *ra = nullptr;
       if (int rc = comm_start(c, &s, &rs); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
       if (int rc = comm_start(c, &ar, &ra); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -168,15 +156,15 @@ int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_f
   Comm* c = nullptr;
   if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
   std::vector<float> in(1000, float(rank + 1)), out(1000, 0);
-  auto warm = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());  // connections wired up
+  auto warm = test::args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());  // connections wired up
   if (int rc = comm_run(c, &warm); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
-  auto a = args_of(op, in.data(), out.data(), in.size());
+  auto a = test::args_of(op, in.data(), out.data(), in.size());
   if (op == BALLAST_OP_SEND || op == BALLAST_OP_RECV) {
     a.op = rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV;
     a.root = 1 - rank;
   }
   std::vector<float> first_in(8, 1), first_out(8);
-  auto first = args_of(BALLAST_OP_ALLREDUCE, first_in.data(), first_out.data(), first_in.size());
+  auto first = test::args_of(BALLAST_OP_ALLREDUCE, first_in.data(), first_out.data(), first_in.size());
   if (rank == 1) {
     if (queued)
       if (int rc = comm_run(c, &first); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -228,9 +216,9 @@ int final_progress(int rank, int port) {
   Comm* c = nullptr;
   if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
   std::vector<float> in(1u << 20, 1), out(1u << 20);
-  auto small = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), 2);
-  auto large = args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());
-  auto p2p = args_of(rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV, in.data(), out.data(), 1000);
+  auto small = test::args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), 2);
+  auto large = test::args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());
+  auto p2p = test::args_of(rank == 0 ? BALLAST_OP_SEND : BALLAST_OP_RECV, in.data(), out.data(), 1000);
   p2p.root = 1 - rank;
   for (auto* a : {&small, &large, &p2p})
     if (int rc = comm_run(c, a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -295,7 +283,7 @@ TEST_CASE("a failure ends every operation queued behind it, each with the first 
     std::vector<float> buf(1000, 1);
     std::vector<ballast_comm_request*> reqs(5);
     for (auto*& q : reqs) {
-      auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+      auto a = test::args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
       if (int rc = comm_start(c, &a, &q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     }
     int done = 0;
@@ -308,7 +296,7 @@ TEST_CASE("a failure ends every operation queued behind it, each with the first 
           msg.find("test abort") == std::string::npos)
         return test::child_fail(rank, BALLAST_EIO, "op " + std::to_string(k) + ": " + std::to_string(rc) + " " + msg);
     }
-    auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+    auto a = test::args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
     if (comm_run(c, &a) == BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, "ran after the abort");
     comm_destroy(c);
     return 0;
@@ -334,7 +322,7 @@ TEST_CASE("a communicator takes 64 operations not yet completed; the 65th start 
     std::vector<float> buf(16, 1);
     std::vector<ballast_comm_request*> reqs;
     for (int k = 0; k < 65; ++k) {
-      auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+      auto a = test::args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
       ballast_comm_request* q = nullptr;
       const int rc = comm_start(c, &a, &q);
       if (k < 64 && rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -343,7 +331,7 @@ TEST_CASE("a communicator takes 64 operations not yet completed; the 65th start 
       if (q) reqs.push_back(q);
     }
     if (comm_wait(reqs.front()) != BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, last_error());
-    auto a = args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
+    auto a = test::args_of(BALLAST_OP_ALLREDUCE, buf.data(), buf.data(), buf.size());
     ballast_comm_request* q = nullptr;
     if (comm_start(c, &a, &q) != BALLAST_OK) return test::child_fail(rank, BALLAST_EIO, "a start after one completed");
     comm_destroy(c);  // 64 left in flight: destroy cancels what is left, no leak, no hang
