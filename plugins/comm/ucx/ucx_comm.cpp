@@ -736,8 +736,9 @@ Op& take_op(Comm* c, const ballast_comm_args& a) {
     c->ops.push_back(std::make_unique<Op>());
     return *c->ops.back();
   }
-  Op* op = idle[i == 0 ? 0 : i - 1];
-  idle.erase(idle.begin() + std::ptrdiff_t(i == 0 ? 0 : i - 1));
+  const auto at = idle.begin() + std::ptrdiff_t(i == 0 ? 0 : i - 1);  // the match, or the oldest
+  Op* op = *at;
+  idle.erase(at);
   return *op;
 }
 
