@@ -384,6 +384,7 @@ int plan(Op& op) {
   const PlanKey& k = op.plan_key;
   if (!op.planned || !same_args(k, op.args) || k.scratch != c->scratch.p || k.accum != c->accum.p) {
     op.planned = false;
+    op.record_made = false;
     op.chunk = std::max<size_t>(op.esize, c->w->chunk_bytes / op.esize * op.esize);
     op.algorithm = BALLAST_ALGO_NONE;
     op.xfers.clear();

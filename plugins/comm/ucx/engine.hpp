@@ -193,6 +193,10 @@ struct Op {
   uint32_t ncopies = 0;
   bool planned = false;
   PlanKey plan_key;
+  // The started record of this plan, less what each operation sets (see
+  // write_record); made at the plan's first record.
+  ballast_trace_slot record{};
+  bool record_made = false;
   size_t cur = 0;
   bool step_posted = false;
   // A ring whose steps overlap (see progress_ring): every step is [send to

@@ -269,6 +269,48 @@ TEST_CASE("a finished operation's record holds its final progress") {
   }
 }
 
+// Requests are pooled and keep their plan (and the record made for it) for
+// the same arguments: more distinct operations than the pool keeps, twice
+// over, so that requests are reused for other arguments; each record must
+// still describe its own operation.
+int records_of_reused_requests(int rank, int port) {
+  auto cfg = test::config(rank, 2, port, 20000);
+  Comm* c = nullptr;
+  if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  std::vector<float> in(64, 1), out(64);
+  std::vector<ballast_comm_args> ops;
+  for (uint64_t count = 1; count <= 24; ++count) {
+    ops.push_back(test::args_of(count % 3 ? BALLAST_OP_ALLREDUCE : BALLAST_OP_BROADCAST, in.data(), out.data(), count));
+    ops.back().root = int32_t(count % 2);
+  }
+  TraceRing* ring = TraceRing::current();
+  const uint64_t first = ring->head();
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& a : ops)
+      if (int rc = comm_run(c, &a); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  if (ring->head() - first != 2 * ops.size()) return test::child_fail(rank, BALLAST_EIO, "records missing");
+  for (uint64_t i = 0; i < 2 * ops.size(); ++i) {
+    const ballast_comm_args& a = ops[i % ops.size()];
+    ballast_trace_slot s;
+    if (!ring->read(first + i, &s)) return test::child_fail(rank, BALLAST_EIO, "record unreadable");
+    const int32_t peer = a.op == BALLAST_OP_BROADCAST ? a.root : -1;
+    if (s.seq != i + 1 || s.op != a.op || s.count != a.count || s.bytes != a.count * 4 || s.peer != peer ||
+        s.state != BALLAST_TRACE_DONE || s.start_tick < s.issue_tick)
+      return test::child_fail(rank, BALLAST_EIO,
+                              "record " + std::to_string(i) + ": seq " + std::to_string(s.seq) + ", " +
+                                  ballast_op_name(s.op) + " of " + std::to_string(s.count) + ", peer " +
+                                  std::to_string(s.peer) + "; expected " + ballast_op_name(a.op) + " of " +
+                                  std::to_string(a.count) + ", peer " + std::to_string(peer));
+  }
+  comm_destroy(c);
+  return 0;
+}
+
+TEST_CASE("requests reused for other operations: each record describes its own") {
+  const int port = test::free_port();
+  expect_all_ok(test::run_ranks(2, "sm,self", 60, [&](int rank) { return records_of_reused_requests(rank, port); }));
+}
+
 TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
   const int port = test::free_port();
   const auto r = test::run_ranks(2, "sm,self", 60, [&](int rank) {
