@@ -10,16 +10,22 @@
  * and renames it into place. The file is a header followed by slot_count
  * slots; the layout below is the contract.
  *
- * Writer (one process, several threads): claim index i = head++ (atomic),
- * set slot[i % slot_count].gen = 0, fill the fields, then store gen = i + 1
- * with release order. While the operation runs it updates the progress
- * fields and progress_tick in place (plain 64-bit stores), and finally
- * end_tick and state. No locks, no system calls, no allocation.
+ * Writer (one process, several threads): claim index i = head++ (atomic).
+ * When slot[i % slot_count] holds a record still in flight (gen not 0,
+ * state issued or started: an operation that has run while the ring went
+ * round), leave it: add 1 to skipped and claim again; after slot_count such
+ * tries in a row the operation goes unrecorded: add 1 to dropped. Else set
+ * the slot's gen = 0, fill the fields, then store gen = i + 1 with release
+ * order. While the operation runs it updates the progress fields and
+ * progress_tick in place (plain 64-bit stores), and finally end_tick and
+ * state. No locks, no system calls, no allocation.
  *
- * Reader: load head (acquire); for each index i in
- * [max(0, head - slot_count), head): read gen, copy the slot, read gen
- * again; the copy is record i when both reads equal i + 1. Records older
- * than head - slot_count were overwritten: that count is the overflow.
+ * Reader: load skipped, then head (acquire); for each slot: read gen, copy
+ * the slot, read gen again; when both reads give the same g > 0, the copy is
+ * record g - 1. The ring holds the records of the last slot_count claims and
+ * older ones still in flight; the overflow, records overwritten by newer
+ * ones, is head - skipped - min(head, slot_count). Record i alone: slot
+ * i % slot_count, whose gen must read i + 1 both times.
  *
  * Times are ticks of the writer's clock; convert with
  * wall_ns = clock_wall_ns + (tick - clock_tick) * ns_per_tick. The bundled
@@ -89,7 +95,9 @@ typedef struct ballast_trace_header {
   uint64_t head;          /* atomic: records ever claimed */
   uint64_t heartbeat_tick;/* atomic: last time the process's comm code ran */
   char host[64];          /* the writer's host name */
-  uint8_t reserved[256 - 144];
+  uint64_t skipped;       /* atomic: indices claimed and left, their slot in flight */
+  uint64_t dropped;       /* atomic: operations unrecorded, every slot in flight */
+  uint8_t reserved[256 - 160];
 } ballast_trace_header;
 
 /* One operation, 192 bytes. */

@@ -2,8 +2,8 @@
 
 #include <ballast/events.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <iterator>
 
 namespace ballast::comm {
 
@@ -52,7 +52,7 @@ int RingPublisher::start() {
     if (host_->set_error) host_->set_error(host_, "publish_period_seconds must be positive");
     return BALLAST_EINVAL;
   }
-  if (const TraceRing* ring = TraceRing::current()) start_at(ring->head());
+  if (const TraceRing* ring = TraceRing::current()) start_at(ring->head(), ring->skipped());
   auto tick = [](void* self) {
     if (const TraceRing* ring = TraceRing::current()) static_cast<RingPublisher*>(self)->publish(*ring);
   };
@@ -67,40 +67,39 @@ void RingPublisher::stop() {
 }
 
 int RingPublisher::publish(const TraceRing& ring) {
-  const uint64_t head = ring.head();
-  if (head - cursor_ > ring.capacity()) {  // overwritten before this call saw them
-    const uint64_t oldest = head - ring.capacity();
-    const auto seen_end = published_.lower_bound(oldest);
-    const uint64_t lost = oldest - cursor_ - uint64_t(std::distance(published_.begin(), seen_end));
-    if (host_->counter_add) host_->counter_add(host_, "records_lost", int64_t(lost));
-    published_.erase(published_.begin(), seen_end);
-    cursor_ = oldest;
-  }
-  int events = 0;
-  // The cursor moves over finished records only while every record before
-  // them is finished too; past one in flight, finished ones are remembered.
-  bool blocked = false;
-  for (uint64_t i = cursor_; i < head; ++i) {
-    if (published_.count(i)) {
-      if (!blocked) {
-        published_.erase(i);
-        cursor_ = i + 1;
-      }
-      continue;
-    }
+  const uint64_t n = ring.capacity();
+  slots_.resize(n);
+  struct News {
+    uint64_t index;
     ballast_trace_slot t;
-    if (!ring.read(i, &t)) {  // being written: the next call sees it
-      blocked = true;
-      continue;
+    bool finished;
+  };
+  std::vector<News> news;
+  uint64_t gaps = 0;  // indices that went by a slot unseen: skipped, or records lost
+  for (uint64_t k = 0; k < n; ++k) {
+    Seen& seen = slots_[k];
+    if (seen.any && seen.finished && ring.holds(k, seen.index)) continue;  // nothing new
+    uint64_t i = 0;
+    ballast_trace_slot t;
+    if (!ring.read_slot(k, &i, &t) || i < start_) continue;  // empty, being written, or old news
+    if (!seen.any || i != seen.index) {
+      const uint64_t first = seen.any ? seen.index + n : start_ + ((k - start_) & (n - 1));
+      gaps += (i - first) / n;
+      if (seen.any && !seen.finished) ++gaps;  // seen in flight, ended and overwritten unseen
     }
     const bool finished = t.state == BALLAST_TRACE_DONE || t.state == BALLAST_TRACE_FAILED;
-    send(host_, ring, t, finished);
-    ++events;
-    if (!finished) blocked = true;
-    else if (!blocked) cursor_ = i + 1;
-    else published_.insert(i);
+    seen = Seen{true, i, finished};
+    news.push_back({i, t, finished});
   }
-  return events;
+  const uint64_t skipped = ring.skipped();
+  skip_credit_ += skipped - skipped_;
+  skipped_ = skipped;
+  const uint64_t skips = std::min(gaps, skip_credit_);
+  skip_credit_ -= skips;
+  if (gaps > skips && host_->counter_add) host_->counter_add(host_, "records_lost", int64_t(gaps - skips));
+  std::sort(news.begin(), news.end(), [](const News& a, const News& b) { return a.index < b.index; });
+  for (const News& x : news) send(host_, ring, x.t, x.finished);
+  return int(news.size());
 }
 
 }  // namespace ballast::comm

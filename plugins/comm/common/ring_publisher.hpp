@@ -1,10 +1,12 @@
 // The process's trace ring on the bus: collective.record once for each
 // finished operation, collective.progress for each one in flight every time
 // it is called. Called from the host's timer thread, off the operations'
-// path; it only reads the ring. Shared by the UCX and NCCL plugins, as the
-// ring itself is. Records overwritten before a call saw them (more operations
-// between two calls than the ring holds) are counted in the plugin's counter
-// "records_lost", never guessed.
+// path; it only reads the ring, slot by slot (the ring keeps a record in
+// flight however many records come after it). Records overwritten before a
+// call saw them finished (more operations between two calls than the ring
+// holds) are counted in the plugin's counter "records_lost": the indices that
+// went by a slot unseen, less those the writers skipped (trace.h), so exact
+// once the writers skipped nothing or the skipped ones' slots moved on.
 #pragma once
 
 #include "trace_ring.hpp"
@@ -12,7 +14,7 @@
 #include <ballast/plugin.h>
 
 #include <cstdint>
-#include <set>
+#include <vector>
 
 namespace ballast::comm {
 
@@ -30,20 +32,31 @@ class RingPublisher {
   int start();
   void stop();
 
-  // Publish from record `index` on.
-  void start_at(uint64_t index) {
-    cursor_ = index;
-    published_.clear();
+  // Publish from record `index` on; skipped: the ring's count of skipped
+  // indices now.
+  void start_at(uint64_t index, uint64_t skipped) {
+    start_ = index;
+    skipped_ = skipped;
+    skip_credit_ = 0;
+    slots_.clear();
   }
   // Publish what changed since the last call. Returns the events published.
   int publish(const TraceRing& ring);
 
  private:
+  // What the last calls saw in one slot.
+  struct Seen {
+    bool any = false;       // a record of index >= start_
+    uint64_t index = 0;     // its index
+    bool finished = false;  // published as finished
+  };
   const ballast_host_api* host_;
   uint64_t timer_ = 0;
   bool timing_ = false;
-  uint64_t cursor_ = 0;             // the records before it are finished and were published
-  std::set<uint64_t> published_;    // finished records after cursor_ already published
+  uint64_t start_ = 0;        // records before it are not news
+  uint64_t skipped_ = 0;      // the ring's skipped count at the last call
+  uint64_t skip_credit_ = 0;  // indices skipped and not yet met as a gap in their slot
+  std::vector<Seen> slots_;
 };
 
 }  // namespace ballast::comm

@@ -72,6 +72,9 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   // 6.2 us traced, 0.84 us untraced).
   std::memset(mem, 0, bytes);
   ballast_trace_header* h = static_cast<ballast_trace_header*>(mem);
+  // Empty slots (gen 0) say done: a claim takes them.
+  auto* slots = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
+  for (uint32_t k = 0; k < kSlots; ++k) slots[k].state = BALLAST_TRACE_DONE;
   h->version = BALLAST_TRACE_VERSION;
   h->header_size = sizeof(ballast_trace_header);
   h->slot_size = sizeof(ballast_trace_slot);
@@ -93,7 +96,7 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   }
   auto* ring = new TraceRing();  // lives as long as the process: observers read it after we die
   ring->hdr_ = h;
-  ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
+  ring->slots_ = slots;
   ring->mask_ = kSlots - 1;
   return ring;
 }
@@ -110,6 +113,17 @@ bool TraceRing::read(uint64_t i, ballast_trace_slot* out) const {
   std::memcpy(out, s, sizeof *out);
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return __atomic_load_n(&s->gen, __ATOMIC_RELAXED) == g;
+}
+
+bool TraceRing::read_slot(uint64_t k, uint64_t* index, ballast_trace_slot* out) const {
+  const ballast_trace_slot* s = slots_ + (k & mask_);
+  const uint64_t g = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
+  if (g == 0) return false;
+  std::memcpy(out, s, sizeof *out);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&s->gen, __ATOMIC_RELAXED) != g) return false;
+  *index = g - 1;
+  return true;
 }
 
 }  // namespace ballast::comm

@@ -43,15 +43,25 @@ class TraceRing {
   // it under a reader that still maps it.
   static TraceRing* create(const std::string& path, int rank, int nranks, std::string* err);
 
-  // Claim the next slot and mark it being written; the caller fills it and
-  // calls publish(). Any thread.
+  // Claim the next slot whose record is not in flight and mark it being
+  // written; the caller fills it and calls publish(). NULL when every slot
+  // holds an operation in flight: this one goes unrecorded (counted). Any
+  // thread.
   ballast_trace_slot* claim(uint64_t* index) {
-    const uint64_t i = __atomic_fetch_add(&hdr_->head, 1, __ATOMIC_RELAXED);
-    ballast_trace_slot* s = slots_ + (i & mask_);
-    __atomic_store_n(&s->gen, 0, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    *index = i;
-    return s;
+    for (uint64_t tries = 0; tries <= mask_; ++tries) {
+      const uint64_t i = __atomic_fetch_add(&hdr_->head, 1, __ATOMIC_RELAXED);
+      ballast_trace_slot* s = slots_ + (i & mask_);
+      if (__builtin_expect(in_flight(s), 0)) {  // its operation still writes there: go round it
+        __atomic_fetch_add(&hdr_->skipped, 1, __ATOMIC_RELAXED);
+        continue;
+      }
+      __atomic_store_n(&s->gen, 0, __ATOMIC_RELAXED);
+      __atomic_thread_fence(__ATOMIC_RELEASE);
+      *index = i;
+      return s;
+    }
+    __atomic_fetch_add(&hdr_->dropped, 1, __ATOMIC_RELAXED);
+    return nullptr;
   }
   static void publish(ballast_trace_slot* s, uint64_t index) {
     __atomic_store_n(&s->gen, index + 1, __ATOMIC_RELEASE);
@@ -63,14 +73,27 @@ class TraceRing {
   uint64_t head() const { return __atomic_load_n(&hdr_->head, __ATOMIC_ACQUIRE); }
   // A consistent copy of record i; false when it was overwritten or is being written.
   bool read(uint64_t i, ballast_trace_slot* out) const;
+  // A consistent copy of the record in slot k and its index; false when the
+  // slot is empty or being written.
+  bool read_slot(uint64_t k, uint64_t* index, ballast_trace_slot* out) const;
+  // Whether slot k holds record i (its first cache line only).
+  bool holds(uint64_t k, uint64_t i) const { return __atomic_load_n(&slots_[k & mask_].gen, __ATOMIC_ACQUIRE) == i + 1; }
   int64_t wall_ns(uint64_t tick) const {
     return hdr_->clock_wall_ns + int64_t(double(int64_t(tick - hdr_->clock_tick)) * hdr_->ns_per_tick);
   }
   uint32_t capacity() const { return uint32_t(mask_ + 1); }
+  uint64_t skipped() const { return __atomic_load_n(&hdr_->skipped, __ATOMIC_ACQUIRE); }
+  uint64_t dropped() const { return __atomic_load_n(&hdr_->dropped, __ATOMIC_RELAXED); }
   double ns_per_tick() const { return hdr_->ns_per_tick; }
 
  private:
   TraceRing() = default;
+  // A record not yet done or failed (slots start out done: create()). One
+  // load, of the line the record's state shares with its other fields.
+  // Acquire: the ended record's last stores come before the claimer's.
+  static bool in_flight(const ballast_trace_slot* s) {
+    return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) <= BALLAST_TRACE_STARTED;
+  }
   ballast_trace_header* hdr_ = nullptr;
   ballast_trace_slot* slots_ = nullptr;
   uint64_t mask_ = 0;

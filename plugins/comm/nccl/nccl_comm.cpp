@@ -553,9 +553,9 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
   op->deadline = op->started + (a.timeout_ns > 0 ? a.timeout_ns : c->timeout_ns);
   const bool queued = !c->running.empty();
   c->running.push_back(op);
-  if (c->ring) {
-    uint64_t index = 0;
-    ballast_trace_slot* t = c->ring->claim(&index);
+  uint64_t index = 0;
+  // NULL from claim: every slot holds an operation in flight, this one goes unrecorded.
+  if (ballast_trace_slot* t = c->ring ? c->ring->claim(&index) : nullptr) {
     std::memset(reinterpret_cast<char*>(t) + sizeof t->gen, 0, sizeof *t - sizeof t->gen);
     t->comm_id = c->id;
     t->seq = op->seq;

@@ -212,7 +212,9 @@ struct Op {
   uint32_t iter = 0;
   bool exact_ticks = false;  // end the record on the exact clock (else the coarse one, see trace_ring.hpp)
   uint64_t start_tick = 0;   // the record's start: the clock read for the deadline
-  ballast_trace_slot* claimed = nullptr;  // claimed in the ring at start(), written when the record is
+  // Claimed in the ring at start(), written when the record is; NULL when
+  // every slot held an operation in flight (this one goes unrecorded).
+  ballast_trace_slot* claimed = nullptr;
   ballast_trace_slot* slot = nullptr;
   uint64_t slot_index = 0;
   // Progress counted here, in the operation's own cache lines, and copied to

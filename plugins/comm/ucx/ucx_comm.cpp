@@ -622,6 +622,7 @@ ballast_trace_slot full_record(const Op& op, uint32_t state, uint64_t start) {
 // call the whole record cost 3.5-4.5 ns more.
 [[gnu::always_inline]] inline void write_record(Op& op, uint32_t state, uint64_t start) {
   ballast_trace_slot* s = op.claimed;
+  if (!s) return;  // every slot held an operation in flight: this one goes unrecorded
   if (state == BALLAST_TRACE_STARTED && op.planned) {
     if (!op.record_made) {
       op.record = full_record(op, state, 0);
@@ -972,7 +973,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     const bool posted = post_first(op);
     if (c->trace) {
       write_record(op, BALLAST_TRACE_STARTED, op.issue_tick);
-      if (op.done) end_record(op, op.status);
+      if (op.done && op.slot) end_record(op, op.status);
     }
     if (!posted) {  // ended as a failure in advance() would: the caller collects it
       if (p2p) c->p2p.pop_back();

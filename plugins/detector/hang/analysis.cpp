@@ -196,9 +196,13 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   Verdict v;
   v.ranks = int(rings.size());
   const int64_t now = wall_now();
-  for (const auto& r : rings)
+  for (const auto& r : rings) {
     if (r.overflow)
       v.warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
+    if (r.dropped)
+      v.warnings.push_back(r.path + ": " + std::to_string(r.dropped) +
+                           " operations went unrecorded, every slot holding one in flight");
+  }
 
   // Where every rank is on every communicator: its last collective record,
   // except collectives queued behind the one it runs or failed in (issued,

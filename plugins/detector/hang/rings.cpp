@@ -129,25 +129,34 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err) {
     return false;
   }
   const auto* slots = reinterpret_cast<const ballast_trace_slot*>(static_cast<const char*>(mem) + hd.header_size);
+  // Skipped first: every index it counts was claimed before the head read.
+  const uint64_t skipped = __atomic_load_n(&h->skipped, __ATOMIC_ACQUIRE);
   const uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
-  const uint64_t first = head > hd.slot_count ? head - hd.slot_count : 0;
-  out->overflow = first;
-  out->records.clear();
-  out->records.reserve(size_t(head - first));
-  for (uint64_t i = first; i < head; ++i) {
-    const ballast_trace_slot* s = slots + (i & (hd.slot_count - 1));
+  const uint64_t used = std::min<uint64_t>(head, hd.slot_count);
+  out->overflow = head > skipped + used ? head - skipped - used : 0;
+  out->dropped = __atomic_load_n(&h->dropped, __ATOMIC_RELAXED);
+  // Slot by slot: besides the last slot_count claims, the ring keeps older
+  // records still in flight (its writers go round them).
+  std::vector<std::pair<uint64_t, ballast_trace_slot>> found;
+  found.reserve(size_t(used));
+  for (uint64_t k = 0; k < used; ++k) {
+    const ballast_trace_slot* s = slots + k;
     for (int attempt = 0; attempt < 3; ++attempt) {
       const uint64_t g1 = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
-      if (g1 != i + 1) break;  // overwritten meanwhile, or being written
+      if (g1 == 0 || g1 > head || ((g1 - 1) & (hd.slot_count - 1)) != k) break;  // being written, or not a record here
       ballast_trace_slot copy;
       std::memcpy(&copy, s, sizeof copy);
       __atomic_thread_fence(__ATOMIC_ACQUIRE);
       if (__atomic_load_n(&s->gen, __ATOMIC_RELAXED) == g1) {
-        out->records.push_back(copy);
+        found.emplace_back(g1 - 1, copy);
         break;
       }
     }
   }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  out->records.clear();
+  out->records.reserve(found.size());
+  for (const auto& f : found) out->records.push_back(f.second);
   munmap(mem, size);
   out->header.host[sizeof out->header.host - 1] = '\0';
   out->state = probe(hd.pid, out->header.host);
@@ -167,6 +176,7 @@ RankRing merge_rings(std::vector<RankRing> parts) {
     const RankRing& r = parts[p];
     out.path += ", " + r.path;
     out.overflow += r.overflow;
+    out.dropped += r.dropped;
     out.header.head += r.header.head;
     out.header.closed = out.header.closed && r.header.closed;
     out.header.heartbeat_tick = std::max(out.header.heartbeat_tick, rebase(r, r.header.heartbeat_tick));

@@ -21,6 +21,7 @@ struct RankRing {
   ballast_trace_header header{};
   std::vector<ballast_trace_slot> records;  // oldest first, only consistent copies
   uint64_t overflow = 0;                    // records overwritten before this read
+  uint64_t dropped = 0;                     // operations unrecorded: every slot held one in flight
   ProcState state = ProcState::unknown;     // of the writing process, when on this host
   int64_t wall_ns(uint64_t tick) const {
     return header.clock_wall_ns + int64_t(double(int64_t(tick - header.clock_tick)) * header.ns_per_tick);
@@ -33,7 +34,7 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err);
 
 // One process's rings (one per comm plugin it ran: rank-R.PID.ucx.btrace,
 // rank-R.PID.nccl.btrace) as one: every record, oldest first, on the first
-// ring's clock; overflow and head summed; closed only when every writer closed.
+// ring's clock; overflow, dropped and head summed; closed only when every writer closed.
 RankRing merge_rings(std::vector<RankRing> parts);
 
 // Read every *.btrace file of dir, one RankRing per rank: the files of its

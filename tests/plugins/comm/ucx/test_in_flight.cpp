@@ -311,6 +311,65 @@ TEST_CASE("requests reused for other operations: each record describes its own")
   expect_all_ok(test::run_ranks(2, "sm,self", 60, [&](int rank) { return records_of_reused_requests(rank, port); }));
 }
 
+// An operation of one communicator in flight while another runs more
+// operations than the ring has slots (a long data-parallel allreduce beside
+// tensor-parallel traffic): the ring's writers go round it, so its record
+// stays readable while it runs, ends complete, and the records written
+// around it keep their own progress.
+int record_in_flight_while_ring_laps(int rank, int port) {
+  auto cfg = test::config(rank, 2, port, 20000);
+  Comm* c = nullptr;
+  Comm* sub = nullptr;
+  if (int rc = comm_init(&cfg, &c); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  if (int rc = comm_split(c, 0, rank, &sub); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  ballast_comm_info world{}, part{};
+  world.size = part.size = sizeof world;
+  comm_info(c, &world);
+  comm_info(sub, &part);
+  TraceRing* ring = TraceRing::current();
+  std::vector<float> in(1000, float(rank + 1)), out(1000);
+  const auto long_op = test::args_of(BALLAST_OP_ALLREDUCE, in.data(), out.data(), in.size());
+  ballast_comm_request* r = nullptr;
+  const uint64_t mine = ring->head();
+  if (rank == 0)  // rank 1 joins it only after the loop below
+    if (int rc = comm_start(sub, &long_op, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  float x = 1, y = 0;
+  const auto short_op = test::args_of(BALLAST_OP_ALLREDUCE, &x, &y, 1);
+  for (uint32_t k = 0; k < 3 * ring->capacity(); ++k)
+    if (int rc = comm_run(c, &short_op); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  ballast_trace_slot s;
+  if (rank == 0 && (!ring->read(mine, &s) || s.comm_id != part.comm_id || s.state != BALLAST_TRACE_STARTED))
+    return test::child_fail(rank, BALLAST_EIO, "the operation in flight lost its record when the ring went round");
+  if (rank == 1)
+    if (int rc = comm_start(sub, &long_op, &r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  if (int rc = comm_wait(r); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  if (out[999] != 3) return test::child_fail(rank, BALLAST_EIO, "the long allreduce's result");
+  if (rank == 0 && (!ring->read(mine, &s) || s.state != BALLAST_TRACE_DONE || s.bytes_received != 4000))
+    return test::child_fail(rank, BALLAST_EIO, "the long operation's record did not end with its own progress");
+  const uint64_t head = ring->head();
+  int others = 0;
+  for (uint64_t i = head - ring->capacity(); i < head; ++i) {
+    if (!ring->read(i, &s) || s.comm_id != world.comm_id) continue;
+    ++others;
+    if (s.state != BALLAST_TRACE_DONE || s.bytes_received != 4 || s.bytes_sent != 4)
+      return test::child_fail(rank, BALLAST_EIO, "record " + std::to_string(i) + " (seq " + std::to_string(s.seq) +
+                                                     ") holds another operation's progress: received " +
+                                                     std::to_string(s.bytes_received));
+  }
+  if (others < int(ring->capacity()) - 2) return test::child_fail(rank, BALLAST_EIO, "records of the short operations missing");
+  comm_destroy(sub);
+  comm_destroy(c);
+  return 0;
+}
+
+TEST_CASE("an operation in flight keeps its record while the ring goes round it") {
+  for (const char* tls : {"sm,self", "tcp"}) {
+    INFO(tls);
+    const int port = test::free_port();
+    expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) { return record_in_flight_while_ring_laps(rank, port); }));
+  }
+}
+
 TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
   const int port = test::free_port();
   const auto r = test::run_ranks(2, "sm,self", 60, [&](int rank) {

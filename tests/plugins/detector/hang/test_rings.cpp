@@ -3,6 +3,7 @@
 // real files, real mappings and a real second process.
 #include <doctest/doctest.h>
 
+#include <analysis.hpp>
 #include <rings.hpp>
 #include <trace_ring.hpp>
 
@@ -49,11 +50,15 @@ TraceRing* make_ring(const std::string& path, int rank) {
   return r;
 }
 
-// A finished (or, with done false, running) allreduce of `comm`.
-void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done) {
+// A finished (or, with done false, running) allreduce of `comm`, whose
+// members are `nranks` (0: not said), this one `rank`.
+void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done, int32_t rank = 0, int32_t nranks = 0) {
   uint64_t i = 0;
   ballast_trace_slot* s = r->claim(&i);
+  if (!s) FAIL("every slot of the ring holds a record in flight");
   s->comm_id = comm;
+  s->rank = s->world_rank = rank;
+  s->nranks = nranks;
   s->seq = seq;
   s->op = BALLAST_OP_ALLREDUCE;
   s->peer = -1;
@@ -172,6 +177,43 @@ TEST_CASE("a new ring is allocated and mapped whole: its first lap of records ta
   // first writes: 48 over the ring. A sanitizer's own shadow memory may take a few.
   CHECK(after.ru_minflt - before.ru_minflt < 8);
   CHECK(after.ru_majflt == before.ru_majflt);
+}
+
+// A long collective in flight on one communicator while the ranks run more
+// operations on another than the ring holds (a data-parallel allreduce beside
+// tensor-parallel traffic): the writer goes round its slot, the reader finds
+// it, and the analysis places rank 0 in it and names rank 1, which never
+// joined it.
+TEST_CASE("a record in flight older than the ring's last lap is read, and the rank missing from it is named") {
+  const std::string dir = fresh_dir("gone-round");
+  const std::string path0 = ring_path(dir, 0, int(getpid()), "ucx");
+  TraceRing* r0 = make_ring(path0, 0);
+  TraceRing* r1 = make_ring(ring_path(dir, 1, int(getpid()), "ucx"), 1);
+  add(r0, 0xa, 1, false, 0, 2);
+  const uint64_t cap = r0->capacity(), ops = 2 * cap + 5;
+  for (uint64_t k = 0; k < ops; ++k) {
+    add(r0, 0xb, k + 1, true, 0, 2);
+    add(r1, 0xb, k + 1, true, 1, 2);
+  }
+  RankRing read;
+  std::string err;
+  REQUIRE_MESSAGE(ballast::hang::read_ring(path0, &read, &err), err);
+  REQUIRE(read.records.size() == cap);  // the one in flight and the newest cap - 1
+  CHECK(read.records.front().comm_id == 0xa);
+  CHECK(read.records.front().state == BALLAST_TRACE_STARTED);
+  for (uint64_t i = 1; i < cap; ++i) CHECK(read.records[i].seq == ops - cap + 1 + i);
+  CHECK(read.overflow == ops - (cap - 1));  // the indices gone round are not counted
+  CHECK(read.dropped == 0);
+
+  std::vector<std::string> errors;
+  const auto v = ballast::hang::analyze(ballast::hang::read_dir(dir, &errors), {});
+  INFO(v.to_text());
+  CHECK(errors.empty());
+  CHECK(v.verdict == "hang");
+  CHECK(v.comm_id == 0xa);
+  REQUIRE(v.causes.size() == 1);
+  CHECK(v.causes[0].rank == 1);
+  CHECK(v.causes[0].kind == "not_joined");
 }
 
 namespace {
