@@ -7,7 +7,10 @@
  * hang detector, `ballast analyze`) can read it while the process runs, is
  * stopped (SIGSTOP) or is gone. Readers take every "*.btrace" file and merge
  * those of one process. A writer makes the file complete under another name
- * and renames it into place. The file is a header followed by slot_count
+ * and renames it into place. The bundled writers, making theirs, remove from
+ * the folder the rings of ended processes of their host, idle for 10
+ * minutes, beyond the newest 64 (BALLAST_TRACE_KEEP: another count, or
+ * "all" to keep every one). The file is a header followed by slot_count
  * slots; the layout below is the contract.
  *
  * Writer (one process, several threads): claim index i = head++ (atomic).

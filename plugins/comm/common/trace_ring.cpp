@@ -1,14 +1,19 @@
 #include "trace_ring.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 static_assert(sizeof(ballast_trace_header) == 256, "trace header layout");
 static_assert(sizeof(ballast_trace_slot) == 192, "trace slot layout");
@@ -23,6 +28,28 @@ std::mutex g_mu;
 TraceRing* g_ring = nullptr;
 pid_t g_ring_pid = 0;  // the process that made g_ring: a child forked after it makes its own
 
+// BALLAST_TRACE_KEEP: how many rings of ended processes a folder keeps
+// ("all": never remove any). false with *err when it is neither.
+bool keep_setting(size_t* keep, bool* all, std::string* err) {
+  const char* v = std::getenv("BALLAST_TRACE_KEEP");
+  *all = false;
+  *keep = TraceRing::kKeepDefault;
+  if (!v || !*v) return true;
+  if (std::string(v) == "all") {
+    *all = true;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*v == '-' || *end != '\0' || errno != 0) {
+    *err = std::string("BALLAST_TRACE_KEEP=") + v + ": not a count of rings or \"all\"";
+    return false;
+  }
+  *keep = size_t(n);
+  return true;
+}
+
 }  // namespace
 
 TraceRing* TraceRing::process_ring(const std::string& writer, const std::string& dir_in, int rank, int nranks,
@@ -34,14 +61,55 @@ TraceRing* TraceRing::process_ring(const std::string& writer, const std::string&
     const char* env = std::getenv("BALLAST_TRACE_DIR");
     dir = env && *env ? env : "/dev/shm";
   }
+  size_t keep = 0;
+  bool keep_all = false;
+  if (!keep_setting(&keep, &keep_all, err)) return nullptr;
   TraceRing* ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
                                BALLAST_TRACE_SUFFIX,
                            rank, nranks, err);
   if (ring) {
     g_ring = ring;
     g_ring_pid = getpid();
+    if (!keep_all) prune(dir, keep);
   }
   return ring;
+}
+
+size_t TraceRing::prune(const std::string& dir, size_t keep) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return 0;
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  const int64_t now = int64_t(trace_ns(CLOCK_REALTIME));
+  std::vector<std::pair<int64_t, std::string>> ended;  // last activity (wall ns), path
+  const std::string suffix = BALLAST_TRACE_SUFFIX;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string path = dir + "/" + name;
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ballast_trace_header h{};
+    ballast_trace_slot newest{};  // the last record claimed: the process's last operation
+    bool whole = pread(fd, &h, sizeof h, 0) == ssize_t(sizeof h);
+    whole = whole && h.magic == BALLAST_TRACE_MAGIC && h.slot_size == sizeof newest && h.slot_count > 0 &&
+            (h.head == 0 || pread(fd, &newest, sizeof newest,
+                                  off_t(h.header_size + ((h.head - 1) % h.slot_count) * sizeof newest)) ==
+                                ssize_t(sizeof newest));
+    close(fd);
+    h.host[sizeof h.host - 1] = '\0';
+    if (!whole || !(h.ns_per_tick > 0) || h.pid <= 0) continue;
+    if (std::strcmp(h.host, host) != 0 || !(kill(h.pid, 0) != 0 && errno == ESRCH)) continue;  // not known to have ended
+    const uint64_t tick = std::max({h.heartbeat_tick, newest.issue_tick, newest.start_tick, newest.end_tick, newest.progress_tick});
+    const int64_t last = h.clock_wall_ns + int64_t(double(int64_t(tick - h.clock_tick)) * h.ns_per_tick);
+    if (now - last >= kIdleBeforeRemovalNs) ended.emplace_back(last, path);
+  }
+  closedir(d);
+  if (ended.size() <= keep) return 0;
+  std::sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  size_t removed = 0;
+  for (size_t i = keep; i < ended.size(); ++i) removed += unlink(ended[i].second.c_str()) == 0;
+  return removed;
 }
 
 TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std::string* err) {

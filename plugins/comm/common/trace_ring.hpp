@@ -42,6 +42,15 @@ class TraceRing {
   // a half-made file, and replaces a file of that name without truncating
   // it under a reader that still maps it.
   static TraceRing* create(const std::string& path, int rank, int nranks, std::string* err);
+  // Remove from dir the rings of ended processes beyond the newest `keep`
+  // (by last activity), counting only those of this host whose process is
+  // gone and whose last activity is kIdleBeforeRemoval old: a crash stays
+  // readable for a post-mortem, and a folder of a node whose jobs restart
+  // all day stays bounded. Files that are not rings are left alone.
+  // Returns the rings removed.
+  static size_t prune(const std::string& dir, size_t keep);
+  static constexpr int64_t kIdleBeforeRemovalNs = 600'000'000'000;  // 10 minutes
+  static constexpr size_t kKeepDefault = 64;
 
   // Claim the next slot whose record is not in flight and mark it being
   // written; the caller fills it and calls publish(). NULL when every slot

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -214,6 +215,91 @@ TEST_CASE("a record in flight older than the ring's last lap is read, and the ra
   REQUIRE(v.causes.size() == 1);
   CHECK(v.causes[0].rank == 1);
   CHECK(v.causes[0].kind == "not_joined");
+}
+
+namespace {
+
+// The pid of a process that has ended (and was reaped).
+pid_t ended_pid() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+// Rewrite the header of the ring at `path`: its process `pid`, its last
+// heartbeat `ago_ns` before the ring was made, and, when given, its host.
+void set_header(const std::string& path, int32_t pid, int64_t ago_ns, const char* host = nullptr) {
+  const int fd = open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  ballast_trace_header h{};
+  REQUIRE(pread(fd, &h, sizeof h, 0) == ssize_t(sizeof h));
+  h.pid = pid;
+  h.heartbeat_tick = h.clock_tick - uint64_t(ago_ns);
+  if (host) std::snprintf(h.host, sizeof h.host, "%s", host);
+  REQUIRE(pwrite(fd, &h, sizeof h, 0) == ssize_t(sizeof h));
+  close(fd);
+}
+
+}  // namespace
+
+// A node whose jobs restart all day leaves a ring per rank per restart: the
+// folder keeps the newest of those whose process ended, and removes none
+// that may still be of use.
+TEST_CASE("rings of processes ended and idle 10 minutes are removed beyond the newest kept; the others stay") {
+  const std::string dir = fresh_dir("prune");
+  const pid_t dead = ended_pid();
+  constexpr int64_t kMinute = 60'000'000'000;
+  std::vector<std::string> old;
+  for (int k = 0; k < 4; ++k) {
+    old.push_back(ring_path(dir, k, dead, "ucx"));
+    make_ring(old.back(), k);
+    set_header(old.back(), dead, (20 + 10 * k) * kMinute);
+  }
+  const std::string recent = ring_path(dir, 4, dead, "ucx");  // ended a minute ago: a post-mortem may read it
+  make_ring(recent, 4);
+  set_header(recent, dead, kMinute);
+  const std::string busy = ring_path(dir, 5, dead, "ucx");  // no heartbeat for an hour, a record just now
+  TraceRing* b = make_ring(busy, 5);
+  set_header(busy, dead, 60 * kMinute);
+  add(b, 0x1, 1, true);
+  const std::string live = ring_path(dir, 6, int(getpid()), "ucx");  // its process runs
+  make_ring(live, 6);
+  set_header(live, int32_t(getpid()), 60 * kMinute);
+  const std::string other = ring_path(dir, 7, dead, "ucx");  // another host's: its processes are not seen from here
+  make_ring(other, 7);
+  set_header(other, dead, 60 * kMinute, "another-host");
+  const std::string junk = dir + "/notes.btrace";
+  std::FILE* f = std::fopen(junk.c_str(), "w");
+  REQUIRE(f);
+  std::fputs("not a ring", f);
+  std::fclose(f);
+
+  CHECK(TraceRing::prune(dir, 2) == 2);  // the two idle longest
+  CHECK(fs::exists(old[0]));
+  CHECK(fs::exists(old[1]));
+  CHECK_FALSE(fs::exists(old[2]));
+  CHECK_FALSE(fs::exists(old[3]));
+  for (const auto& p : {recent, busy, live, other, junk}) CHECK_MESSAGE(fs::exists(p), p);
+  CHECK(TraceRing::prune(dir, 0) == 2);
+  for (const auto& p : {recent, busy, live, other, junk}) CHECK_MESSAGE(fs::exists(p), p);
+}
+
+TEST_CASE("a BALLAST_TRACE_KEEP that is not a count or \"all\" is an error naming it") {
+  const std::string dir = fresh_dir("keep-setting");
+  const pid_t pid = fork();
+  if (pid == 0) {  // a process of its own: its first ring
+    setenv("BALLAST_TRACE_KEEP", "ten", 1);
+    std::string err;
+    const bool refused = !TraceRing::process_ring("ucx", dir, 0, 1, &err) &&
+                         err == "BALLAST_TRACE_KEEP=ten: not a count of rings or \"all\"";
+    _exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(fs::is_empty(dir));
 }
 
 namespace {
