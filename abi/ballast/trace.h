@@ -14,12 +14,14 @@
  * slots; the layout below is the contract.
  *
  * Writer (one process, several threads): claim index i = head++ (atomic).
- * When slot[i % slot_count] holds a record still in flight (gen not 0,
- * state issued or started: an operation that has run while the ring went
- * round), leave it: add 1 to skipped and claim again; after slot_count such
- * tries in a row the operation goes unrecorded: add 1 to dropped. Else set
- * the slot's gen = 0, fill the fields, then store gen = i + 1 with release
- * order. While the operation runs it updates the progress fields and
+ * On the first lap (i < slot_count) slot[i] is the writer's. After, the
+ * writer takes slot[i % slot_count] only when it holds a published record
+ * that has ended (gen g not 0, state done or failed), by exchanging its gen
+ * from g to 0 (compare-and-swap); else (a record still in flight, one being
+ * written, or another writer won the exchange) it leaves the slot: add 1 to
+ * skipped and claim again; after slot_count such tries in a row the
+ * operation goes unrecorded: add 1 to dropped. It fills the fields, then
+ * stores gen = i + 1 with release order. While the operation runs it updates the progress fields and
  * progress_tick in place (plain 64-bit stores), and finally end_tick and
  * state. No locks, no system calls, no allocation.
  *

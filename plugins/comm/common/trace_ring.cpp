@@ -140,9 +140,6 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   // 6.2 us traced, 0.84 us untraced).
   std::memset(mem, 0, bytes);
   ballast_trace_header* h = static_cast<ballast_trace_header*>(mem);
-  // Empty slots (gen 0) say done: a claim takes them.
-  auto* slots = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
-  for (uint32_t k = 0; k < kSlots; ++k) slots[k].state = BALLAST_TRACE_DONE;
   h->version = BALLAST_TRACE_VERSION;
   h->header_size = sizeof(ballast_trace_header);
   h->slot_size = sizeof(ballast_trace_slot);
@@ -164,7 +161,7 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   }
   auto* ring = new TraceRing();  // lives as long as the process: observers read it after we die
   ring->hdr_ = h;
-  ring->slots_ = slots;
+  ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
   ring->mask_ = kSlots - 1;
   return ring;
 }

@@ -60,14 +60,11 @@ class TraceRing {
     for (uint64_t tries = 0; tries <= mask_; ++tries) {
       const uint64_t i = __atomic_fetch_add(&hdr_->head, 1, __ATOMIC_RELAXED);
       ballast_trace_slot* s = slots_ + (i & mask_);
-      if (__builtin_expect(in_flight(s), 0)) {  // its operation still writes there: go round it
-        __atomic_fetch_add(&hdr_->skipped, 1, __ATOMIC_RELAXED);
-        continue;
+      if (__builtin_expect(take(s, i), 1)) {
+        *index = i;
+        return s;
       }
-      __atomic_store_n(&s->gen, 0, __ATOMIC_RELAXED);
-      __atomic_thread_fence(__ATOMIC_RELEASE);
-      *index = i;
-      return s;
+      __atomic_fetch_add(&hdr_->skipped, 1, __ATOMIC_RELAXED);  // in flight, or another claimer's: go round it
     }
     __atomic_fetch_add(&hdr_->dropped, 1, __ATOMIC_RELAXED);
     return nullptr;
@@ -97,11 +94,16 @@ class TraceRing {
 
  private:
   TraceRing() = default;
-  // A record not yet done or failed (slots start out done: create()). One
-  // load, of the line the record's state shares with its other fields.
-  // Acquire: the ended record's last stores come before the claimer's.
-  static bool in_flight(const ballast_trace_slot* s) {
-    return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) <= BALLAST_TRACE_STARTED;
+  // Take slot s for index i: on the ring's first lap it is ours (no index
+  // before i maps to it); after, only when it holds a published record that
+  // has ended, and by one exchange of its gen for 0 (being written), so that
+  // two claimers a lap apart (one held up between its index and its slot)
+  // never both write it.
+  bool take(ballast_trace_slot* s, uint64_t i) const {
+    if (i <= mask_) return true;  // a new ring's slots are zero: being written
+    uint64_t g = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
+    if (g == 0 || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) <= BALLAST_TRACE_STARTED) return false;
+    return __atomic_compare_exchange_n(&s->gen, &g, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
   }
   ballast_trace_header* hdr_ = nullptr;
   ballast_trace_slot* slots_ = nullptr;

@@ -15,12 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -215,6 +217,70 @@ TEST_CASE("a record in flight older than the ring's last lap is read, and the ra
   REQUIRE(v.causes.size() == 1);
   CHECK(v.causes[0].rank == 1);
   CHECK(v.causes[0].kind == "not_joined");
+}
+
+// The writer's contract with several threads: four threads write at once,
+// each holding every 50th of its operations in flight over its next 2,000
+// (the ring goes round them), while a reader copies slots: every copy is
+// whole, no record in flight is ever overwritten, and the claims add up.
+TEST_CASE("several threads write at once: copies are whole, records in flight are never overwritten") {
+  TraceRing* r = make_ring(ring_path(fresh_dir("threads"), 0, int(getpid()), "ucx"), 0);
+  constexpr int kThreads = 4;
+  constexpr uint64_t kOps = 20000;
+  std::atomic<int> writers{kThreads};
+  std::atomic<uint64_t> overwritten{0}, torn{0}, copies{0};
+  auto fill = [](ballast_trace_slot* s, uint64_t thread, uint64_t seq) {
+    s->comm_id = thread;
+    s->seq = seq;
+    s->count = seq * 3 + 1;
+    s->bytes = seq * 5 + 2 + thread;
+    s->end_tick = 0;
+    s->state = BALLAST_TRACE_STARTED;
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<std::tuple<uint64_t, ballast_trace_slot*, uint64_t>> held;  // until, slot, index
+      for (uint64_t j = 1; j <= kOps; ++j) {
+        uint64_t i = 0;
+        ballast_trace_slot* s = r->claim(&i);
+        if (!s) continue;
+        fill(s, t, j);
+        TraceRing::publish(s, i);
+        if (j % 50 == 0) held.emplace_back(j + 2000, s, i);
+        else __atomic_store_n(&s->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+        for (auto it = held.begin(); it != held.end();)
+          if (std::get<0>(*it) <= j) {
+            // Still ours: the claims of the other threads went round it.
+            if (!r->holds(std::get<2>(*it), std::get<2>(*it))) ++overwritten;
+            __atomic_store_n(&std::get<1>(*it)->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+            it = held.erase(it);
+          } else {
+            ++it;
+          }
+      }
+      for (auto& h : held) __atomic_store_n(&std::get<1>(h)->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+      --writers;
+    });
+  std::thread reader([&] {
+    do {
+      for (uint64_t k = 0; k < r->capacity(); ++k) {
+        uint64_t i = 0;
+        ballast_trace_slot s;
+        if (!r->read_slot(k, &i, &s)) continue;
+        ++copies;
+        if (s.count != s.seq * 3 + 1 || s.bytes != s.seq * 5 + 2 + s.comm_id || (i & (r->capacity() - 1)) != k) ++torn;
+      }
+    } while (writers.load() > 0);
+  });
+  for (auto& t : threads) t.join();
+  reader.join();
+  CHECK(overwritten == 0);
+  CHECK(torn == 0);
+  CHECK(copies > 0);
+  CHECK(r->skipped() > 0);
+  CHECK(r->dropped() == 0);
+  CHECK(r->head() == kThreads * kOps + r->skipped());
 }
 
 namespace {
