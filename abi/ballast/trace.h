@@ -21,9 +21,10 @@
  * written, or another writer won the exchange) it leaves the slot: add 1 to
  * skipped and claim again; after slot_count such tries in a row the
  * operation goes unrecorded: add 1 to dropped. It fills the fields, then
- * stores gen = i + 1 with release order. While the operation runs it updates the progress fields and
- * progress_tick in place (plain 64-bit stores), and finally end_tick and
- * state. No locks, no system calls, no allocation.
+ * stores gen = i + 1 with release order. While the operation runs it
+ * updates the progress fields and progress_tick in place (plain 64-bit
+ * stores), and finally end_tick and state. No locks, no system calls, no
+ * allocation.
  *
  * Reader: load skipped, then head (acquire); for each slot: read gen, copy
  * the slot, read gen again; when both reads give the same g > 0, the copy is
@@ -100,7 +101,7 @@ typedef struct ballast_trace_header {
   uint64_t head;          /* atomic: records ever claimed */
   uint64_t heartbeat_tick;/* atomic: last time the process's comm code ran */
   char host[64];          /* the writer's host name */
-  uint64_t skipped;       /* atomic: indices claimed and left, their slot in flight */
+  uint64_t skipped;       /* atomic: indices claimed and left (their slot in flight or being written) */
   uint64_t dropped;       /* atomic: operations unrecorded, every slot in flight */
   uint8_t reserved[256 - 160];
 } ballast_trace_header;

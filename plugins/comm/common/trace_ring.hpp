@@ -44,7 +44,8 @@ class TraceRing {
   static TraceRing* create(const std::string& path, int rank, int nranks, std::string* err);
   // Remove from dir the rings of ended processes beyond the newest `keep`
   // (by last activity), counting only those of this host whose process is
-  // gone and whose last activity is kIdleBeforeRemoval old: a crash stays
+  // gone and whose last activity (heartbeat or newest record) is at least
+  // kIdleBeforeRemovalNs old: a crash stays
   // readable for a post-mortem, and a folder of a node whose jobs restart
   // all day stays bounded. Files that are not rings are left alone.
   // Returns the rings removed.
