@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,14 +30,13 @@ TraceRing* g_ring = nullptr;
 pid_t g_ring_pid = 0;  // the process that made g_ring: a child forked after it makes its own
 
 // BALLAST_TRACE_KEEP: how many rings of ended processes a folder keeps
-// ("all": never remove any). false with *err when it is neither.
-bool keep_setting(size_t* keep, bool* all, std::string* err) {
+// ("all": SIZE_MAX, never remove any). false with *err when it is neither.
+bool keep_setting(size_t* keep, std::string* err) {
   const char* v = std::getenv("BALLAST_TRACE_KEEP");
-  *all = false;
   *keep = TraceRing::kKeepDefault;
   if (!v || !*v) return true;
   if (std::string(v) == "all") {
-    *all = true;
+    *keep = SIZE_MAX;
     return true;
   }
   char* end = nullptr;
@@ -62,15 +62,14 @@ TraceRing* TraceRing::process_ring(const std::string& writer, const std::string&
     dir = env && *env ? env : "/dev/shm";
   }
   size_t keep = 0;
-  bool keep_all = false;
-  if (!keep_setting(&keep, &keep_all, err)) return nullptr;
+  if (!keep_setting(&keep, err)) return nullptr;
   TraceRing* ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
                                BALLAST_TRACE_SUFFIX,
                            rank, nranks, err);
   if (ring) {
     g_ring = ring;
     g_ring_pid = getpid();
-    if (!keep_all) prune(dir, keep);
+    if (keep != SIZE_MAX) prune(dir, keep);
   }
   return ring;
 }
