@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -162,7 +163,29 @@ TraceRing* TraceRing::create(const std::string& path, int rank, int nranks, std:
   ring->hdr_ = h;
   ring->slots_ = reinterpret_cast<ballast_trace_slot*>(static_cast<char*>(mem) + sizeof(ballast_trace_header));
   ring->mask_ = kSlots - 1;
+  ring->holds_ = std::make_unique<std::atomic<uint32_t>[]>(kSlots);
   return ring;
+}
+
+bool TraceRing::hold(ballast_trace_slot* s, uint64_t index) {
+  if (!ever_held_.load(std::memory_order_relaxed)) ever_held_.store(true, std::memory_order_seq_cst);
+  std::atomic<uint32_t>& holders = holds_[s - slots_];
+  holders.fetch_add(1, std::memory_order_seq_cst);
+  if (__atomic_load_n(&s->gen, __ATOMIC_SEQ_CST) == index + 1) {
+    const uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+    if (state == BALLAST_TRACE_STARTED || state == BALLAST_TRACE_ISSUED) return true;
+  }
+  holders.fetch_sub(1, std::memory_order_release);
+  return false;
+}
+
+bool TraceRing::wait_unheld(ballast_trace_slot* s) {
+  const std::atomic<uint32_t>& holders = holds_[s - slots_];
+  for (int i = 0; i < kHoldWaits; ++i) {
+    if (holders.load(std::memory_order_acquire) == 0) return true;
+    sched_yield();  // the holder may be waiting for this CPU
+  }
+  return holders.load(std::memory_order_acquire) == 0;
 }
 
 TraceRing* TraceRing::current() {

@@ -5,7 +5,9 @@
 
 #include <ballast/trace.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <time.h>
@@ -73,6 +75,16 @@ class TraceRing {
   static void publish(ballast_trace_slot* s, uint64_t index) {
     __atomic_store_n(&s->gen, index + 1, __ATOMIC_RELEASE);
   }
+  // Writers of a record besides the thread that owns it (NCCL's profiler,
+  // on NCCL's threads) hold its slot around their stores: hold() is true,
+  // the slot held, while slot s carries record `index` in flight (issued or
+  // started); release() after the stores. A claimer that takes a held slot
+  // waits for it (a hold lasts a few stores), and past kHoldWaits yields
+  // leaves it as it was and goes round it: a late store lands in the record
+  // it was meant for, never in the next one. Any thread.
+  bool hold(ballast_trace_slot* s, uint64_t index);
+  void release(ballast_trace_slot* s) { holds_[s - slots_].fetch_sub(1, std::memory_order_release); }
+  static constexpr int kHoldWaits = 1000;
   void heartbeat() { __atomic_store_n(&hdr_->heartbeat_tick, trace_tick(), __ATOMIC_RELAXED); }
   void set_closed(bool closed) { __atomic_store_n(&hdr_->closed, closed ? 1u : 0u, __ATOMIC_RELEASE); }
   // This process's ring if it made one, else NULL. Any thread.
@@ -99,16 +111,25 @@ class TraceRing {
   // before i maps to it); after, only when it holds a published record that
   // has ended, and by one exchange of its gen for 0 (being written), so that
   // two claimers a lap apart (one held up between its index and its slot)
-  // never both write it.
-  bool take(ballast_trace_slot* s, uint64_t i) const {
+  // never both write it. Then, once any slot was ever held, it waits for
+  // this one's holders (the exchange and the loads after it are sequentially
+  // consistent, as hold()'s are: either the holder sees the exchange, or
+  // the claimer sees the hold).
+  bool take(ballast_trace_slot* s, uint64_t i) {
     if (i <= mask_) return true;  // a new ring's slots are zero: being written
     uint64_t g = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
     if (g == 0 || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) <= BALLAST_TRACE_STARTED) return false;
-    return __atomic_compare_exchange_n(&s->gen, &g, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    if (!__atomic_compare_exchange_n(&s->gen, &g, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) return false;
+    if (__builtin_expect(!ever_held_.load(std::memory_order_seq_cst), 1) || wait_unheld(s)) return true;
+    __atomic_store_n(&s->gen, g, __ATOMIC_RELEASE);  // still held: left as it was
+    return false;
   }
+  bool wait_unheld(ballast_trace_slot* s);
   ballast_trace_header* hdr_ = nullptr;
   ballast_trace_slot* slots_ = nullptr;
   uint64_t mask_ = 0;
+  std::unique_ptr<std::atomic<uint32_t>[]> holds_;  // per slot: writers holding it
+  std::atomic<bool> ever_held_{false};              // whether hold() ever ran: only then does take() look
 };
 
 }  // namespace ballast::comm

@@ -579,7 +579,7 @@ int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_requ
     op->slot = t;
     // NCCL's profiler binds the events it starts while enqueuing (one per
     // collective, send or receive) to this record; later events follow them.
-    c->tracker->begin(t, index);
+    c->tracker->begin(c->ring, t, index);
   }
   const ncclResult_t r = enqueue(c, a, s);
   if (r != ncclSuccess && r != ncclInProgress) {

@@ -1,7 +1,5 @@
 #include "progress.hpp"
 
-#include "trace_ring.hpp"
-
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -33,16 +31,32 @@ enum class Kind : uint8_t { op, proxy_op, proxy_step };
 struct OpRef {
   Kind kind = Kind::op;
   ballast_trace_slot* slot = nullptr;
+  comm::TraceRing* ring = nullptr;
   uint64_t index = 0;
-  // The record while its operation runs or waits behind another (issued:
-  // NCCL's proxy takes its work when it is enqueued), else NULL: a late
-  // event (the operation failed, or NCCL went on after our watchdog gave up)
-  // or a slot the ring has since reused gets no writes.
-  ballast_trace_slot* live() const {
-    if (!slot || __atomic_load_n(&slot->gen, __ATOMIC_ACQUIRE) != index + 1) return nullptr;
-    const uint32_t state = __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE);
-    return state == BALLAST_TRACE_STARTED || state == BALLAST_TRACE_ISSUED ? slot : nullptr;
+};
+
+// An operation's record held for this event's stores (TraceRing::hold)
+// while its operation runs or waits behind another (issued: NCCL's proxy
+// takes its work when it is enqueued), else none: a late event (the
+// operation ended, failed, or NCCL went on after our watchdog gave up) or
+// a slot the ring has since reused gets no writes, and the slot cannot be
+// taken for a newer record between the check and the stores.
+// (Copied from the OpRef, which a newer operation may take meanwhile.)
+class Live {
+ public:
+  explicit Live(const OpRef& r) : slot_(r.slot), ring_(r.ring) {
+    if (slot_ && ring_ && !ring_->hold(slot_, r.index)) slot_ = nullptr;
   }
+  ~Live() {
+    if (slot_) ring_->release(slot_);
+  }
+  Live(const Live&) = delete;
+  Live& operator=(const Live&) = delete;
+  ballast_trace_slot* slot() const { return slot_; }
+
+ private:
+  ballast_trace_slot* slot_;
+  comm::TraceRing* ring_;
 };
 
 constexpr size_t kOpRefs = 256;  // operations of one communicator whose events may still come
@@ -105,7 +119,7 @@ ncclResult_t prof_start(void* context, void** handle, ballast_nccl_prof_descr_v5
     case NCCL_PROF_COLL:
     case NCCL_PROF_P2P: {
       OpRef& r = c->refs[c->next.fetch_add(1, std::memory_order_relaxed) % kOpRefs];
-      r.slot = c->tracker->current(&r.index);
+      r.slot = c->tracker->current(&r.ring, &r.index);
       *handle = &r;
       break;
     }
@@ -114,7 +128,8 @@ ncclResult_t prof_start(void* context, void** handle, ballast_nccl_prof_descr_v5
       // pointer is then an address in that process.
       if (d->proxyOp.pid != getpid() || !d->parentObj || kind_of(d->parentObj) != Kind::op) break;
       auto* p = new ProxyOp{Kind::proxy_op, static_cast<const OpRef*>(d->parentObj), d->proxyOp.isSend != 0};
-      if (ballast_trace_slot* s = p->op->live()) {
+      const Live live(*p->op);
+      if (ballast_trace_slot* s = live.slot()) {
         add(&s->chunks_total, uint64_t(std::max(d->proxyOp.nSteps, 0)));
         __atomic_store_n(p->send ? &s->send_peer : &s->wait_peer, int32_t(d->proxyOp.peer), __ATOMIC_RELAXED);
         touch(s);
@@ -125,14 +140,16 @@ ncclResult_t prof_start(void* context, void** handle, ballast_nccl_prof_descr_v5
     case NCCL_PROF_PROXY_STEP: {
       if (!d->parentObj || kind_of(d->parentObj) != Kind::proxy_op) break;
       auto* step = new ProxyStep{Kind::proxy_step, static_cast<const ProxyOp*>(d->parentObj)};
-      if (ballast_trace_slot* s = step->parent->op->live()) add(&s->chunks_posted, 1);
+      const Live live(*step->parent->op);
+      if (ballast_trace_slot* s = live.slot()) add(&s->chunks_posted, 1);
       *handle = step;
       break;
     }
     case NCCL_PROF_KERNEL_CH: {
       if (!d->parentObj || kind_of(d->parentObj) != Kind::op) break;
       auto* op = static_cast<OpRef*>(d->parentObj);
-      if (ballast_trace_slot* s = op->live()) touch(s);
+      const Live live(*op);
+      if (ballast_trace_slot* s = live.slot()) touch(s);
       *handle = op;  // its stop is one more sign of life; nothing to free
       break;
     }
@@ -146,7 +163,8 @@ ncclResult_t prof_state(void* handle, int state, ballast_nccl_prof_state_args_v5
   if (!handle || kind_of(handle) != Kind::proxy_step) return ncclSuccess;
   auto* step = static_cast<ProxyStep*>(handle);
   if (args) step->bytes = args->proxyStep.transSize;
-  ballast_trace_slot* s = step->parent->op->live();
+  const Live live(*step->parent->op);
+  ballast_trace_slot* s = live.slot();
   if (!s) return ncclSuccess;
   // A receive's data has arrived once it is flushed to or waits for the GPU.
   if (!step->parent->send && (state == NCCL_PROF_STEP_RECV_FLUSH_WAIT || state == NCCL_PROF_STEP_RECV_GPU_WAIT))
@@ -158,15 +176,18 @@ ncclResult_t prof_state(void* handle, int state, ballast_nccl_prof_state_args_v5
 ncclResult_t prof_stop(void* handle) {
   if (!handle) return ncclSuccess;
   switch (kind_of(handle)) {
-    case Kind::op:
-      if (ballast_trace_slot* s = static_cast<OpRef*>(handle)->live()) touch(s);
+    case Kind::op: {
+      const Live live(*static_cast<OpRef*>(handle));
+      if (ballast_trace_slot* s = live.slot()) touch(s);
       break;
+    }
     case Kind::proxy_op:
       delete static_cast<ProxyOp*>(handle);
       break;
     case Kind::proxy_step: {
       auto* step = static_cast<ProxyStep*>(handle);
-      if (ballast_trace_slot* s = step->parent->op->live()) {
+      const Live live(*step->parent->op);
+      if (ballast_trace_slot* s = live.slot()) {
         if (step->parent->send) {
           add(&s->chunks_sent, 1);
           add(&s->bytes_sent, step->bytes);

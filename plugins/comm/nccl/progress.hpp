@@ -10,6 +10,7 @@
 #pragma once
 
 #include "nccl_profiler_v5.h"
+#include "trace_ring.hpp"
 
 #include <ballast/trace.h>
 
@@ -26,20 +27,23 @@ namespace ballast::comm_nccl {
 // or receive's) hold that record, and the events under them follow their
 // parents, so several operations in flight each get their own.
 struct OpTracker {
-  void begin(ballast_trace_slot* slot, uint64_t index) {
+  void begin(comm::TraceRing* ring, ballast_trace_slot* slot, uint64_t index) {
+    ring_.store(ring, std::memory_order_relaxed);
     index_.store(index, std::memory_order_relaxed);
     slot_.store(slot, std::memory_order_release);
   }
   void end() { slot_.store(nullptr, std::memory_order_release); }
-  // The record in flight, or NULL; *index: its index in the ring.
-  ballast_trace_slot* current(uint64_t* index) const {
+  // The record in flight, or NULL; *ring and *index: where it is.
+  ballast_trace_slot* current(comm::TraceRing** ring, uint64_t* index) const {
     ballast_trace_slot* s = slot_.load(std::memory_order_acquire);
+    *ring = ring_.load(std::memory_order_relaxed);
     *index = index_.load(std::memory_order_relaxed);
     return s;
   }
 
  private:
   std::atomic<ballast_trace_slot*> slot_{nullptr};
+  std::atomic<comm::TraceRing*> ring_{nullptr};
   std::atomic<uint64_t> index_{0};
 };
 

@@ -51,7 +51,7 @@ struct Running {
     ring = TraceRing::process_ring("nccl", std::filesystem::temp_directory_path().string(), 0, 2, &err);
     REQUIRE_MESSAGE(ring, err);
     slot = running_record(ring, &index);
-    tracker->begin(slot, index);
+    tracker->begin(ring, slot, index);
     track(name, tracker);
   }
   ~Running() { untrack(name); }
@@ -173,7 +173,7 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
   // start() of the second, while the first still runs: queued behind it.
   uint64_t index2 = 0;
   ballast_trace_slot* second = running_record(first.ring, &index2, BALLAST_TRACE_ISSUED);
-  first.tracker->begin(second, index2);
+  first.tracker->begin(first.ring, second, index2);
   void* coll2 = start(ctx, NCCL_PROF_COLL, nullptr);
   CHECK(ncclProfiler_v5.stopEvent(coll2) == ncclSuccess);
   first.tracker->end();
@@ -212,6 +212,59 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
   CHECK(first.get(second->chunks_sent) == 3);
   for (void* h : {send1, send2, stray_op, stray}) CHECK(ncclProfiler_v5.stopEvent(h) == ncclSuccess);
   CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
+}
+
+// NCCL's proxy thread may be between its check that an operation runs and
+// its stores when the operation ends and, a lap later, a claim comes to its
+// slot: the claim waits for the hold, and past its patience goes round the
+// slot, so that the late stores land in the old record, never in the new.
+TEST_CASE("a slot held by an event's writer is not taken for a newer record until let go") {
+  const std::string path = std::filesystem::temp_directory_path().string() + "/ballast-test-hold." +
+                           std::to_string(getpid()) + ".btrace";
+  std::string err;
+  static TraceRing* ring = nullptr;  // lives on, as a plugin's does: held where exit does not free it
+  ring = TraceRing::create(path, 0, 2, &err);
+  REQUIRE_MESSAGE(ring, err);
+  std::filesystem::remove(path);
+  const uint64_t n = ring->capacity();
+  auto finish = [](ballast_trace_slot* s) { __atomic_store_n(&s->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE); };
+  ballast_trace_slot* running = nullptr;
+  uint64_t index = 0;
+  for (uint64_t k = 0; k < n; ++k) {  // the first lap, record 5 in flight
+    uint64_t i = 0;
+    ballast_trace_slot* s = running_record(ring, &i);
+    s->seq = i + 1;
+    if (i == 5) running = s, index = i;
+    else finish(s);
+  }
+  CHECK(ring->hold(running, index));
+  CHECK_FALSE(ring->hold(running, index + n));            // not the record it carries
+  CHECK_FALSE(ring->hold(running + 1, index + 1));        // ended
+  finish(running);                                        // the operation ends while an event holds it
+  CHECK_FALSE(ring->hold(running, index));                // a new hold sees it ended
+
+  for (uint64_t k = 0; k < 5; ++k) {  // the next lap reaches it
+    uint64_t i = 0;
+    finish(running_record(ring, &i));
+    CHECK(i == n + k);
+  }
+  uint64_t i = 0;
+  ballast_trace_slot* next = running_record(ring, &i);
+  CHECK(next == running + 1);  // went round the held slot
+  CHECK(i == n + 6);
+  CHECK(ring->skipped() == 1);
+  ballast_trace_slot copy{};
+  REQUIRE(ring->read(index, &copy));  // left as it was
+  CHECK(copy.seq == index + 1);
+  __atomic_fetch_add(&running->chunks_sent, 1, __ATOMIC_RELAXED);  // the late store: in its own record
+  ring->release(running);
+  finish(next);
+
+  for (uint64_t k = n + 7; k < 2 * n + 5; ++k) finish(running_record(ring, &i));
+  CHECK(i == 2 * n + 4);
+  finish(running_record(ring, &i));  // let go: taken on this lap
+  CHECK(i == 2 * n + 5);
+  CHECK(ring->skipped() == 1);
 }
 
 TEST_CASE("a communicator that is not Ballast's gets no events, and a PXN proxy's parent is not followed") {
