@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,16 +23,50 @@ namespace ballast::hang {
 
 namespace {
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+// Whether a TCP socket can listen on the loopback's `port` now.
+bool port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the bootstrap's master does
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  sa.sin_port = htons(uint16_t(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && listen(fd, 1) == 0;
   close(fd);
-  return ntohs(sa.sin_port);
+  return ok;
+}
+
+// A MASTER_PORT for the job: free now, and outside the range the kernel
+// takes ports from for connections and bind(0) (ip_local_port_range), so
+// that no connection of another process takes it as its source port before
+// rank 0 listens on it (a port from bind(0), closed again, goes back to that
+// pool). 0 when none was found.
+int free_port() {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  std::vector<int> ranges;  // first, last, first, last
+  if (lo > 10000) ranges.insert(ranges.end(), {10000, lo - 1});
+  if (hi < 65535) ranges.insert(ranges.end(), {hi + 1, 65535});
+  int span = 0;
+  for (size_t k = 0; k < ranges.size(); k += 2) span += ranges[k + 1] - ranges[k] + 1;
+  std::mt19937 pick(std::random_device{}() ^ uint32_t(getpid()));
+  for (int tries = 0; span > 0 && tries < 100; ++tries) {
+    int x = int(pick() % uint32_t(span));
+    for (size_t k = 0; k < ranges.size(); k += 2) {
+      const int len = ranges[k + 1] - ranges[k] + 1;
+      if (x < len) {
+        if (port_free(ranges[k] + x)) return ranges[k] + x;
+        break;
+      }
+      x -= len;
+    }
+  }
+  return 0;
 }
 
 double since(std::chrono::steady_clock::time_point t) {
@@ -164,6 +199,11 @@ int launch_main(int argc, char** argv) {
     mkdir(dir.c_str(), 0755);
   }
   if (port == 0) port = free_port();
+  if (port == 0) {
+    std::fprintf(stderr, "%s: found no free port for MASTER_PORT outside ip_local_port_range: give one with --port\n",
+                 argv[0]);
+    return 2;
+  }
 
   const StopSignals stop_signals;
   std::vector<pid_t> pids(size_t(n), -1);

@@ -14,11 +14,13 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -265,6 +267,70 @@ TEST_CASE("a slot held by an event's writer is not taken for a newer record unti
   finish(running_record(ring, &i));  // let go: taken on this lap
   CHECK(i == 2 * n + 5);
   CHECK(ring->skipped() == 1);
+}
+
+// The same with real threads: a proxy thread reports steps of an operation
+// without pause while the owner ends it and goes a lap round the ring. No
+// count lands in the record that takes its slot, and every hold is let go
+// (a claim that waited past its patience would show as skipped).
+TEST_CASE("events on another thread while operations end and the ring goes round: no count in a newer record") {
+  Running op("ballast-test-race");
+  int mask = 0;
+  void* ctx = init("ballast-test-race", &mask);
+  REQUIRE(ctx != nullptr);
+  const std::string path = std::filesystem::temp_directory_path().string() + "/ballast-test-race." +
+                           std::to_string(getpid()) + ".btrace";
+  std::string err;
+  static TraceRing* ring = nullptr;  // a ring of its own, with no record left in flight by the others
+  ring = TraceRing::create(path, 0, 2, &err);
+  REQUIRE_MESSAGE(ring, err);
+  std::filesystem::remove(path);
+  std::atomic<void*> parent{nullptr};
+  std::atomic<bool> busy{false};  // the proxy thread uses `parent`: it is freed only between two steps
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> steps{0};
+  std::thread proxy([&] {
+    while (!stop.load()) {
+      busy = true;
+      if (void* p = parent.load()) {
+        void* st = start(ctx, NCCL_PROF_PROXY_STEP, p);
+        state(st, NCCL_PROF_STEP_SEND_WAIT, 1);
+        ncclProfiler_v5.stopEvent(st);
+        steps.fetch_add(1);
+      }
+      busy = false;
+    }
+  });
+  uint64_t stray = 0;
+  for (int round = 0; round < 50; ++round) {
+    uint64_t index = 0;
+    ballast_trace_slot* slot = running_record(ring, &index);
+    op.tracker->begin(ring, slot, index);
+    void* coll = start(ctx, NCCL_PROF_COLL, nullptr);
+    ncclProfiler_v5.stopEvent(coll);
+    op.tracker->end();
+    void* send = proxy_op(ctx, coll, true, 1, 1);
+    parent = send;
+    for (const uint64_t seen = steps.load(); steps.load() < seen + 3;) std::this_thread::yield();
+    __atomic_store_n(&slot->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);  // ended while its events go on
+    for (uint64_t k = 0; k < ring->capacity(); ++k) {
+      uint64_t i = 0;
+      __atomic_store_n(&running_record(ring, &i)->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+    }
+    parent = nullptr;
+    while (busy.load()) std::this_thread::yield();
+    ncclProfiler_v5.stopEvent(send);
+    uint64_t now = 0;
+    ballast_trace_slot copy{};
+    REQUIRE(ring->read_slot(index & (ring->capacity() - 1), &now, &copy));
+    if (now != index && (copy.chunks_posted || copy.chunks_sent || copy.bytes_sent)) ++stray;
+  }
+  stop = true;
+  proxy.join();
+  CHECK(steps.load() > 0);
+  CHECK(stray == 0);
+  CHECK(ring->skipped() < 5);
+  CHECK(ncclProfiler_v5.finalize(ctx) == ncclSuccess);
 }
 
 TEST_CASE("a communicator that is not Ballast's gets no events, and a PXN proxy's parent is not followed") {

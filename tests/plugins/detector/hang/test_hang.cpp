@@ -364,6 +364,7 @@ TEST_CASE("a rank that enters every collective late is named slow by analyze") {
                                               "20", "--warmup", "0", "--fault", "slow", "--fault-rank", "2",
                                               "--fault-iter", "5"});
   });
+  INFO("launch stdout: " << l.out << "\nlaunch stderr: " << l.err);
   REQUIRE(l.code == 0);
   const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--slow-ms", "20"}); });
   CHECK(a.code == 1);
@@ -376,7 +377,16 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   const auto l = capture([&] {
     return call(ballast::hang::launch_main, {"ballast launch", "-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "50", "--check"});
   });
+  INFO("launch stdout: " << l.out << "\nlaunch stderr: " << l.err);
   CHECK(l.code == 0);
+  // Its MASTER_PORT is outside the range the kernel gives connections their
+  // source ports from, so that none can take it before rank 0 listens.
+  std::smatch m;
+  REQUIRE(std::regex_search(l.err, m, std::regex("MASTER_PORT ([0-9]+)")));
+  int lo = 0, hi = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  const int port = std::stoi(m[1]);
+  CHECK((port < lo || port > hi));
   std::set<std::string> rings;  // the comm-ucx plugin names its ring rank-R.PID.ucx.btrace
   for (const auto& e : fs::directory_iterator(dir)) rings.insert(e.path().filename().string());
   REQUIRE(rings.size() == 2);
