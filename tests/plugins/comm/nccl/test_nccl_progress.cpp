@@ -272,7 +272,9 @@ TEST_CASE("a slot held by an event's writer is not taken for a newer record unti
 // The same with real threads: a proxy thread reports steps of an operation
 // without pause while the owner ends it and goes a lap round the ring. No
 // count lands in the record that takes its slot, and every hold is let go
-// (a claim that waited past its patience would show as skipped).
+// (a claim that waited past its patience would show as skipped). Without
+// the claim's wait for holders this failed in 5 of 200 runs at 50 rounds,
+// 2 of 50 at 400; with it, none of 250.
 TEST_CASE("events on another thread while operations end and the ring goes round: no count in a newer record") {
   Running op("ballast-test-race");
   int mask = 0;
@@ -302,7 +304,7 @@ TEST_CASE("events on another thread while operations end and the ring goes round
     }
   });
   uint64_t stray = 0;
-  for (int round = 0; round < 50; ++round) {
+  for (int round = 0; round < 400; ++round) {
     uint64_t index = 0;
     ballast_trace_slot* slot = running_record(ring, &index);
     op.tracker->begin(ring, slot, index);
