@@ -1,5 +1,7 @@
 #include "progress.hpp"
 
+#include "trace_ring.hpp"
+
 #include <dlfcn.h>
 #include <unistd.h>
 

@@ -10,7 +10,6 @@
 #pragma once
 
 #include "nccl_profiler_v5.h"
-#include "trace_ring.hpp"
 
 #include <ballast/trace.h>
 
@@ -18,6 +17,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+namespace ballast::comm {
+class TraceRing;
+}
 
 namespace ballast::comm_nccl {
 

@@ -49,22 +49,10 @@ int free_port() {
     if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
     std::fclose(f);
   }
-  std::vector<int> ranges;  // first, last, first, last
-  if (lo > 10000) ranges.insert(ranges.end(), {10000, lo - 1});
-  if (hi < 65535) ranges.insert(ranges.end(), {hi + 1, 65535});
-  int span = 0;
-  for (size_t k = 0; k < ranges.size(); k += 2) span += ranges[k + 1] - ranges[k] + 1;
   std::mt19937 pick(std::random_device{}() ^ uint32_t(getpid()));
-  for (int tries = 0; span > 0 && tries < 100; ++tries) {
-    int x = int(pick() % uint32_t(span));
-    for (size_t k = 0; k < ranges.size(); k += 2) {
-      const int len = ranges[k + 1] - ranges[k] + 1;
-      if (x < len) {
-        if (port_free(ranges[k] + x)) return ranges[k] + x;
-        break;
-      }
-      x -= len;
-    }
+  for (int tries = 0; tries < 200; ++tries) {
+    const int port = 10000 + int(pick() % 55536);  // 10000-65535
+    if ((port < lo || port > hi) && port_free(port)) return port;
   }
   return 0;
 }

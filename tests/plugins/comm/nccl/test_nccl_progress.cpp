@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -59,6 +60,20 @@ struct Running {
   ~Running() { untrack(name); }
   uint64_t get(const uint64_t& field) const { return __atomic_load_n(&field, __ATOMIC_RELAXED); }
 };
+
+// A fresh ring of the test's own (not the process's), its file removed.
+// Rings live on, as a plugin's does: held where exit does not free them.
+TraceRing* own_ring(const std::string& name) {
+  static auto* made = new std::vector<TraceRing*>;
+  const std::string path = std::filesystem::temp_directory_path().string() + "/ballast-test-" + name + "." +
+                           std::to_string(getpid()) + ".btrace";
+  std::string err;
+  TraceRing* ring = TraceRing::create(path, 0, 2, &err);
+  REQUIRE_MESSAGE(ring, err);
+  std::filesystem::remove(path);
+  made->push_back(ring);
+  return ring;
+}
 
 void* start(void* ctx, uint64_t type, void* parent, ballast_nccl_prof_descr_v5 d = {}) {
   d.type = type;
@@ -221,13 +236,7 @@ TEST_CASE("operations in flight together on one communicator: each one's events 
 // slot: the claim waits for the hold, and past its patience goes round the
 // slot, so that the late stores land in the old record, never in the new.
 TEST_CASE("a slot held by an event's writer is not taken for a newer record until let go") {
-  const std::string path = std::filesystem::temp_directory_path().string() + "/ballast-test-hold." +
-                           std::to_string(getpid()) + ".btrace";
-  std::string err;
-  static TraceRing* ring = nullptr;  // lives on, as a plugin's does: held where exit does not free it
-  ring = TraceRing::create(path, 0, 2, &err);
-  REQUIRE_MESSAGE(ring, err);
-  std::filesystem::remove(path);
+  TraceRing* ring = own_ring("hold");
   const uint64_t n = ring->capacity();
   auto finish = [](ballast_trace_slot* s) { __atomic_store_n(&s->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE); };
   ballast_trace_slot* running = nullptr;
@@ -280,13 +289,7 @@ TEST_CASE("events on another thread while operations end and the ring goes round
   int mask = 0;
   void* ctx = init("ballast-test-race", &mask);
   REQUIRE(ctx != nullptr);
-  const std::string path = std::filesystem::temp_directory_path().string() + "/ballast-test-race." +
-                           std::to_string(getpid()) + ".btrace";
-  std::string err;
-  static TraceRing* ring = nullptr;  // a ring of its own, with no record left in flight by the others
-  ring = TraceRing::create(path, 0, 2, &err);
-  REQUIRE_MESSAGE(ring, err);
-  std::filesystem::remove(path);
+  TraceRing* ring = own_ring("race");  // no record left in flight by the other tests
   std::atomic<void*> parent{nullptr};
   std::atomic<bool> busy{false};  // the proxy thread uses `parent`: it is freed only between two steps
   std::atomic<bool> stop{false};
