@@ -85,12 +85,16 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   w->rank = rank;
   w->nranks = nranks;
   w->timeout_ns = timeout;
-  // Over tcp alone, chunks of 512 KiB: a rendezvous there costs a round trip
+  // Over tcp alone, chunks of 1 MiB: a rendezvous there costs a round trip
   // that both ranks must be scheduled for, so fewer and larger ones win
-  // (measured with 4 ranks on 2 CPUs, 1 MiB allreduce 1.28 -> 0.94 ms, 4 MiB
-  // 5.9 -> 4.4 ms; 2 ranks, 4 MiB 1.60 -> 1.34 ms).
+  // (256 -> 512 KiB, 4 ranks on 2 CPUs, 1 MiB allreduce 1.28 -> 0.94 ms, 4 MiB
+  // 5.9 -> 4.4 ms; 2 ranks, 4 MiB 1.60 -> 1.34 ms). 512 KiB -> 1 MiB, 2 ranks,
+  // alternating runs: 4 MiB and 64 MiB allreduce 7% and 10% faster (70
+  // pairs); and at 16 MiB, through the stretches of minutes in which this VM's
+  // loopback tcp runs at half speed, 4 of 124 runs slow instead of 31 (there
+  // 10.1 ms instead of 16.1; 7.4 and 7.6 ms elsewhere).
   const bool tcp = tcp_only(std::getenv("UCX_TLS"));
-  w->chunk_bytes = size_t(std::max<int64_t>(4096, env_i64("BALLAST_COMM_CHUNK_BYTES", tcp ? 512 << 10 : 256 << 10)));
+  w->chunk_bytes = size_t(std::max<int64_t>(4096, env_i64("BALLAST_COMM_CHUNK_BYTES", tcp ? 1 << 20 : 256 << 10)));
   w->small_bytes = size_t(std::max<int64_t>(0, env_i64("BALLAST_COMM_SMALL_BYTES", 16 << 10)));
   // Not over tcp alone, where each message costs system calls on both ends:
   // 4 ranks, 8 B allreduce 24 us by recursive doubling, 43 us in one round.
@@ -142,11 +146,14 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // 18.0 -> 12.4 us, tcp 88 -> 25 us (Open MPI: 17.7 and 28 us). Chunks of
   // 256 KiB keep the rendezvous, which is better there (no unexpected-queue
   // copies; over sm a single copy through CMA). A user's UCX_RNDV_THRESH wins.
-  // Over tcp alone, every message under a full chunk goes eager: 2 ranks,
-  // 256 KiB allreduce (128 KiB messages) 125 -> 71 us, 4 ranks 0.7 -> 0.24 ms;
-  // full chunks keep the rendezvous (all eager: 16 MiB 7.5 -> 13.5 ms).
+  // Over tcp alone, every message under a full chunk, and under 512 KiB,
+  // goes eager: 2 ranks, 256 KiB allreduce (128 KiB messages) 125 -> 71 us,
+  // 4 ranks 0.7 -> 0.24 ms; full chunks keep the rendezvous (all eager: 16 MiB
+  // 7.5 -> 13.5 ms), and so do messages from 512 KiB (2 ranks' 512 KiB swap
+  // eager: 157 -> 170 us, medians of 137 alternating runs).
   if (!std::getenv("UCX_RNDV_THRESH"))
-    ucp_config_modify(config, "RNDV_THRESH", tcp ? std::to_string(w->chunk_bytes).c_str() : "64K");
+    ucp_config_modify(config, "RNDV_THRESH",
+                      tcp ? std::to_string(std::min<size_t>(w->chunk_bytes, 512 << 10)).c_str() : "64K");
   // UCX 1.13's new protocols (UCX_PROTO_ENABLE=y) would do 2 ranks' 1 MiB
   // allreduce over tcp faster (paired with the old ones, faster in 7 of 8
   // alternating runs, by 3-33%), but they do not survive a dead peer, over
