@@ -103,10 +103,10 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // 2 ranks over tcp alone: from 128 KiB to 1 MiB, an allreduce swaps the
   // whole buffers (one message each way, then each reduces all of it)
   // instead of the ring's reduce-scatter and allgather of halves: a message
-  // over tcp costs system calls on both ends, and a rendezvous (from a
-  // chunk) a round trip more. Medians of 6 alternating runs: 512 KiB 212 ->
+  // over tcp costs system calls on both ends, and a rendezvous (from 512
+  // KiB) a round trip more. Medians of 6 alternating runs: 512 KiB 212 ->
   // 186 us, 1 MiB 400 -> 340 us (Open MPI 204 and 324 us); at 2 MiB the
-  // ring wins (630 against 690 us). Below a chunk the whole buffer goes
+  // ring wins (630 against 690 us). Below 512 KiB the whole buffer goes
   // eager: Open MPI's p50 over ours, paired per round (9-11 rounds,
   // session 13), 128 KiB 1.09 -> 1.74, 256 KiB 0.82 -> 1.25; at 64 KiB the
   // ring's 32 KiB halves stay faster (2.09 against 1.68).
@@ -146,8 +146,8 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // 18.0 -> 12.4 us, tcp 88 -> 25 us (Open MPI: 17.7 and 28 us). Chunks of
   // 256 KiB keep the rendezvous, which is better there (no unexpected-queue
   // copies; over sm a single copy through CMA). A user's UCX_RNDV_THRESH wins.
-  // Over tcp alone, every message under a full chunk, and under 512 KiB,
-  // goes eager: 2 ranks, 256 KiB allreduce (128 KiB messages) 125 -> 71 us,
+  // Over tcp alone, every message under 512 KiB (or under a chunk, if
+  // smaller) goes eager: 2 ranks, 256 KiB allreduce (128 KiB messages) 125 -> 71 us,
   // 4 ranks 0.7 -> 0.24 ms; full chunks keep the rendezvous (all eager: 16 MiB
   // 7.5 -> 13.5 ms), and so do messages from 512 KiB (2 ranks' 512 KiB swap
   // eager: 157 -> 170 us, medians of 137 alternating runs).
