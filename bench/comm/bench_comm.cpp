@@ -1,10 +1,11 @@
 // bench_comm: allreduce latency (p50, p99) and bus bandwidth of the UCX comm
 // plugin (through examples/comm/comm_loop, one process per rank) over sm and
 // tcp, next to Open MPI's MPI_Allreduce and the memcpy ceiling measured in
-// the same run, with tracing on and off, and each cell's speedup over Open
-// MPI paired within rounds; plus the cost of one trace record, in a world of
-// one and on an 8-byte allreduce between two processes (--trace-only: that
-// alone).
+// the same run (for 2 ranks over tcp up to 1 MiB also the kernel's: a plain
+// loopback tcp swap of the buffer), with tracing on and off, and each cell's
+// speedup over Open MPI paired within rounds; plus the cost of one trace
+// record, in a world of one and on an 8-byte allreduce between two processes
+// (--trace-only: that alone).
 //
 //   bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps 3] [--quick] [--sizes B,B,...] [--trace-only]
 //
@@ -18,11 +19,14 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -150,12 +154,95 @@ struct Trio {
   // are faster. Paired within a round, so that a slow stretch of the shared
   // machine cancels out instead of landing on one side of a ratio of medians.
   std::vector<double> ratio_traced, ratio_untraced;
+  // 2 ranks over tcp: the loopback swap's p50 per round (tcp_swap_us), and
+  // per round the swap's time over ours (traced) and over Open MPI's.
+  std::vector<double> swap_us, swap_share, swap_share_openmpi;
 };
 
-// reps rounds of [traced, untraced, Open MPI], each figure the median over
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The floor under a 2-rank allreduce over tcp, where both implementations
+// spend their time in the kernel's loopback tcp: this process and a fork of
+// it swap `bytes` over two loopback connections, one per direction (one
+// shared connection is slower: both ends write it at once), with the same
+// 4 MiB socket buffers as the plugin, polling non-blocking sockets, nothing
+// reduced. p50 of `iters` swaps (after a tenth as many unmeasured) in us;
+// -1 on a failure or after 60 s.
+double tcp_swap_us(uint64_t bytes, long iters) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || listen(lfd, 2) != 0 ||
+      getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    if (lfd >= 0) close(lfd);
+    return -1;
+  }
+  const long warmup = std::max<long>(3, iters / 10);
+  const pid_t child = fork();
+  if (child < 0) {
+    close(lfd);
+    return -1;
+  }
+  const int rank = child == 0 ? 1 : 0;
+  int fds[2] = {-1, -1};  // fds[r]: the connection that carries rank r's data
+  for (int& fd : fds) {
+    pollfd pf{lfd, POLLIN, 0};
+    if (rank == 0) fd = poll(&pf, 1, 10000) == 1 ? accept(lfd, nullptr, nullptr) : -1;
+    else if ((fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  close(lfd);
+  const int one = 1, buf = 4 << 20;
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+  }
+  std::vector<char> out(std::max<uint64_t>(bytes, 1), char(1 + rank)), in(out.size());
+  std::vector<double> t;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool ok = fds[0] >= 0 && fds[1] >= 0;
+  for (long i = 0; ok && i < warmup + iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t sent = 0, got = 0;
+    while (ok && (sent < bytes || got < bytes)) {
+      if (sent < bytes) {
+        const ssize_t k = send(fds[rank], out.data() + sent, bytes - sent, MSG_NOSIGNAL);
+        if (k > 0) sent += uint64_t(k);
+        else if (k < 0 && errno != EAGAIN) ok = false;
+      }
+      if (got < bytes) {
+        const ssize_t k = recv(fds[1 - rank], in.data() + got, bytes - got, 0);
+        if (k > 0) got += uint64_t(k);
+        else if (k == 0 || errno != EAGAIN) ok = false;  // the peer closed, or an error
+      }
+      if (std::chrono::steady_clock::now() > give_up) ok = false;
+    }
+    if (i >= warmup) t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  for (int fd : fds)
+    if (fd >= 0) close(fd);
+  if (rank == 1) _exit(ok ? 0 : 1);
+  int st = 0;
+  waitpid(child, &st, 0);
+  return ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? median(t) : -1;
+}
+
+// reps rounds of [traced, untraced, Open MPI] (and for 2 ranks over tcp the
+// loopback swap), each figure the median over
 // the rounds: the three alternate, so that a noisy stretch of the shared
 // machine falls on all three alike rather than on whichever ran then.
-Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps) {
+Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps, bool with_swap = false) {
   std::vector<Figures> on, off, m;
   Trio t;
   for (int i = 0; i < reps; ++i) {
@@ -165,6 +252,14 @@ Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps
     on.insert(on.end(), a.begin(), a.end());
     off.insert(off.end(), b.begin(), b.end());
     m.insert(m.end(), c.begin(), c.end());
+    if (with_swap) {
+      const double sw = tcp_swap_us(bytes, iters);
+      if (sw > 0) {
+        t.swap_us.push_back(sw);
+        if (!a.empty() && a[0].p50 > 0) t.swap_share.push_back(sw / a[0].p50);
+        if (!c.empty() && c[0].p50 > 0) t.swap_share_openmpi.push_back(sw / c[0].p50);
+      }
+    }
     if (c.empty() || c[0].p50 <= 0) continue;
     if (!a.empty() && a[0].p50 > 0) t.ratio_traced.push_back(c[0].p50 / a[0].p50);
     if (!b.empty() && b[0].p50 > 0) t.ratio_untraced.push_back(c[0].p50 / b[0].p50);
@@ -173,12 +268,6 @@ Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps
   t.untraced = median_of(off);
   t.openmpi = median_of(m);
   return t;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // One result line. A value that may be negative (a difference) is printed
@@ -461,7 +550,10 @@ int main(int argc, char** argv) {
       for (uint64_t b : bw_sizes) {
         const long iters = long(std::clamp<uint64_t>((quick ? 256ull << 20 : 1ull << 30) / b, 9, 1000));
         const std::string cs = "allreduce/" + tl + "/" + std::to_string(n) + "ranks/" + std::to_string(b) + "B";
-        const Trio t = measure(n, tls, b, iters, reps);
+        // The swap as a floor only up to 1 MiB, where a 2-rank allreduce over
+        // tcp sends one message each way (ours from 128 KiB): beyond, one
+        // send of the whole buffer is slower than the ring's 1 MiB chunks.
+        const Trio t = measure(n, tls, b, iters, reps, tls == "tcp" && n == 2 && b <= (1u << 20));
         const Figures &on = t.traced, &off = t.untraced, &m = t.openmpi;
         // The median call, not the mean: on a shared machine a descheduled
         // rank adds milliseconds to a few calls and would swamp the mean.
@@ -471,6 +563,10 @@ int main(int argc, char** argv) {
         emit(cs, "busbw_openmpi", busbw(m), "GB/s");
         emit(cs, "speedup_vs_openmpi", median(t.ratio_traced), "x");
         emit(cs, "speedup_vs_openmpi_notrace", median(t.ratio_untraced), "x");
+        const double sw = median(t.swap_us);
+        emit(cs, "busbw_tcp_swap", sw > 0 ? double(b) / (sw * 1e-6) / 1e9 * factor : -1, "GB/s");
+        emit(cs, "fraction_of_tcp_swap", median(t.swap_share), "x");
+        emit(cs, "fraction_of_tcp_swap_openmpi", median(t.swap_share_openmpi), "x");
         if (on.p50 > 0 && off.p50 > 0) print_result(cs, "trace_overhead", 100.0 * (on.p50 - off.p50) / off.p50, "%");
         emit_trace_share(cs, off.p50, cost);
       }
