@@ -192,9 +192,11 @@ double tcp_swap_us(uint64_t bytes, long iters) {
   const int rank = child == 0 ? 1 : 0;
   int fds[2] = {-1, -1};  // fds[r]: the connection that carries rank r's data
   for (int& fd : fds) {
-    pollfd pf{lfd, POLLIN, 0};
-    if (rank == 0) fd = poll(&pf, 1, 10000) == 1 ? accept(lfd, nullptr, nullptr) : -1;
-    else if ((fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    if (rank == 0) {
+      pollfd pf{lfd, POLLIN, 0};  // a child that could not connect: give up after 10 s
+      fd = poll(&pf, 1, 10000) == 1 ? accept(lfd, nullptr, nullptr) : -1;
+    } else if ((fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0 &&
+               connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
       close(fd);
       fd = -1;
     }
@@ -228,7 +230,8 @@ double tcp_swap_us(uint64_t bytes, long iters) {
       }
       if (std::chrono::steady_clock::now() > give_up) ok = false;
     }
-    if (i >= warmup) t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= warmup) t.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
   for (int fd : fds)
     if (fd >= 0) close(fd);
