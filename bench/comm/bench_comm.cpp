@@ -241,10 +241,10 @@ double tcp_swap_us(uint64_t bytes, long iters) {
   return ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? median(t) : -1;
 }
 
-// reps rounds of [traced, untraced, Open MPI] (and for 2 ranks over tcp the
-// loopback swap), each figure the median over
-// the rounds: the three alternate, so that a noisy stretch of the shared
-// machine falls on all three alike rather than on whichever ran then.
+// reps rounds of [traced, untraced, Open MPI] (and with_swap the loopback
+// swap), each figure the median over the rounds: they alternate, so that a
+// noisy stretch of the shared machine falls on all alike rather than on
+// whichever ran then.
 Trio measure(int n, const std::string& tls, uint64_t bytes, long iters, int reps, bool with_swap = false) {
   std::vector<Figures> on, off, m;
   Trio t;
