@@ -2,7 +2,7 @@
 
 #include "bus_rcu.hpp"
 #include "bus_ring.hpp"
-#include "bus_topic.hpp"
+#include "topic.hpp"
 #include "codec_flat.hpp"
 #include "error.hpp"
 
@@ -371,7 +371,7 @@ struct Bus::Impl {
   int intern(const char* name, size_t n, uint64_t h, Topic** out) {
     const std::string_view view(name, n);
     if (!valid_topic(view))
-      return fail(BALLAST_EINVAL, "bus: \"" + std::string(view) + "\" is not a valid topic");
+      return fail(BALLAST_EINVAL, "bus: " + invalid_topic_message(view));
     std::lock_guard<std::mutex> lock(mu);
     if ((*out = lookup(name, n, h)) != nullptr) return BALLAST_OK;  // another thread was first
     if (topics.size() >= kMaxTopics)
@@ -514,23 +514,30 @@ int Bus::subscribe(std::string_view pattern, const ballast_subscribe_options* op
   if (id == nullptr) return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe without an id to write");
   if (handler == nullptr) return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe with a NULL handler");
   if (!valid_pattern(pattern))
-    return fail(BALLAST_EINVAL, "bus: " + who + ": \"" + std::string(pattern) + "\" is not a valid pattern");
+    return fail(BALLAST_EINVAL, "bus: " + who + ": " + invalid_pattern_message(pattern));
   bool queued = false, lossy = false;
   uint32_t capacity = m.options.default_queue_capacity;
   if (options != nullptr) {
-    if (options->size < sizeof(ballast_subscribe_options))
-      return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe options size " + std::to_string(options->size) +
-                                      " is smaller than ballast_subscribe_options v1");
+    // The ABI's size rule: at least the v1 size; flags and queue_capacity
+    // are read only when the size covers them (else 0).
+    const uint32_t size = options->size;
+    if (size < BALLAST_SUBSCRIBE_OPTIONS_V1_SIZE)
+      return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe options size " + std::to_string(size) +
+                                      " is smaller than ballast_subscribe_options v1 (" +
+                                      std::to_string(BALLAST_SUBSCRIBE_OPTIONS_V1_SIZE) + ")");
+    const uint32_t flags = BALLAST_COVERS(size, ballast_subscribe_options, flags) ? options->flags : 0;
+    const uint32_t queue_capacity =
+        BALLAST_COVERS(size, ballast_subscribe_options, queue_capacity) ? options->queue_capacity : 0;
     if (options->delivery != BALLAST_DELIVER_INLINE && options->delivery != BALLAST_DELIVER_QUEUED)
       return fail(BALLAST_EINVAL, "bus: " + who + ": unknown delivery " + std::to_string(options->delivery));
-    if ((options->flags & ~uint32_t{BALLAST_SUBSCRIBE_LOSSY}) != 0)
-      return fail(BALLAST_EINVAL, "bus: " + who + ": unknown subscribe flags " + std::to_string(options->flags));
-    if (options->queue_capacity > kMaxQueueCapacity)
-      return fail(BALLAST_EINVAL, "bus: " + who + ": queue_capacity " + std::to_string(options->queue_capacity) +
+    if ((flags & ~uint32_t{BALLAST_SUBSCRIBE_LOSSY}) != 0)
+      return fail(BALLAST_EINVAL, "bus: " + who + ": unknown subscribe flags " + std::to_string(flags));
+    if (queue_capacity > kMaxQueueCapacity)
+      return fail(BALLAST_EINVAL, "bus: " + who + ": queue_capacity " + std::to_string(queue_capacity) +
                                       " is above " + std::to_string(kMaxQueueCapacity));
     queued = options->delivery == BALLAST_DELIVER_QUEUED;
-    lossy = queued && (options->flags & BALLAST_SUBSCRIBE_LOSSY) != 0;
-    if (options->queue_capacity != 0) capacity = options->queue_capacity;
+    lossy = queued && (flags & BALLAST_SUBSCRIBE_LOSSY) != 0;
+    if (queue_capacity != 0) capacity = queue_capacity;
   }
   if (m.closed.load(std::memory_order_acquire))
     return fail(BALLAST_ESTATE, "bus: " + who + ": subscribe after shutdown");

@@ -91,9 +91,4 @@ class Bus {
   std::unique_ptr<Impl> impl_;
 };
 
-// Whether `pattern` is a valid subscription pattern and `topic` a valid topic:
-// dotted segments of [a-z0-9_-]; a pattern may end in ".*" or be "*".
-bool valid_topic(std::string_view topic);
-bool valid_pattern(std::string_view pattern);
-
 }  // namespace ballast

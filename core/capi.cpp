@@ -162,14 +162,15 @@ BALLAST_EXPORT int64_t ballast_event_to_json(const ballast_event* event, char* b
 
 BALLAST_EXPORT int ballast_host_get_interface(ballast_host* host, const char* plugin, const char* name,
                                               uint32_t version, const void** table) {
-  if (host == nullptr || plugin == nullptr || name == nullptr || table == nullptr)
+  if (host == nullptr || name == nullptr || table == nullptr)
     return ballast::fail(BALLAST_EINVAL, "ballast_host_get_interface: NULL argument");
   return guarded("ballast_host_get_interface", [&]() -> int {
     std::lock_guard lock(host->mutex);
-    *table = host->host->get_interface(plugin, name, version);
+    *table = host->host->get_interface(plugin != nullptr ? plugin : "", name, version);
     if (*table == nullptr)
-      return ballast::fail(BALLAST_ENOTFOUND, std::string("no loaded plugin '") + plugin + "' offering " + name +
-                                                  " v" + std::to_string(version));
+      return ballast::fail(BALLAST_ENOTFOUND, (plugin != nullptr ? std::string("no loaded plugin '") + plugin + "'"
+                                                                 : std::string("no loaded plugin")) +
+                                                  " offering " + name + " v" + std::to_string(version));
     return BALLAST_OK;
   });
 }

@@ -189,9 +189,11 @@ void walk(Arena& arena, const ballast_event& ev, const char* stable_topic, balla
   uint64_t payload_size = 0;
   if (plan != nullptr) {
     const StructDesc& desc = *plan->desc;
+    PayloadScratch scratch;
+    const void* whole = whole_payload(ev, &scratch);
     unsigned char* p = arena.take(desc.size, desc.align);
-    if (p != nullptr) copy_bytes(p, ev.payload, desc.size);
-    copy_pointees(arena, *plan, ev.payload, p);
+    if (p != nullptr) copy_bytes(p, whole, desc.size);
+    copy_pointees(arena, *plan, whole, p);
     payload = p;
     payload_size = desc.size;
   } else if (ev.payload_size > 0) {
@@ -292,8 +294,25 @@ void copy_flat(const ballast_event& flat, const unsigned char* from, size_t byte
   }
 }
 
+namespace {
+// The bytes of a well-known payload that its publisher wrote.
+uint64_t payload_extent(const ballast_event& ev) {
+  const uint32_t size = *static_cast<const uint32_t*>(ev.payload);
+  return size < ev.payload_size ? size : ev.payload_size;
+}
+}  // namespace
+
+const void* whole_payload(const ballast_event& ev, PayloadScratch* scratch) {
+  const StructDesc* desc = struct_for_schema(ev.schema);
+  const uint64_t have = payload_extent(ev);
+  if (have >= desc->size) return ev.payload;
+  std::memcpy(scratch->bytes, ev.payload, have);
+  std::memset(scratch->bytes + have, 0, desc->size - have);
+  return scratch->bytes;
+}
+
 bool check_event(const ballast_event& ev, const char** why) {
-  if (ev.size < sizeof(ballast_event)) {
+  if (ev.size < BALLAST_EVENT_V1_SIZE) {
     *why = "event size is smaller than ballast_event v1";
     return false;
   }
@@ -307,12 +326,12 @@ bool check_event(const ballast_event& ev, const char** why) {
   }
   const StructDesc* desc = struct_for_schema(ev.schema);
   if (desc == nullptr) return true;
-  if (ev.payload == nullptr || ev.payload_size < desc->size) {
-    *why = "payload is smaller than the struct of its well-known schema";
+  if (ev.payload == nullptr || ev.payload_size < desc->v1_size) {
+    *why = "payload_size is smaller than the v1 size of its well-known schema's struct";
     return false;
   }
-  if (*static_cast<const uint32_t*>(ev.payload) < desc->size) {
-    *why = "payload size field is smaller than the struct of its well-known schema";
+  if (*static_cast<const uint32_t*>(ev.payload) < desc->v1_size) {
+    *why = "payload size field is smaller than the v1 size of its well-known schema's struct";
     return false;
   }
   // The top-level arrays, found once from the field tables: publish checks

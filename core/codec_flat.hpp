@@ -8,6 +8,8 @@
 // lets OwnedEvent cost one allocation.
 #pragma once
 
+#include "codec_schema.hpp"
+
 #include <ballast/event.h>
 
 #include <cstddef>
@@ -16,12 +18,23 @@ namespace ballast::codec {
 
 inline constexpr size_t kFlatAlign = 8;
 
-// Whether `event` is well formed enough to be read or copied: a topic, a
-// payload pointer when payload_size > 0, and for a well-known schema a
-// payload at least as large as its v1 struct whose size field says so and
-// whose arrays are non-NULL when their count is not 0. On failure *why
-// (static text) says what is wrong.
+// Whether `event` is well formed enough to be read or copied: a size of at
+// least BALLAST_EVENT_V1_SIZE, a topic, a payload pointer when payload_size >
+// 0, and for a well-known schema a payload whose size field and payload_size
+// are both at least the struct's v1 minimum (status.h, "Sizes") and whose
+// arrays are non-NULL when their count is not 0. On failure *why (static
+// text) says what is wrong.
 bool check_event(const ballast_event& event, const char** why);
+
+// The payload of a checked event of a well-known schema as a whole struct of
+// this host's layout: the payload itself when it is at least that large,
+// else a copy in `scratch` with the fields it leaves out zeroed (their
+// default). Every reader of payloads goes through this: the size rule of
+// the ABI is applied here once.
+struct PayloadScratch {
+  alignas(16) unsigned char bytes[kMaxStructSize];
+};
+const void* whole_payload(const ballast_event& checked, PayloadScratch* scratch);
 
 // Bytes a flattened copy of a checked event needs. `stable_topic`, when
 // given, is a string equal to event.topic that outlives every copy (the

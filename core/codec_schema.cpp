@@ -1,5 +1,8 @@
 #include "codec_schema.hpp"
 
+#include <algorithm>
+#include <iterator>
+
 namespace ballast::codec {
 
 namespace {
@@ -12,8 +15,13 @@ namespace {
 #define BF_ARRAY(S, F, ELEM, COUNT)                                                            \
   FieldDesc{#F, FieldType::array, static_cast<uint32_t>(offsetof(S, F)), 0, nullptr, 0, &ELEM, \
             static_cast<uint32_t>(offsetof(S, COUNT))}
+// An element struct (of an array): fixed at its v1.0 layout.
 #define BSTRUCT(NAME, S, FIELDS) \
-  StructDesc{NAME, sizeof(S), alignof(S), FIELDS, sizeof(FIELDS) / sizeof(FIELDS[0])}
+  StructDesc{NAME, sizeof(S), alignof(S), FIELDS, sizeof(FIELDS) / sizeof(FIELDS[0]), sizeof(S)}
+// A payload struct: its v1 minimum, its schema id and its topics.
+#define BPAYLOAD(NAME, S, FIELDS, V1, SCHEMA, TOPICS)                                                  \
+  StructDesc{NAME, sizeof(S), alignof(S), FIELDS, sizeof(FIELDS) / sizeof(FIELDS[0]), V1, SCHEMA, TOPICS, \
+             sizeof(TOPICS) / sizeof(TOPICS[0])}
 
 // ---- metric.sample
 const FieldDesc kSampleFields[] = {
@@ -27,7 +35,9 @@ const FieldDesc kMetricBatchFields[] = {
     BF(ballast_metric_batch, count, count),
     BF_ARRAY(ballast_metric_batch, samples, kSample, count),
 };
-const StructDesc kMetricBatch = BSTRUCT("metric_batch", ballast_metric_batch, kMetricBatchFields);
+const char* const kMetricTopics[] = {"metric.sample"};
+const StructDesc kMetricBatch = BPAYLOAD("metric_batch", ballast_metric_batch, kMetricBatchFields,
+                                        BALLAST_METRIC_BATCH_V1_SIZE, BALLAST_SCHEMA_METRIC_BATCH, kMetricTopics);
 
 // ---- step.timing
 const FieldDesc kOpFields[] = {
@@ -44,7 +54,9 @@ const FieldDesc kOpBatchFields[] = {
     BF(ballast_op_timing_batch, count, count),
     BF_ARRAY(ballast_op_timing_batch, ops, kOp, count),
 };
-const StructDesc kOpBatch = BSTRUCT("op_timing_batch", ballast_op_timing_batch, kOpBatchFields);
+const char* const kOpTopics[] = {"step.timing"};
+const StructDesc kOpBatch = BPAYLOAD("op_timing_batch", ballast_op_timing_batch, kOpBatchFields,
+                                    BALLAST_OP_TIMING_BATCH_V1_SIZE, BALLAST_SCHEMA_OP_TIMING_BATCH, kOpTopics);
 
 // ---- collective.record / collective.progress
 const char* const kCollStates[] = {"issued", "started", "done", "failed"};
@@ -70,7 +82,9 @@ const FieldDesc kCollFields[] = {
     BF(ballast_collective_record, chunks_received, u64),
     BF(ballast_collective_record, chunks_reduced, u64),
 };
-const StructDesc kColl = BSTRUCT("collective_record", ballast_collective_record, kCollFields);
+const char* const kCollTopics[] = {"collective.record", "collective.progress"};
+const StructDesc kColl = BPAYLOAD("collective_record", ballast_collective_record, kCollFields,
+                                  BALLAST_COLLECTIVE_RECORD_V1_SIZE, BALLAST_SCHEMA_COLLECTIVE_RECORD, kCollTopics);
 
 // ---- fault.suspected / fault.confirmed / node.silent
 const char* const kFaultStages[] = {"suspected", "confirmed"};
@@ -88,7 +102,9 @@ const FieldDesc kFaultFields[] = {
     BF(ballast_fault_report, evidence, json_str),
     BF(ballast_fault_report, detector, str),
 };
-const StructDesc kFault = BSTRUCT("fault_report", ballast_fault_report, kFaultFields);
+const char* const kFaultTopics[] = {"fault.suspected", "fault.confirmed", "node.silent"};
+const StructDesc kFault = BPAYLOAD("fault_report", ballast_fault_report, kFaultFields, BALLAST_FAULT_REPORT_V1_SIZE,
+                                   BALLAST_SCHEMA_FAULT_REPORT, kFaultTopics);
 
 // ---- placement.plan
 const FieldDesc kNodeFields[] = {
@@ -109,7 +125,9 @@ const FieldDesc kPlanFields[] = {
     BF(ballast_placement_plan, objective, f64),
     BF(ballast_placement_plan, lower_bound, f64),
 };
-const StructDesc kPlan = BSTRUCT("placement_plan", ballast_placement_plan, kPlanFields);
+const char* const kPlanTopics[] = {"placement.plan"};
+const StructDesc kPlan = BPAYLOAD("placement_plan", ballast_placement_plan, kPlanFields,
+                                  BALLAST_PLACEMENT_PLAN_V1_SIZE, BALLAST_SCHEMA_PLACEMENT_PLAN, kPlanTopics);
 
 // ---- recovery.action
 const FieldDesc kActionFields[] = {
@@ -122,7 +140,9 @@ const FieldDesc kActionFields[] = {
     BF(ballast_recovery_action, policy, str),
     BF(ballast_recovery_action, cause_topic, str),
 };
-const StructDesc kAction = BSTRUCT("recovery_action", ballast_recovery_action, kActionFields);
+const char* const kActionTopics[] = {"recovery.action"};
+const StructDesc kAction = BPAYLOAD("recovery_action", ballast_recovery_action, kActionFields,
+                                    BALLAST_RECOVERY_ACTION_V1_SIZE, BALLAST_SCHEMA_RECOVERY_ACTION, kActionTopics);
 
 // ---- startup.stage
 const FieldDesc kStageFields[] = {
@@ -135,7 +155,9 @@ const FieldDesc kStageFields[] = {
     BF(ballast_startup_stage, end_ns, i64),
     BF(ballast_startup_stage, bytes, u64),
 };
-const StructDesc kStage = BSTRUCT("startup_stage", ballast_startup_stage, kStageFields);
+const char* const kStageTopics[] = {"startup.stage"};
+const StructDesc kStage = BPAYLOAD("startup_stage", ballast_startup_stage, kStageFields,
+                                   BALLAST_STARTUP_STAGE_V1_SIZE, BALLAST_SCHEMA_STARTUP_STAGE, kStageTopics);
 
 // ---- straggler.report
 const FieldDesc kCulpritFields[] = {
@@ -154,28 +176,37 @@ const FieldDesc kStragglerFields[] = {
     BF(ballast_straggler_report, first_step, i64),
     BF(ballast_straggler_report, last_step, i64),
 };
-const StructDesc kStraggler = BSTRUCT("straggler_report", ballast_straggler_report, kStragglerFields);
+const char* const kStragglerTopics[] = {"straggler.report"};
+const StructDesc kStraggler = BPAYLOAD("straggler_report", ballast_straggler_report, kStragglerFields,
+                                       BALLAST_STRAGGLER_REPORT_V1_SIZE, BALLAST_SCHEMA_STRAGGLER_REPORT,
+                                       kStragglerTopics);
 
 #undef BF
 #undef BF_OR_NONE
 #undef BF_ENUM
 #undef BF_ARRAY
 #undef BSTRUCT
+#undef BPAYLOAD
+
+static_assert(std::max({sizeof(ballast_metric_batch), sizeof(ballast_op_timing_batch), sizeof(ballast_collective_record),
+                         sizeof(ballast_fault_report), sizeof(ballast_placement_plan), sizeof(ballast_recovery_action),
+                         sizeof(ballast_startup_stage), sizeof(ballast_straggler_report)}) <= kMaxStructSize);
+
+// In schema order: BALLAST_SCHEMA_METRIC_BATCH (2) first.
+const StructDesc* const kWellKnown[] = {&kMetricBatch, &kOpBatch, &kColl,  &kFault,
+                                        &kPlan,        &kAction,  &kStage, &kStraggler};
 
 }  // namespace
 
 const StructDesc* struct_for_schema(uint32_t schema) {
-  switch (schema) {
-    case BALLAST_SCHEMA_METRIC_BATCH: return &kMetricBatch;
-    case BALLAST_SCHEMA_OP_TIMING_BATCH: return &kOpBatch;
-    case BALLAST_SCHEMA_COLLECTIVE_RECORD: return &kColl;
-    case BALLAST_SCHEMA_FAULT_REPORT: return &kFault;
-    case BALLAST_SCHEMA_PLACEMENT_PLAN: return &kPlan;
-    case BALLAST_SCHEMA_RECOVERY_ACTION: return &kAction;
-    case BALLAST_SCHEMA_STARTUP_STAGE: return &kStage;
-    case BALLAST_SCHEMA_STRAGGLER_REPORT: return &kStraggler;
-    default: return nullptr;
-  }
+  constexpr uint32_t first = BALLAST_SCHEMA_METRIC_BATCH;
+  if (schema < first || schema - first >= std::size(kWellKnown)) return nullptr;
+  return kWellKnown[schema - first];
+}
+
+const StructDesc* const* well_known_structs(uint32_t* count) {
+  *count = static_cast<uint32_t>(std::size(kWellKnown));
+  return kWellKnown;
 }
 
 }  // namespace ballast::codec

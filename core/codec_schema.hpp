@@ -1,8 +1,9 @@
 // Field tables of the well-known payloads of abi/ballast/events.h.
 //
-// One table per struct drives everything that walks a payload: the deep copy
-// (codec_flat), JSON in both directions and the cereal frame body
-// (event_codec.cpp). A field added to events.h is added here once.
+// One table per struct drives everything that walks a payload: the check and
+// the deep copy (codec_flat), JSON in both directions, the cereal frame body
+// and the topic -> schema map (event_codec.cpp), and the Lua tables of
+// policies (lua_event.cpp). A field added to events.h is added here once.
 #pragma once
 
 #include <ballast/events.h>
@@ -40,14 +41,24 @@ struct FieldDesc {
 
 struct StructDesc {
   const char* name;
-  uint32_t size;
+  uint32_t size;     // sizeof as this host compiled it
   uint32_t align;
   const FieldDesc* fields;
   uint32_t field_count;
+  uint32_t v1_size = 0;                // BALLAST_*_V1_SIZE; element structs: size
+  uint32_t schema = 0;                 // its schema id; 0 for element structs
+  const char* const* topics = nullptr; // the topics that carry it (schema_for_topic)
+  uint32_t topic_count = 0;
 };
 
 // The struct behind a well-known schema id, or nullptr (NONE, JSON, custom).
 const StructDesc* struct_for_schema(uint32_t schema);
+
+// Every well-known struct, in schema order.
+const StructDesc* const* well_known_structs(uint32_t* count);
+
+// The largest well-known struct (codec_flat's zero-padded copies).
+inline constexpr uint32_t kMaxStructSize = 256;
 
 // Typed access to a field of a struct at `base`.
 template <typename T>

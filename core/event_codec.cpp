@@ -1,6 +1,6 @@
 #include "event_codec.hpp"
 
-#include "bus.hpp"
+#include "topic.hpp"
 #include "codec_flat.hpp"
 #include "codec_schema.hpp"
 
@@ -96,15 +96,11 @@ struct Builder {
 uint32_t schema_for_topic(const char* topic) {
   if (topic == nullptr) return BALLAST_SCHEMA_JSON;
   const std::string_view t(topic);
-  if (t == "metric.sample") return BALLAST_SCHEMA_METRIC_BATCH;
-  if (t == "step.timing") return BALLAST_SCHEMA_OP_TIMING_BATCH;
-  if (t == "collective.record" || t == "collective.progress") return BALLAST_SCHEMA_COLLECTIVE_RECORD;
-  if (t == "fault.suspected" || t == "fault.confirmed" || t == "node.silent")
-    return BALLAST_SCHEMA_FAULT_REPORT;
-  if (t == "placement.plan") return BALLAST_SCHEMA_PLACEMENT_PLAN;
-  if (t == "recovery.action") return BALLAST_SCHEMA_RECOVERY_ACTION;
-  if (t == "startup.stage") return BALLAST_SCHEMA_STARTUP_STAGE;
-  if (t == "straggler.report") return BALLAST_SCHEMA_STRAGGLER_REPORT;
+  uint32_t n = 0;
+  const StructDesc* const* structs = codec::well_known_structs(&n);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t k = 0; k < structs[i]->topic_count; ++k)
+      if (t == structs[i]->topics[k]) return structs[i]->schema;
   return BALLAST_SCHEMA_JSON;
 }
 
@@ -118,9 +114,15 @@ const char* schema_name(uint32_t schema) {
 namespace {
 
 bool schema_from_name(std::string_view name, uint32_t* schema) {
-  for (uint32_t s = BALLAST_SCHEMA_NONE; s <= BALLAST_SCHEMA_STRAGGLER_REPORT; ++s) {
-    if (name == schema_name(s)) {
-      *schema = s;
+  if (name == "none" || name == "json") {
+    *schema = name == "none" ? uint32_t{BALLAST_SCHEMA_NONE} : uint32_t{BALLAST_SCHEMA_JSON};
+    return true;
+  }
+  uint32_t n = 0;
+  const StructDesc* const* structs = codec::well_known_structs(&n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (name == structs[i]->name) {
+      *schema = structs[i]->schema;
       return true;
     }
   }
@@ -245,7 +247,8 @@ nlohmann::json event_to_json(const ballast_event& event) {
     return j;
   }
   if (const StructDesc* desc = codec::struct_for_schema(event.schema)) {
-    j["payload"] = struct_to_json(*desc, event.payload);
+    codec::PayloadScratch scratch;
+    j["payload"] = struct_to_json(*desc, codec::whole_payload(event, &scratch));
   } else if (event.schema == BALLAST_SCHEMA_JSON) {
     if (event.payload_size > 0)
       j["payload"] = json_text_to_json(static_cast<const char*>(event.payload), event.payload_size);
@@ -428,7 +431,7 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
   if (topic == j.end()) return r.bad("topic", "missing"), fail_format();
   if (!topic->is_string()) return r.bad("topic", "expected a string"), fail_format();
   if (!valid_topic(topic->get_ref<const std::string&>()))
-    return r.bad("topic", "\"" + topic->get<std::string>() + "\" is not a valid topic"), fail_format();
+    return r.bad("topic", invalid_topic_message(topic->get<std::string>())), fail_format();
   ev.topic = b.keep(topic->get<std::string>());
 
   if (auto ts_ns = j.find("ts_ns"); ts_ns != j.end()) {
@@ -727,7 +730,8 @@ void encode_frame(const ballast_event& event, std::vector<unsigned char>* out) {
       const uint64_t none = 0;  // a malformed payload is not read (see OwnedEvent)
       ar(none);
     } else if (const StructDesc* desc = codec::struct_for_schema(event.schema)) {
-      put_struct(ar, *desc, event.payload);
+      codec::PayloadScratch scratch;
+      put_struct(ar, *desc, codec::whole_payload(event, &scratch));
     } else {
       ar(event.payload_size);
       if (event.payload_size > 0)

@@ -4,8 +4,7 @@
 #include "error.hpp"
 #include "event_codec.hpp"
 #include "journal.hpp"
-
-#include <ballast/command.h>
+#include "policy_plugin.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,13 +15,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
-#include <deque>
 #include <functional>
-#include <filesystem>
 #include <map>
 #include <thread>
-
-namespace fs = std::filesystem;
 
 namespace ballast {
 
@@ -140,51 +135,6 @@ struct Host::Timers {
   }
 };
 
-// ---- the policy's outbox ------------------------------------------------------
-// What a policy publishes is handed to this thread instead of being published
-// from the dispatcher thread that runs the policy: a policy subscribed to its
-// own topics (recovery.action, "*") would otherwise block that dispatcher on
-// its own full queue. The outbox grows only as fast as the policy reacts.
-struct Host::Outbox {
-  Host& host;
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<OwnedEvent> events;
-  bool quit = false;
-  std::thread thread;
-
-  explicit Outbox(Host& h) : host(h), thread([this] { loop(); }) {}
-  ~Outbox() {
-    {
-      std::lock_guard lock(mutex);
-      quit = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-  void push(const ballast_event& event) {
-    OwnedEvent copy(event);
-    {
-      std::lock_guard lock(mutex);
-      events.push_back(std::move(copy));
-    }
-    cv.notify_one();
-  }
-  void loop() {
-    std::unique_lock lock(mutex);
-    for (;;) {
-      cv.wait(lock, [&] { return quit || !events.empty(); });
-      if (events.empty()) return;  // quit, and everything handed over
-      OwnedEvent ev = std::move(events.front());
-      events.pop_front();
-      lock.unlock();
-      if (host.publish(ev.view(), "policy") != BALLAST_OK)
-        host.log(BALLAST_LOG_WARN, "policy", std::string("could not publish ") + ev.view().topic + ": " + last_error());
-      lock.lock();
-    }
-  }
-};
-
 // ---- plugins and the host API table ----------------------------------------
 
 struct Host::Plugin {
@@ -195,6 +145,10 @@ struct Host::Plugin {
   void* state = nullptr;
   bool created = false;
   bool started = false;
+  // Set by stop(): the host cancelled the plugin's timers (winding_down), and
+  // refuses its publish once its stop() returned (stopped).
+  std::atomic<bool> winding_down{false};
+  std::atomic<bool> stopped{false};
   std::mutex mutex;  // guards the two members below
   std::map<std::string, std::string> config_text;  // node-based: stable c_str()
   std::vector<uint64_t> subscriptions;
@@ -207,6 +161,8 @@ struct HostApiTable {
   static int publish(const ballast_host_api* api, const ballast_event* event) {
     if (api == nullptr || event == nullptr) return fail(BALLAST_EINVAL, "publish: null argument");
     auto* p = self(api);
+    if (p->stopped.load(std::memory_order_relaxed))
+      return fail(BALLAST_ESTATE, "plugin " + p->file.name + ": publish after its stop() returned");
     return p->host->publish(*event, p->file.name.c_str());
   }
   static int subscribe(const ballast_host_api* api, const char* pattern, const ballast_subscribe_options* options,
@@ -227,7 +183,9 @@ struct HostApiTable {
       std::lock_guard lock(p->mutex);
       std::erase(p->subscriptions, id);
     }
-    return p->host->unsubscribe(id);
+    const int rc = p->host->unsubscribe(id);
+    // What the host cancelled when it stopped the plugin is not an error to cancel again.
+    return rc == BALLAST_ENOTFOUND && p->winding_down.load() ? BALLAST_OK : rc;
   }
   static void log(const ballast_host_api* api, int level, const char* message) {
     if (api == nullptr) return;
@@ -254,7 +212,9 @@ struct HostApiTable {
   }
   static int timer_cancel(const ballast_host_api* api, uint64_t id) {
     if (api == nullptr) return fail(BALLAST_EINVAL, "timer_cancel: null api");
-    return self(api)->host->timers_->cancel(id);
+    auto* p = self(api);
+    const int rc = p->host->timers_->cancel(id);
+    return rc == BALLAST_ENOTFOUND && p->winding_down.load() ? BALLAST_OK : rc;
   }
   static int counter_add(const ballast_host_api* api, const char* name, int64_t delta) {
     if (api == nullptr || name == nullptr) return fail(BALLAST_EINVAL, "counter_add: null argument");
@@ -294,8 +254,7 @@ Host::Host(HostOptions options)
     : node_(options.node.empty() ? machine_name() : options.node),
       log_level_(options.log_level),
       bus_(options.bus),
-      timers_(std::make_unique<Timers>()),
-      outbox_(std::make_unique<Outbox>(*this)) {
+      timers_(std::make_unique<Timers>()) {
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
 }
 
@@ -318,10 +277,14 @@ Host::~Host() {
 
 size_t Host::plugin_count() const { return plugins_.size(); }
 
-const void* Host::get_interface(const std::string& plugin, const char* name, uint32_t version) {
-  for (auto& p : plugins_)
-    if (p->created && p->file.name == plugin && p->file.get_interface != nullptr)
-      return p->file.get_interface(p->state, name, version);
+const void* Host::get_interface(const std::string& plugin, const char* name, uint32_t version, void** state) {
+  for (auto& p : plugins_) {
+    if (!p->created || (!plugin.empty() && p->file.name != plugin) || p->file.get_interface == nullptr) continue;
+    if (const void* table = p->file.get_interface(p->state, name, version)) {
+      if (state != nullptr) *state = p->state;
+      return table;
+    }
+  }
   return nullptr;
 }
 
@@ -374,6 +337,11 @@ int Host::load_plugin(const std::string& path, const nlohmann::json& config) {
     log(BALLAST_LOG_ERROR, "host", last_error());
     return rc;
   }
+  return add_plugin(file, config, false);
+}
+
+// Create the plugin of `file` and keep it, last in the order (first: first).
+int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool first) {
   for (const auto& p : plugins_)
     if (p->file.name == file.name)
       return fail(BALLAST_EINVAL, "plugin " + file.path + " refused: a plugin named '" + file.name +
@@ -394,9 +362,9 @@ int Host::load_plugin(const std::string& path, const nlohmann::json& config) {
   }
   plugin->created = true;
   log(BALLAST_LOG_INFO, "host", "loaded plugin " + file.name + " " + file.version + " from " + file.path);
-  plugins_.push_back(std::move(plugin));
+  Plugin& p = *plugin;
+  plugins_.insert(first ? plugins_.begin() : plugins_.end(), std::move(plugin));
   if (started_ && !stopped_) {
-    Plugin& p = *plugins_.back();
     if (p.file.descriptor->start && p.file.descriptor->start(p.state) != BALLAST_OK) {
       log(BALLAST_LOG_ERROR, "host", "plugin " + p.file.name + " failed to start: " + last_error());
       return fail(BALLAST_EPLUGIN, "plugin " + p.file.name + " failed to start");
@@ -419,150 +387,52 @@ int Host::journal_handler(void* user, const ballast_event* event) {
   return host->journal_->append(*event);
 }
 
-// ---- policy ---------------------------------------------------------------
+// ---- the policy: a built-in plugin ---------------------------------------------
 
-namespace {
-
-// Turns what a policy does into events on the bus.
-// `json` (an object's text) under `topic` as an event: the topic's
-// well-known struct, or JSON. Status; *error says what is wrong.
-int event_from_text(const std::string& topic, const std::string& json, OwnedEvent* out, std::string* error) {
-  nlohmann::json payload = nlohmann::json::parse(json, nullptr, false);
-  if (payload.is_discarded()) {
-    *error = "payload is not valid JSON";
-    return BALLAST_EFORMAT;
+int Host::load_policy(const std::string& path, const PolicyOptions& options) {
+  if (policy_ != nullptr) {
+    if (int rc = policy_plugin_load(policy_->state, path, options); rc != BALLAST_OK) return rc;
+  } else {
+    nlohmann::json config = {{"script", path},
+                             {"fallback", options.fallback_action},
+                             {"deadline_ms", options.call_deadline_ms},
+                             {"memory_bytes", options.memory_limit_bytes}};
+    if (!options.name.empty()) config["name"] = options.name;
+    PluginFile builtin;
+    builtin.path = "(built in)";
+    builtin.descriptor = policy_plugin_descriptor();
+    builtin.descriptor_size = builtin.descriptor->size;
+    builtin.name = builtin.descriptor->name;
+    builtin.version = builtin.descriptor->version;
+    builtin.kind = builtin.descriptor->kind;
+    builtin.description = builtin.descriptor->description;
+    builtin.abi_major = builtin.descriptor->abi_major;
+    builtin.abi_minor = builtin.descriptor->abi_minor;
+    // First in the order: it starts before the plugins whose events it watches
+    // and stops after them.
+    if (int rc = add_plugin(builtin, config, true); rc != BALLAST_OK) return rc;
+    policy_ = plugins_.front().get();
   }
-  return event_from_json(nlohmann::json{{"topic", topic}, {"payload", std::move(payload)}}, out, error);
-}
-
-class BusSink : public PolicySink {
- public:
-  BusSink(Host& host, Host::Outbox& outbox, const std::string& policy)
-      : host_(host), outbox_(outbox), policy_(policy) {}
-  void on_action(const PolicyAction& a) override {
-    ballast_recovery_action payload{};
-    payload.size = sizeof payload;
-    payload.action = a.action.c_str();
-    payload.subject = a.subject.empty() ? nullptr : a.subject.c_str();
-    payload.reason = a.reason.c_str();
-    payload.args = a.args_json.c_str();
-    payload.policy = policy_.c_str();
-    payload.cause_topic = a.cause_topic.empty() ? nullptr : a.cause_topic.c_str();
-    ballast_event ev{};
-    ev.size = sizeof ev;
-    ev.schema = BALLAST_SCHEMA_RECOVERY_ACTION;
-    ev.topic = "recovery.action";
-    ev.source.rank = -1;
-    ev.payload = &payload;
-    ev.payload_size = sizeof payload;
-    outbox_.push(ev);
-  }
-  void on_publish(const std::string& topic, const std::string& json) override { push_json(topic, json); }
-  void on_log(int level, const std::string& message) override { host_.log(level, "policy " + policy_, message); }
-  void on_error(const std::string& message) override {
-    host_.log(BALLAST_LOG_ERROR, "policy " + policy_, message);
-    push_json("policy.error", nlohmann::json{{"policy", policy_}, {"message", message}}.dump());
-  }
-
- private:
-  void push_json(const std::string& topic, const std::string& json) {
-    OwnedEvent ev;
-    std::string error;
-    if (event_from_text(topic, json, &ev, &error) != BALLAST_OK) {
-      host_.log(BALLAST_LOG_WARN, "policy " + policy_, "ballast.publish(" + topic + ") dropped: " + error);
-      return;
-    }
-    outbox_.push(ev.view());
-  }
-
-  Host& host_;
-  Host::Outbox& outbox_;
-  std::string policy_;
-};
-
-// Whether pattern `outer` matches every topic `inner` matches.
-bool covers(const std::string& outer, const std::string& inner) {
-  if (outer == "*" || outer == inner) return true;
-  if (outer.size() >= 2 && outer.compare(outer.size() - 2, 2, ".*") == 0) {
-    std::string prefix = outer.substr(0, outer.size() - 1);  // "a."
-    return inner.rfind(prefix, 0) == 0 && inner != "*";
-  }
-  return false;
-}
-
-}  // namespace
-
-int Host::policy_handler(void* user, const ballast_event* event) {
-  static_cast<Host*>(user)->policy_event(*event);
-  return 0;
-}
-
-void Host::policy_event(const ballast_event& event) {
-  std::lock_guard lock(policy_mutex_);
-  if (!policy_) return;
-  BusSink sink(*this, *outbox_, policy_->name());
-  policy_->handle(event, sink);
-}
-
-int Host::subscribe_policy() {
-  for (uint64_t id : policy_subscriptions_) bus_.unsubscribe(id);
-  policy_subscriptions_.clear();
-  std::vector<std::string> patterns;
-  {
-    std::lock_guard lock(policy_mutex_);
-    if (!policy_) return BALLAST_OK;
-    patterns = policy_->patterns();
-  }
-  // Subscribe to a covering set only, so that no event reaches the policy twice.
-  std::vector<std::string> cover;
-  for (size_t i = 0; i < patterns.size(); ++i) {
-    bool covered = false;
-    for (size_t j = 0; j < patterns.size() && !covered; ++j)
-      if (i != j && covers(patterns[j], patterns[i]) && !(covers(patterns[i], patterns[j]) && j > i))
-        covered = true;
-    if (!covered) cover.push_back(patterns[i]);
-  }
-  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
-  for (const auto& pattern : cover) {
-    uint64_t id = 0;
-    if (int rc = bus_.subscribe(pattern, &opts, policy_handler, this, "policy", &id); rc != BALLAST_OK) return rc;
-    policy_subscriptions_.push_back(id);
-  }
+  log(BALLAST_LOG_INFO, "host", "loaded policy " + path);
   return BALLAST_OK;
 }
 
-int Host::load_policy(const std::string& path, PolicyOptions options) {
-  std::unique_ptr<Policy> policy;
-  if (int rc = Policy::load(path, std::move(options), &policy); rc != BALLAST_OK) return rc;
-  {
-    std::lock_guard lock(policy_mutex_);
-    policy_ = std::move(policy);
-  }
-  log(BALLAST_LOG_INFO, "host", "loaded policy " + path);
-  return started_ && !stopped_ ? subscribe_policy() : BALLAST_OK;
-}
-
 int Host::reload_policy() {
-  int rc;
-  {
-    std::lock_guard lock(policy_mutex_);
-    if (!policy_) return fail(BALLAST_ESTATE, "no policy loaded");
-    rc = policy_->reload();
-  }
-  if (rc != BALLAST_OK) {
+  if (policy_ == nullptr) return fail(BALLAST_ESTATE, "no policy loaded");
+  if (int rc = policy_plugin_reload(policy_->state); rc != BALLAST_OK) {
     log(BALLAST_LOG_ERROR, "host", std::string("policy reload failed, the old policy stays: ") + last_error());
     return rc;
   }
   log(BALLAST_LOG_INFO, "host", "policy reloaded");
-  return started_ && !stopped_ ? subscribe_policy() : BALLAST_OK;
+  return BALLAST_OK;
 }
 
 // ---- events -----------------------------------------------------------------
 
 int Host::publish(const ballast_event& event, const char* publisher) {
   if (event.topic == nullptr) return fail(BALLAST_EINVAL, "publish: event without a topic");
-  if (event.size < offsetof(ballast_event, payload_size) + sizeof event.payload_size)
-    return fail(BALLAST_EINVAL, "publish: event size " + std::to_string(event.size) + " is too small");
+  if (event.size < BALLAST_EVENT_V1_SIZE)
+    return fail(BALLAST_EINVAL, "publish: event size " + std::to_string(event.size) + " is smaller than ballast_event v1");
   ballast_event ev = event;  // a few words on the stack; the payload is not copied
   ev.size = sizeof ev;
   if (ev.ts_ns == 0) ev.ts_ns = wall_ns();
@@ -572,9 +442,12 @@ int Host::publish(const ballast_event& event, const char* publisher) {
 }
 
 int Host::publish_json(const std::string& topic, const std::string& json, const char* publisher) {
+  nlohmann::json payload = nlohmann::json::parse(json, nullptr, false);
+  if (payload.is_discarded()) return fail(BALLAST_EFORMAT, "publish_json " + topic + ": payload is not valid JSON");
   OwnedEvent owned;
   std::string error;
-  if (int rc = event_from_text(topic, json, &owned, &error); rc != BALLAST_OK)
+  if (int rc = event_from_json(nlohmann::json{{"topic", topic}, {"payload", std::move(payload)}}, &owned, &error);
+      rc != BALLAST_OK)
     return fail(rc, "publish_json " + topic + ": " + error);
   return publish(owned.view(), publisher);
 }
@@ -593,7 +466,6 @@ int Host::unsubscribe(uint64_t id) { return bus_.unsubscribe(id); }
 int Host::start() {
   if (started_) return fail(BALLAST_ESTATE, "host already started");
   started_ = true;
-  if (int rc = subscribe_policy(); rc != BALLAST_OK) return rc;
   for (auto& p : plugins_) {
     if (!p->created) continue;
     if (p->file.descriptor->start) {
@@ -612,7 +484,6 @@ int Host::start() {
 }
 
 namespace {
-std::atomic<Host*> g_signal_host{nullptr};
 std::atomic<int> g_signal_fd{-1};
 std::atomic<bool> g_hup{false};
 
@@ -642,7 +513,6 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   }
   struct sigaction old_int{}, old_term{}, old_hup{};
   if (handle_signals) {
-    g_signal_host.store(this);
     g_signal_fd.store(wake_pipe_[1]);
     struct sigaction sa{};
     sa.sa_handler = on_signal;
@@ -669,7 +539,7 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
         }
       }
     }
-    if (g_hup.exchange(false) || reload_requested_.exchange(false)) {
+    if (g_hup.exchange(false)) {
       log(BALLAST_LOG_INFO, "host", "reloading the policy");
       reload_policy();
     }
@@ -679,7 +549,6 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
     sigaction(SIGTERM, &old_term, nullptr);
     sigaction(SIGHUP, &old_hup, nullptr);
     g_signal_fd.store(-1);
-    g_signal_host.store(nullptr);
   }
   stop();
   return BALLAST_OK;
@@ -688,12 +557,16 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
 void Host::stop() {
   if (!started_ || stopped_) return;
   stopped_ = true;
+  // plugin.h's stop(): timers cancelled before, publish refused after, then
+  // the subscriptions removed.
   for (auto it = plugins_.rbegin(); it != plugins_.rend(); ++it) {
     Plugin& p = **it;
     if (!p.started) continue;
-    if (p.file.descriptor->stop) p.file.descriptor->stop(p.state);
-    p.started = false;
+    p.winding_down.store(true);
     timers_->cancel_owner(p.file.name);
+    if (p.file.descriptor->stop) p.file.descriptor->stop(p.state);
+    p.stopped.store(true);
+    p.started = false;
     std::vector<uint64_t> subs;
     {
       std::lock_guard lock(p.mutex);
@@ -702,194 +575,9 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is queued (policy, journal); what the policy answers during
-  // this drain is logged as not published, since the bus no longer accepts.
+  // Deliver what is still queued (the journal).
   bus_.shutdown();
-  outbox_.reset();
   if (journal_) journal_->flush(true);
-}
-
-// ---- configuration ------------------------------------------------------------
-
-namespace {
-
-std::string script_search(const std::string& reference, const std::string& base_dir) {
-  std::error_code ec;
-  fs::path p(reference);
-  if (p.is_absolute()) return reference;
-  if (fs::exists(fs::path(base_dir) / p, ec)) return (fs::path(base_dir) / p).string();
-  std::string prefix = install_prefix();
-  fs::path shipped = fs::path(prefix) / BALLAST_SCRIPT_REL_DIR / p;
-  if (!prefix.empty() && fs::exists(shipped, ec)) return shipped.string();
-  return (fs::path(base_dir) / p).string();
-}
-
-int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t* out) {
-  const nlohmann::json* v = config_lookup(config, key);
-  if (v == nullptr) {
-    *out = fallback;
-    return BALLAST_OK;
-  }
-  if (!v->is_number() || v->get<double>() < 0)
-    return fail(BALLAST_EINVAL, std::string("config field '") + key + "': expected a non-negative number");
-  *out = v->get<uint64_t>();
-  return BALLAST_OK;
-}
-
-}  // namespace
-
-int Host::from_config(const nlohmann::json& config, const std::string& base_dir, std::unique_ptr<Host>* out) {
-  if (!config.is_object()) return fail(BALLAST_EINVAL, "config: expected a table");
-  HostOptions options;
-  if (auto* node = config_lookup(config, "node")) {
-    if (!node->is_string()) return fail(BALLAST_EINVAL, "config field 'node': expected a string");
-    options.node = node->get<std::string>();
-  }
-  if (auto* role = config_lookup(config, "role")) {
-    if (!role->is_string() || (*role != "agent" && *role != "controller"))
-      return fail(BALLAST_EINVAL, "config field 'role': expected \"agent\" or \"controller\"");
-  }
-  if (auto* level = config_lookup(config, "log_level")) {
-    static const char* names[] = {"error", "warn", "info", "debug"};
-    bool ok = false;
-    for (int i = 0; i < 4; ++i)
-      if (level->is_string() && *level == names[i]) options.log_level = i, ok = true;
-    if (!ok) return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
-  }
-  uint64_t threads = 0, capacity = 0;
-  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, &threads); rc != BALLAST_OK) return rc;
-  if (int rc = as_uint(config, "bus.queue_capacity", 4096, &capacity); rc != BALLAST_OK) return rc;
-  if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
-  if (capacity == 0 || capacity > (1u << 20))
-    return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
-  options.bus.dispatcher_threads = static_cast<unsigned>(threads);
-  options.bus.default_queue_capacity = static_cast<uint32_t>(capacity);
-
-  auto host = std::make_unique<Host>(options);
-
-  if (auto* journal = config_lookup(config, "journal")) {
-    if (!journal->is_string()) return fail(BALLAST_EINVAL, "config field 'journal': expected a path");
-    fs::path jp(journal->get<std::string>());
-    if (jp.is_relative()) jp = fs::path(base_dir) / jp;
-    if (int rc = host->open_journal(jp.string()); rc != BALLAST_OK) return rc;
-  }
-
-  if (auto* plugins = config_lookup(config, "plugins")) {
-    if (!plugins->is_array()) return fail(BALLAST_EINVAL, "config field 'plugins': expected a list");
-    for (size_t i = 0; i < plugins->size(); ++i) {
-      const auto& entry = (*plugins)[i];
-      std::string field = "plugins[" + std::to_string(i + 1) + "]";
-      std::string reference;
-      nlohmann::json plugin_config = nlohmann::json::object();
-      if (entry.is_string()) {
-        reference = entry.get<std::string>();
-      } else if (entry.is_object() && entry.contains("path") && entry["path"].is_string()) {
-        reference = entry["path"].get<std::string>();
-        if (entry.contains("config")) {
-          if (!entry["config"].is_object())
-            return fail(BALLAST_EINVAL, "config field '" + field + ".config': expected a table");
-          plugin_config = entry["config"];
-        }
-      } else {
-        return fail(BALLAST_EINVAL, "config field '" + field + "': expected a name or { path = ..., config = {...} }");
-      }
-      std::string path;
-      if (resolve_plugin(reference, base_dir, &path) != BALLAST_OK) {
-        host->log(BALLAST_LOG_ERROR, "host", "config field '" + field + "': " + last_error());
-        continue;  // the host keeps running without it
-      }
-      host->load_plugin(path, plugin_config);  // failures are logged, the host goes on
-    }
-  }
-
-  if (auto* policy = config_lookup(config, "policy")) {
-    PolicyOptions popts;
-    std::string script;
-    if (policy->is_string()) {
-      script = policy->get<std::string>();
-    } else if (policy->is_object() && policy->contains("script") && (*policy)["script"].is_string()) {
-      script = (*policy)["script"].get<std::string>();
-      if (auto* f = config_lookup(*policy, "fallback")) {
-        if (!f->is_string()) return fail(BALLAST_EINVAL, "config field 'policy.fallback': expected an action name");
-        popts.fallback_action = f->get<std::string>();
-      }
-      uint64_t deadline = 0, memory = 0;
-      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, &deadline); rc != BALLAST_OK) return rc;
-      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, &memory); rc != BALLAST_OK) return rc;
-      popts.call_deadline_ms = static_cast<uint32_t>(deadline);
-      popts.memory_limit_bytes = memory << 20;
-    } else {
-      return fail(BALLAST_EINVAL, "config field 'policy': expected a script path or { script = ..., ... }");
-    }
-    bool known = false;
-    for (const char* a : kRecoveryActions) known = known || popts.fallback_action == a;
-    if (!known) return fail(BALLAST_EINVAL, "config field 'policy.fallback': '" + popts.fallback_action +
-                                                "' is not a recovery action");
-    if (int rc = host->load_policy(script_search(script, base_dir), popts); rc != BALLAST_OK) return rc;
-  }
-  *out = std::move(host);
-  return BALLAST_OK;
-}
-
-// ---- plugin subcommands -----------------------------------------------------------
-
-namespace {
-
-// Every loadable plugin file offering "ballast.command" in the search path,
-// first occurrence of a name winning.
-std::vector<PluginFile> command_plugins() {
-  std::vector<PluginFile> found;
-  for (const auto& dir : plugin_search_path()) {
-    for (const auto& path : plugin_files_in(dir)) {
-      PluginFile f;
-      if (load_plugin_file(path, &f) != BALLAST_OK) continue;
-      if (!f.offers(BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION)) continue;
-      bool dup = false;
-      for (const auto& g : found) dup = dup || g.name == f.name;
-      if (!dup) found.push_back(f);
-    }
-  }
-  return found;
-}
-
-}  // namespace
-
-// Create each command plugin in a host of its own (not started) and call
-// visit(state, command) for each of its commands until visit returns true.
-// Returns whether some call did.
-bool Host::visit_commands(const std::function<bool(void*, const ballast_command&)>& visit) {
-  for (const auto& f : command_plugins()) {
-    HostOptions o;
-    o.log_level = BALLAST_LOG_WARN;
-    Host host(o);
-    if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) continue;
-    Plugin& p = *host.plugins_.back();
-    auto* table = static_cast<const ballast_command_table*>(
-        f.get_interface(p.state, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION));
-    if (table == nullptr || table->size < sizeof(ballast_command_table)) continue;
-    for (uint32_t i = 0; i < table->count; ++i)
-      if (table->commands[i].name && visit(p.state, table->commands[i])) return true;
-  }
-  return false;
-}
-
-std::vector<std::pair<std::string, std::string>> Host::list_commands() {
-  std::vector<std::pair<std::string, std::string>> out;
-  visit_commands([&](void*, const ballast_command& c) {
-    out.emplace_back(c.name, c.summary ? c.summary : "");
-    return false;
-  });
-  return out;
-}
-
-int Host::run_command(const std::string& name, int argc, char** argv) {
-  int rc = -1;
-  visit_commands([&](void* state, const ballast_command& c) {
-    if (name != c.name || c.run == nullptr) return false;
-    rc = c.run(state, argc, argv);
-    return true;
-  });
-  return rc;
 }
 
 }  // namespace ballast

@@ -1,9 +1,12 @@
-// The host: plugins, the bus, the policy, the journal, timers and counters of
-// one process (DESIGN.md "Processes"). Life cycle:
+// The host: plugins, the bus, the journal, timers and counters of one
+// process (DESIGN.md "Processes"). Life cycle:
 //   configure -> load plugins (create, in order) -> start (in order) -> run
 //   -> stop (reverse order) -> destroy (reverse order).
-// A plugin that fails to load, create or start is reported and skipped; the
-// host keeps running. SIGINT/SIGTERM stop run(); SIGHUP reloads the policy.
+// The Lua policy is a built-in plugin (policy_plugin.hpp), loaded first so
+// that it starts first and stops last. A plugin that fails to load, create or
+// start is reported and skipped; the host keeps running. SIGINT/SIGTERM stop
+// run(); SIGHUP reloads the policy. Building a host from a config file is
+// host_config.hpp; the plugins' `ballast` subcommands, plugin_commands.hpp.
 // Thread-safety: load_*, start, run, stop and the destructor belong to the
 // thread that created the host; publish, subscribe, request_stop, counters
 // and log are thread-safe (request_stop also from a signal handler).
@@ -13,7 +16,6 @@
 #include "loader.hpp"
 #include "policy.hpp"
 
-#include <ballast/command.h>
 #include <ballast/host.h>
 
 #include <nlohmann/json.hpp>
@@ -40,15 +42,10 @@ class Host {
   Host(const Host&) = delete;
   Host& operator=(const Host&) = delete;
 
-  // Build a host from a configuration table (config.hpp describes it);
-  // base_dir resolves relative paths. Plugins that fail are reported and
-  // skipped; a bad config, policy or journal is an error.
-  static int from_config(const nlohmann::json& config, const std::string& base_dir,
-                         std::unique_ptr<Host>* out);
-
   // Load, validate and create a plugin; started at once if the host runs.
   int load_plugin(const std::string& path, const nlohmann::json& config);
-  int load_policy(const std::string& path, PolicyOptions options);
+  // Load the policy (the built-in "policy" plugin), or replace its script.
+  int load_policy(const std::string& path, const PolicyOptions& options);
   int reload_policy();
   int open_journal(const std::string& path);
 
@@ -69,20 +66,14 @@ class Host {
                 void* user, const char* owner, uint64_t* id);
   int unsubscribe(uint64_t id);
 
-  // The interface table `name`@`version` of loaded plugin `plugin`, or null.
-  const void* get_interface(const std::string& plugin, const char* name, uint32_t version);
+  // The interface table `name`@`version` of loaded plugin `plugin` (""
+  // for the first loaded plugin that offers it), or null; *state, when
+  // given, is the plugin's state to call the table with.
+  const void* get_interface(const std::string& plugin, const char* name, uint32_t version, void** state = nullptr);
 
   void log(int level, const std::string& who, const std::string& message);
   int64_t counter(const std::string& name) const;  // 0 when unknown
   nlohmann::json counters() const;                 // every counter, bus ones included
-
-  // Run the plugin subcommand `name` (interface "ballast.command") found in
-  // the plugin search path. Returns the exit code, or -1 when no plugin
-  // offers `name`.
-  static int run_command(const std::string& name, int argc, char** argv);
-  // Every plugin subcommand: name -> summary.
-  static std::vector<std::pair<std::string, std::string>> list_commands();
-  static bool visit_commands(const std::function<bool(void*, const ballast_command&)>& visit);
 
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }
@@ -91,24 +82,18 @@ class Host {
 
   struct Plugin;
   struct Timers;
-  struct Outbox;
 
  private:
-  void policy_event(const ballast_event& event);
-  int subscribe_policy();
+  int add_plugin(const PluginFile& file, const nlohmann::json& config, bool first);
   void counter_add(const std::string& name, int64_t delta);
-  static int policy_handler(void* user, const ballast_event* event);
   static int journal_handler(void* user, const ballast_event* event);
 
   std::string node_;
   int log_level_;
   Bus bus_;
   std::unique_ptr<Timers> timers_;
-  std::unique_ptr<Outbox> outbox_;  // what the policy publishes (see host.cpp)
   std::vector<std::unique_ptr<Plugin>> plugins_;
-  std::mutex policy_mutex_;
-  std::unique_ptr<Policy> policy_;
-  std::vector<uint64_t> policy_subscriptions_;
+  Plugin* policy_ = nullptr;  // the built-in policy plugin, when loaded
   std::unique_ptr<class JournalWriter> journal_;
   uint64_t journal_subscription_ = 0;
   mutable std::mutex counters_mutex_;
@@ -118,7 +103,6 @@ class Host {
   bool stopped_ = false;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stop_requested_{false};
-  std::atomic<bool> reload_requested_{false};
 
   friend struct HostApiTable;
 };

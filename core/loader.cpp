@@ -169,10 +169,10 @@ int load_plugin_file(const std::string& path_in, PluginFile* out) {
     return fail(BALLAST_EVERSION,
                 refused(path, "the plugin declined ABI 1." + std::to_string(BALLAST_ABI_MINOR) +
                                   " (it needs a newer host)"));
-  if (d->size < BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE)
+  if (d->size < BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE)
     return fail(BALLAST_EFORMAT, refused(path, "descriptor size " + std::to_string(d->size) +
                                                    " is smaller than the required " +
-                                                   std::to_string(BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE)));
+                                                   std::to_string(BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE)));
   if (d->abi_major != BALLAST_ABI_MAJOR)
     return fail(BALLAST_EVERSION, refused(path, "descriptor abi_major is " + std::to_string(d->abi_major) +
                                                     ", this host serves " + std::to_string(BALLAST_ABI_MAJOR)));

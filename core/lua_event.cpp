@@ -1,46 +1,21 @@
 #include "lua_event.hpp"
 
+#include "codec_flat.hpp"
+#include "codec_schema.hpp"
+
 #include <cstring>
+#include <deque>
 #include <iterator>
+#include <vector>
 
 namespace ballast {
 
+using codec::FieldDesc;
+using codec::FieldType;
+using codec::StructDesc;
+using codec::field_ref;
+
 namespace {
-
-// The well-known struct behind the payload, or nullptr when the payload is
-// shorter than the struct (every field of events.h is there since v1.0).
-template <typename T>
-const T* well_known(const ballast_event& e) {
-  if (e.payload == nullptr || e.payload_size < sizeof(T)) return nullptr;
-  const T* p = static_cast<const T*>(e.payload);
-  return p->size >= sizeof(T) ? p : nullptr;
-}
-
-bool payload_is_valid(const ballast_event& e) {
-  switch (e.schema) {
-    case BALLAST_SCHEMA_METRIC_BATCH: {
-      auto* b = well_known<ballast_metric_batch>(e);
-      return b != nullptr && (b->count == 0 || b->samples != nullptr);
-    }
-    case BALLAST_SCHEMA_OP_TIMING_BATCH: {
-      auto* b = well_known<ballast_op_timing_batch>(e);
-      return b != nullptr && (b->count == 0 || b->ops != nullptr);
-    }
-    case BALLAST_SCHEMA_COLLECTIVE_RECORD: return well_known<ballast_collective_record>(e) != nullptr;
-    case BALLAST_SCHEMA_FAULT_REPORT: return well_known<ballast_fault_report>(e) != nullptr;
-    case BALLAST_SCHEMA_PLACEMENT_PLAN: {
-      auto* p = well_known<ballast_placement_plan>(e);
-      return p != nullptr && (p->count == 0 || p->nodes != nullptr);
-    }
-    case BALLAST_SCHEMA_RECOVERY_ACTION: return well_known<ballast_recovery_action>(e) != nullptr;
-    case BALLAST_SCHEMA_STARTUP_STAGE: return well_known<ballast_startup_stage>(e) != nullptr;
-    case BALLAST_SCHEMA_STRAGGLER_REPORT: {
-      auto* r = well_known<ballast_straggler_report>(e);
-      return r != nullptr && (r->count == 0 || r->culprits != nullptr);
-    }
-    default: return true;
-  }
-}
 
 // Parse a JSON string field; on failure it is delivered as text.
 int parse_part(EventConversion* c, const char* text, const char* what) {
@@ -51,53 +26,110 @@ int parse_part(EventConversion* c, const char* text, const char* what) {
   return root;
 }
 
-// ---- table builders (protected mode: these allocate Lua objects) ----------
+// ---- keys -------------------------------------------------------------------
 
 // Field names are interned once per state, as the upvalues of the event
 // closure (upvalue key + 1), and set with lua_rawset: no hashing or lookup
-// of C strings per field.
-enum Key : int { K_count, K_node, K_metric, K_ts_ns, K_value, K_flags, K_dp_rank, K_stage, K_rank, K_step, K_optype, K_start_s, K_duration_s, K_seq_id, K_mc, K_mb_id, K_gmc, K_state, K_comm_id, K_seq, K_op, K_dtype, K_algorithm, K_bytes, K_nranks, K_peer, K_status, K_issue_ns, K_start_ns, K_end_ns, K_chunks_posted, K_chunks_sent, K_chunks_received, K_chunks_reduced, K_subject, K_kind, K_score, K_confidence, K_since_ns, K_detected_ns, K_evidence, K_detector, K_job, K_name, K_pp_stage, K_dp_row, K_first_rank, K_max_dp_spread, K_max_pp_spread, K_objective, K_lower_bound, K_action, K_reason, K_args, K_policy, K_cause_topic, K_slowdown, K_launch_slowdown, K_dimension, K_first_step, K_last_step, K_topic, K_ts, K_schema, K_plugin, K_samples, K_ops, K_nodes, K_culprits, K_source, K_payload, kKeyCount };
-const char* const kKeyNames[] = {"count", "node", "metric", "ts_ns", "value", "flags", "dp_rank", "stage", "rank", "step", "optype", "start_s", "duration_s", "seq_id", "mc", "mb_id", "gmc", "state", "comm_id", "seq", "op", "dtype", "algorithm", "bytes", "nranks", "peer", "status", "issue_ns", "start_ns", "end_ns", "chunks_posted", "chunks_sent", "chunks_received", "chunks_reduced", "subject", "kind", "score", "confidence", "since_ns", "detected_ns", "evidence", "detector", "job", "name", "pp_stage", "dp_row", "first_rank", "max_dp_spread", "max_pp_spread", "objective", "lower_bound", "action", "reason", "args", "policy", "cause_topic", "slowdown", "launch_slowdown", "dimension", "first_step", "last_step", "topic", "ts", "schema", "plugin", "samples", "ops", "nodes", "culprits", "source", "payload"};
-static_assert(std::size(kKeyNames) == kKeyCount && kKeyCount <= 255, "one upvalue per key");
+// of C strings per field. The keys are the event's own and every field name
+// of the schema tables (codec_schema.cpp).
+enum EventKey : int { K_topic, K_ts, K_ts_ns, K_schema, K_source, K_node, K_rank, K_plugin, K_payload, kEventKeys };
+const char* const kEventKeyNames[] = {"topic", "ts", "ts_ns", "schema", "source", "node", "rank", "plugin", "payload"};
+static_assert(std::size(kEventKeyNames) == kEventKeys);
+
+// How one struct becomes a table: its fields with their keys.
+struct LuaField {
+  const FieldDesc* field;
+  int key;
+  uint32_t index;  // in the struct's field table (EventConversion::json_roots)
+};
+}  // namespace
+
+struct LuaPlan {
+  std::vector<LuaField> fields;
+  std::vector<const LuaPlan*> elem;  // per field: the plan of an array's element
+};
+
+namespace {
+
+struct LuaKeys {
+  std::vector<const char*> names;
+  std::deque<LuaPlan> plans;  // stable addresses
+  std::vector<const LuaPlan*> by_schema;
+
+  int key(const char* name) {
+    for (size_t i = 0; i < names.size(); ++i)
+      if (std::strcmp(names[i], name) == 0) return int(i);
+    names.push_back(name);
+    return int(names.size() - 1);
+  }
+  const LuaPlan* build(const StructDesc& desc) {
+    LuaPlan& plan = plans.emplace_back();
+    for (uint32_t i = 0; i < desc.field_count; ++i) {
+      const FieldDesc& f = desc.fields[i];
+      // The size field and reserved fields are not data.
+      if (f.type == FieldType::size || std::strcmp(f.name, "reserved") == 0) continue;
+      plan.fields.push_back(LuaField{&f, key(f.name), i});
+      plan.elem.push_back(f.type == FieldType::array ? build(*f.elem) : nullptr);
+    }
+    return &plan;
+  }
+  LuaKeys() {
+    for (const char* n : kEventKeyNames) names.push_back(n);
+    uint32_t count = 0;
+    const StructDesc* const* structs = codec::well_known_structs(&count);
+    for (uint32_t i = 0; i < count; ++i) {
+      if (by_schema.size() <= structs[i]->schema) by_schema.resize(structs[i]->schema + 1, nullptr);
+      by_schema[structs[i]->schema] = build(*structs[i]);
+    }
+  }
+};
+
+const LuaKeys& lua_keys() {
+  static const LuaKeys keys;
+  return keys;
+}
+
 char kClosureKey;  // registry: the event closure
 
-void push_key(lua_State* L, Key key) { lua_pushvalue(L, lua_upvalueindex(key + 1)); }
+// ---- table builders (protected mode: these allocate Lua objects) ----------
+
+void push_key(lua_State* L, int key) { lua_pushvalue(L, lua_upvalueindex(key + 1)); }
 
 // t[key] = value, with t below the value at the top.
-void set_top(lua_State* L, Key key) {
+void set_top(lua_State* L, int key) {
   push_key(L, key);
   lua_insert(L, -2);
   lua_rawset(L, -3);
 }
 
 // Key first, then the value: no stack rotation.
-void set_s(lua_State* L, Key key, const char* value) {
+void set_s(lua_State* L, int key, const char* value) {
   if (value == nullptr) return;
   push_key(L, key);
   lua_pushstring(L, value);
   lua_rawset(L, -3);
 }
 
-void set_i(lua_State* L, Key key, int64_t value) {
+void set_i(lua_State* L, int key, int64_t value) {
   push_key(L, key);
   lua_pushinteger(L, lua_Integer(value));
   lua_rawset(L, -3);
 }
 
-void set_u(lua_State* L, Key key, uint64_t value) {
+void set_u(lua_State* L, int key, uint64_t value) {
   push_key(L, key);
   lua_pushinteger(L, lua_Integer(value));  // ids keep their bits
   lua_rawset(L, -3);
 }
 
-void set_n(lua_State* L, Key key, double value) {
+void set_n(lua_State* L, int key, double value) {
   push_key(L, key);
   lua_pushnumber(L, value);
   lua_rawset(L, -3);
 }
 
 // A JSON text field: its table when it parsed, else the text.
-void set_json(lua_State* L, const EventConversion& c, Key key, const char* text, int root) {
+void set_json(lua_State* L, const EventConversion& c, int key, const char* text, int root) {
   if (text == nullptr) return;
   if (root >= 0) {
     c.tape.push(L, root);
@@ -107,205 +139,70 @@ void set_json(lua_State* L, const EventConversion& c, Key key, const char* text,
   set_top(L, key);
 }
 
-const char* collective_state(uint32_t s) {
-  switch (s) {
-    case BALLAST_COLL_ISSUED: return "issued";
-    case BALLAST_COLL_STARTED: return "started";
-    case BALLAST_COLL_DONE: return "done";
-    case BALLAST_COLL_FAILED: return "failed";
-    default: return nullptr;
+// The struct at `base` as a table, field by field from its plan. JSON text
+// fields of the payload itself were parsed by prepare_event (top); those of
+// array elements, if any, are delivered as text.
+void push_struct(lua_State* L, const EventConversion& c, const LuaPlan& plan, const unsigned char* base, bool top) {
+  lua_createtable(L, 0, int(plan.fields.size()));
+  for (size_t i = 0; i < plan.fields.size(); ++i) {
+    const LuaField& lf = plan.fields[i];
+    const FieldDesc& f = *lf.field;
+    switch (f.type) {
+      case FieldType::size: break;
+      case FieldType::count: set_i(L, lf.key, field_ref<uint32_t>(base, f)); break;
+      case FieldType::u32: {
+        const uint32_t v = field_ref<uint32_t>(base, f);
+        if (v < f.name_count) {
+          set_s(L, lf.key, f.names[v]);
+        } else {
+          set_i(L, lf.key, v);
+        }
+        break;
+      }
+      case FieldType::i32: set_i(L, lf.key, field_ref<int32_t>(base, f)); break;
+      case FieldType::u64: set_u(L, lf.key, field_ref<uint64_t>(base, f)); break;
+      case FieldType::i64: set_i(L, lf.key, field_ref<int64_t>(base, f)); break;
+      case FieldType::f64: set_n(L, lf.key, field_ref<double>(base, f)); break;
+      case FieldType::str: set_s(L, lf.key, field_ref<const char*>(base, f)); break;
+      case FieldType::json_str:
+        if (top) {
+          set_json(L, c, lf.key, field_ref<const char*>(base, f), c.json_roots[lf.index]);
+        } else {
+          set_s(L, lf.key, field_ref<const char*>(base, f));
+        }
+        break;
+      case FieldType::array: {
+        uint32_t n;
+        std::memcpy(&n, base + f.count_offset, sizeof n);
+        const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(base, f));
+        const LuaPlan& elem = *plan.elem[i];
+        lua_createtable(L, int(n), 0);
+        for (uint32_t k = 0; k < n; ++k) {
+          push_struct(L, c, elem, elems + size_t{k} * f.elem->size, false);
+          lua_rawseti(L, -2, lua_Integer(k) + 1);
+        }
+        set_top(L, lf.key);
+        break;
+      }
+    }
   }
-}
-
-void push_metric_batch(lua_State* L, const ballast_metric_batch& b) {
-  lua_createtable(L, 0, 2);
-  set_i(L, K_count, b.count);
-  lua_createtable(L, int(b.count), 0);
-  for (uint32_t i = 0; i < b.count; ++i) {
-    const ballast_metric_sample& s = b.samples[i];
-    lua_createtable(L, 0, 5);
-    set_s(L, K_node, s.node);
-    set_s(L, K_metric, s.metric);
-    set_i(L, K_ts_ns, s.ts_ns);
-    set_n(L, K_value, s.value);
-    set_i(L, K_flags, s.flags);
-    lua_rawseti(L, -2, lua_Integer(i) + 1);
-  }
-  set_top(L, K_samples);
-}
-
-void push_op_timing_batch(lua_State* L, const ballast_op_timing_batch& b) {
-  lua_createtable(L, 0, 2);
-  set_i(L, K_count, b.count);
-  lua_createtable(L, int(b.count), 0);
-  for (uint32_t i = 0; i < b.count; ++i) {
-    const ballast_op_timing& o = b.ops[i];
-    lua_createtable(L, 0, 11);
-    set_i(L, K_dp_rank, o.dp_rank);
-    set_i(L, K_stage, o.stage);
-    set_i(L, K_rank, o.rank);
-    set_i(L, K_step, o.step);
-    set_s(L, K_optype, o.optype);
-    set_n(L, K_start_s, o.start_s);
-    set_n(L, K_duration_s, o.duration_s);
-    set_i(L, K_seq_id, o.seq_id);
-    set_i(L, K_mc, o.mc);
-    set_i(L, K_mb_id, o.mb_id);
-    set_i(L, K_gmc, o.gmc);
-    lua_rawseti(L, -2, lua_Integer(i) + 1);
-  }
-  set_top(L, K_ops);
-}
-
-void push_collective_record(lua_State* L, const ballast_collective_record& r) {
-  lua_createtable(L, 0, 20);
-  if (const char* s = collective_state(r.state)) {
-    set_s(L, K_state, s);
-  } else {
-    set_i(L, K_state, r.state);
-  }
-  set_u(L, K_comm_id, r.comm_id);
-  set_u(L, K_seq, r.seq);
-  set_s(L, K_op, r.op);
-  set_s(L, K_dtype, r.dtype);
-  set_s(L, K_algorithm, r.algorithm);
-  set_u(L, K_count, r.count);
-  set_u(L, K_bytes, r.bytes);
-  set_i(L, K_rank, r.rank);
-  set_i(L, K_nranks, r.nranks);
-  set_i(L, K_peer, r.peer);
-  set_i(L, K_status, r.status);
-  set_i(L, K_issue_ns, r.issue_ns);
-  set_i(L, K_start_ns, r.start_ns);
-  set_i(L, K_end_ns, r.end_ns);
-  set_u(L, K_chunks_posted, r.chunks_posted);
-  set_u(L, K_chunks_sent, r.chunks_sent);
-  set_u(L, K_chunks_received, r.chunks_received);
-  set_u(L, K_chunks_reduced, r.chunks_reduced);
-}
-
-void push_fault_report(lua_State* L, const EventConversion& c, const ballast_fault_report& f) {
-  lua_createtable(L, 0, 11);
-  if (f.stage == BALLAST_FAULT_SUSPECTED || f.stage == BALLAST_FAULT_CONFIRMED) {
-    set_s(L, K_stage, f.stage == BALLAST_FAULT_SUSPECTED ? "suspected" : "confirmed");
-  } else {
-    set_i(L, K_stage, f.stage);
-  }
-  set_s(L, K_subject, f.subject);
-  set_i(L, K_rank, f.rank);
-  set_s(L, K_kind, f.kind);
-  set_s(L, K_metric, f.metric);
-  set_n(L, K_score, f.score);
-  set_n(L, K_confidence, f.confidence);
-  set_i(L, K_since_ns, f.since_ns);
-  set_i(L, K_detected_ns, f.detected_ns);
-  set_json(L, c, K_evidence, f.evidence, c.evidence_root);
-  set_s(L, K_detector, f.detector);
-}
-
-void push_placement_plan(lua_State* L, const ballast_placement_plan& p) {
-  lua_createtable(L, 0, 8);
-  set_i(L, K_count, p.count);
-  set_s(L, K_job, p.job);
-  set_s(L, K_algorithm, p.algorithm);
-  lua_createtable(L, int(p.count), 0);
-  for (uint32_t i = 0; i < p.count; ++i) {
-    const ballast_placement_node& n = p.nodes[i];
-    lua_createtable(L, 0, 4);
-    set_s(L, K_name, n.name);
-    set_i(L, K_pp_stage, n.pp_stage);
-    set_i(L, K_dp_row, n.dp_row);
-    set_i(L, K_first_rank, n.first_rank);
-    lua_rawseti(L, -2, lua_Integer(i) + 1);
-  }
-  set_top(L, K_nodes);
-  set_i(L, K_max_dp_spread, p.max_dp_spread);
-  set_i(L, K_max_pp_spread, p.max_pp_spread);
-  set_n(L, K_objective, p.objective);
-  set_n(L, K_lower_bound, p.lower_bound);
-}
-
-void push_recovery_action(lua_State* L, const EventConversion& c, const ballast_recovery_action& a) {
-  lua_createtable(L, 0, 6);
-  set_s(L, K_action, a.action);
-  set_s(L, K_subject, a.subject);
-  set_s(L, K_reason, a.reason);
-  set_json(L, c, K_args, a.args, c.args_root);
-  set_s(L, K_policy, a.policy);
-  set_s(L, K_cause_topic, a.cause_topic);
-}
-
-void push_startup_stage(lua_State* L, const ballast_startup_stage& s) {
-  lua_createtable(L, 0, 7);
-  set_i(L, K_status, s.status);
-  set_s(L, K_stage, s.stage);
-  set_s(L, K_node, s.node);
-  set_i(L, K_rank, s.rank);
-  set_i(L, K_start_ns, s.start_ns);
-  set_i(L, K_end_ns, s.end_ns);
-  set_u(L, K_bytes, s.bytes);
-}
-
-void push_straggler_report(lua_State* L, const ballast_straggler_report& r) {
-  lua_createtable(L, 0, 7);
-  set_i(L, K_count, r.count);
-  set_n(L, K_slowdown, r.slowdown);
-  set_n(L, K_launch_slowdown, r.launch_slowdown);
-  set_s(L, K_kind, r.kind);
-  lua_createtable(L, int(r.count), 0);
-  for (uint32_t i = 0; i < r.count; ++i) {
-    const ballast_straggler_culprit& k = r.culprits[i];
-    lua_createtable(L, 0, 3);
-    set_s(L, K_dimension, k.dimension);
-    set_s(L, K_name, k.name);
-    set_n(L, K_slowdown, k.slowdown);
-    lua_rawseti(L, -2, lua_Integer(i) + 1);
-  }
-  set_top(L, K_culprits);
-  set_i(L, K_first_step, r.first_step);
-  set_i(L, K_last_step, r.last_step);
 }
 
 // Pushes the payload, or nothing; returns whether it pushed.
 bool push_payload(lua_State* L, const EventConversion& c) {
   const ballast_event& e = *c.event;
-  const void* p = e.payload;
-  switch (e.schema) {
-    case BALLAST_SCHEMA_NONE: return false;
-    case BALLAST_SCHEMA_JSON:
-      if (c.payload_root >= 0) {
-        c.tape.push(L, c.payload_root);
-        return true;
-      }
-      break;  // invalid JSON: the bytes as text
-    case BALLAST_SCHEMA_METRIC_BATCH:
-      push_metric_batch(L, *static_cast<const ballast_metric_batch*>(p));
-      return true;
-    case BALLAST_SCHEMA_OP_TIMING_BATCH:
-      push_op_timing_batch(L, *static_cast<const ballast_op_timing_batch*>(p));
-      return true;
-    case BALLAST_SCHEMA_COLLECTIVE_RECORD:
-      push_collective_record(L, *static_cast<const ballast_collective_record*>(p));
-      return true;
-    case BALLAST_SCHEMA_FAULT_REPORT:
-      push_fault_report(L, c, *static_cast<const ballast_fault_report*>(p));
-      return true;
-    case BALLAST_SCHEMA_PLACEMENT_PLAN:
-      push_placement_plan(L, *static_cast<const ballast_placement_plan*>(p));
-      return true;
-    case BALLAST_SCHEMA_RECOVERY_ACTION:
-      push_recovery_action(L, c, *static_cast<const ballast_recovery_action*>(p));
-      return true;
-    case BALLAST_SCHEMA_STARTUP_STAGE:
-      push_startup_stage(L, *static_cast<const ballast_startup_stage*>(p));
-      return true;
-    case BALLAST_SCHEMA_STRAGGLER_REPORT:
-      push_straggler_report(L, *static_cast<const ballast_straggler_report*>(p));
-      return true;
-    default: break;
+  if (c.plan != nullptr) {
+    push_struct(L, c, *c.plan, static_cast<const unsigned char*>(c.payload), true);
+    return true;
   }
-  if (p == nullptr || e.payload_size == 0) return false;
-  lua_pushlstring(L, static_cast<const char*>(p), size_t(e.payload_size));
+  if (e.schema == BALLAST_SCHEMA_NONE) return false;
+  if (e.schema == BALLAST_SCHEMA_JSON && c.payload_root >= 0) {
+    c.tape.push(L, c.payload_root);
+    return true;
+  }
+  // Other schemas, and invalid JSON: the bytes as text.
+  if (e.payload == nullptr || e.payload_size == 0) return false;
+  lua_pushlstring(L, static_cast<const char*>(e.payload), size_t(e.payload_size));
   return true;
 }
 
@@ -314,33 +211,34 @@ bool push_payload(lua_State* L, const EventConversion& c) {
 void prepare_event(const ballast_event& event, EventConversion* c) {
   c->event = &event;
   c->tape.clear();
-  c->payload_root = c->evidence_root = c->args_root = -1;
+  c->payload_root = -1;
+  c->plan = nullptr;
+  c->payload = nullptr;
   c->drop_payload = false;
   c->warning.clear();
-  if (!payload_is_valid(event)) {
+  const char* why = nullptr;
+  if (!codec::check_event(event, &why)) {
     c->drop_payload = true;
-    c->warning = "event '" + std::string(event.topic != nullptr ? event.topic : "") +
-                 "': payload of schema " + std::to_string(event.schema) +
-                 " is shorter than its struct or lacks its array; delivered without payload";
+    c->warning = "event '" + std::string(event.topic != nullptr ? event.topic : "") + "' (schema " +
+                 std::to_string(event.schema) + "): " + why + "; delivered without payload";
     return;
   }
-  switch (event.schema) {
-    case BALLAST_SCHEMA_JSON:
-      if (event.payload != nullptr && event.payload_size > 0) {
-        std::string error;
-        c->payload_root = c->tape.parse(
-            std::string_view(static_cast<const char*>(event.payload), size_t(event.payload_size)), &error);
-        if (c->payload_root < 0) c->warning = "JSON payload is not valid JSON, delivered as text: " + error;
-      }
-      break;
-    case BALLAST_SCHEMA_FAULT_REPORT:
-      c->evidence_root =
-          parse_part(c, static_cast<const ballast_fault_report*>(event.payload)->evidence, "evidence");
-      break;
-    case BALLAST_SCHEMA_RECOVERY_ACTION:
-      c->args_root = parse_part(c, static_cast<const ballast_recovery_action*>(event.payload)->args, "args");
-      break;
-    default: break;
+  if (const StructDesc* desc = codec::struct_for_schema(event.schema)) {
+    const LuaKeys& keys = lua_keys();
+    c->plan = keys.by_schema[event.schema];
+    c->payload = codec::whole_payload(event, &c->scratch);
+    c->json_roots.assign(desc->field_count, -1);
+    for (uint32_t i = 0; i < desc->field_count; ++i) {
+      const FieldDesc& f = desc->fields[i];
+      if (f.type == FieldType::json_str) c->json_roots[i] = parse_part(c, field_ref<const char*>(c->payload, f), f.name);
+    }
+    return;
+  }
+  if (event.schema == BALLAST_SCHEMA_JSON && event.payload != nullptr && event.payload_size > 0) {
+    std::string error;
+    c->payload_root = c->tape.parse(
+        std::string_view(static_cast<const char*>(event.payload), size_t(event.payload_size)), &error);
+    if (c->payload_root < 0) c->warning = "JSON payload is not valid JSON, delivered as text: " + error;
   }
 }
 
@@ -374,9 +272,10 @@ int event_closure(lua_State* L) {
 }
 
 int new_event_closure(lua_State* L) {
-  luaL_checkstack(L, kKeyCount + 1, "event closure");
-  for (int k = 0; k < kKeyCount; ++k) lua_pushstring(L, kKeyNames[k]);
-  lua_pushcclosure(L, event_closure, kKeyCount);
+  const std::vector<const char*>& names = lua_keys().names;
+  luaL_checkstack(L, int(names.size()) + 1, "event closure");
+  for (const char* name : names) lua_pushstring(L, name);
+  lua_pushcclosure(L, event_closure, int(names.size()));
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &kClosureKey);
   return 1;

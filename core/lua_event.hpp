@@ -3,14 +3,18 @@
 //   {topic=, ts= (seconds), ts_ns=, schema= (id), source={node=,rank=,plugin=},
 //    payload=...}
 //
-// Well-known payloads (events.h) become tables with the structs' field names
-// (arrays as sequences, enums as their names: stage "suspected"/"confirmed",
-// state "issued"/"started"/"done"/"failed"); JSON text (the JSON schema,
+// Well-known payloads (events.h) become tables with the structs' field names,
+// walked from the schema tables of codec_schema.cpp (arrays as sequences,
+// enums as their names: stage "suspected"/"confirmed", state
+// "issued"/"started"/"done"/"failed"); JSON text (the JSON schema,
 // fault_report.evidence, recovery_action.args) becomes tables; any other
-// schema the payload bytes as a string. A well-known payload shorter than
-// its struct is left out (payload = nil) with a warning.
+// schema the payload bytes as a string. A payload that fails
+// codec::check_event (shorter than its struct's v1 size, an array without its
+// elements) is left out (payload = nil) with a warning; fields after the v1
+// size that the publisher left out read as their default.
 #pragma once
 
+#include "codec_flat.hpp"
 #include "lua_json.hpp"
 #include "lua_sandbox.hpp"
 
@@ -19,18 +23,23 @@
 #include <lua.hpp>
 
 #include <string>
+#include <vector>
 
 namespace ballast {
 
+struct LuaPlan;
+
 struct EventConversion {
   const ballast_event* event = nullptr;
-  JsonTape tape;           // JSON parts, parsed before any Lua call
-  int payload_root = -1;   // tape root of a JSON payload
-  int evidence_root = -1;  // fault_report.evidence
-  int args_root = -1;      // recovery_action.args
+  JsonTape tape;                // JSON parts, parsed before any Lua call
+  int payload_root = -1;        // tape root of a JSON payload
+  const LuaPlan* plan = nullptr;  // a well-known payload: how it becomes a table
+  const void* payload = nullptr;  // ... and the whole struct (codec::whole_payload)
+  codec::PayloadScratch scratch;
+  std::vector<int> json_roots;  // per field of the struct: tape root of a JSON text field, or -1
   bool drop_payload = false;
-  bool built = false;      // set by the event closure
-  std::string warning;     // why a part is delivered as text, or left out
+  bool built = false;           // set by the event closure
+  std::string warning;          // why a part is delivered as text, or left out
 };
 
 // C++ side: check the payload and parse its JSON parts into conv (reused

@@ -4,6 +4,7 @@
 #include "lua_event.hpp"
 #include "lua_json.hpp"
 #include "lua_sandbox.hpp"
+#include "topic.hpp"
 
 #include <ballast/plugin.h>
 #include <ballast/status.h>
@@ -38,35 +39,6 @@ std::string action_names() {
   std::string names;
   for (const char* a : kRecoveryActions) names += (names.empty() ? "" : ", ") + std::string(a);
   return names;
-}
-
-// Dotted names of letters, digits, '_' and '-', no empty segment.
-bool valid_topic(std::string_view t) {
-  if (t.empty() || t.front() == '.' || t.back() == '.') return false;
-  char prev = 0;
-  for (char c : t) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || (c == '.' && prev != '.');
-    if (!ok) return false;
-    prev = c;
-  }
-  return true;
-}
-
-enum class Match { all, prefix, exact };
-
-// "*", "a.b.*" (prefix "a.b.") or "a.b"; false when malformed.
-bool pattern_kind(std::string_view p, Match* kind) {
-  if (p == "*") {
-    *kind = Match::all;
-    return true;
-  }
-  if (p.size() > 2 && p.substr(p.size() - 2) == ".*") {
-    *kind = Match::prefix;
-    return valid_topic(p.substr(0, p.size() - 2));
-  }
-  *kind = Match::exact;
-  return valid_topic(p);
 }
 
 std::string first_line(const std::string& s, size_t max) {
@@ -221,8 +193,7 @@ bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<Poli
 struct PolicyRuntime {
   struct Handler {
     std::string pattern;
-    Match kind;
-    std::string_view text;  // exact topic, or the prefix with its dot
+    TopicMatcher matcher;  // points into pattern
     int ref;                // the function in the registry
     std::string where;      // file:line of its definition
   };
@@ -243,28 +214,15 @@ struct PolicyRuntime {
   std::vector<size_t> matched;
   std::vector<PolicyAction> actions;
 
-  bool matches(const Handler& h, std::string_view topic) const {
-    switch (h.kind) {
-      case Match::all: return true;
-      case Match::exact: return topic == h.text;
-      case Match::prefix: return topic.size() > h.text.size() && topic.substr(0, h.text.size()) == h.text;
-    }
-    return false;
-  }
-
-  bool add_handler(const char* pattern, size_t len, Match kind, int ref, const char* src, int line) {
+  bool add_handler(const char* pattern, size_t len, int ref, const char* src, int line) {
     try {
       Handler h;
       h.pattern.assign(pattern, len);
-      h.kind = kind;
       h.ref = ref;
       h.where = std::string(src) + ":" + std::to_string(line);
       handlers.push_back(std::move(h));
-      // pattern strings moved into the vector: point text at their storage
-      for (Handler& x : handlers) {
-        x.text = std::string_view(x.pattern);
-        if (x.kind == Match::prefix) x.text.remove_suffix(1);
-      }
+      // pattern strings moved into the vector: match against their storage
+      for (Handler& x : handlers) x.matcher = TopicMatcher::of(x.pattern);
       return true;
     } catch (const std::exception& e) {
       raise_message = std::string("ballast.on: ") + e.what();
@@ -272,16 +230,22 @@ struct PolicyRuntime {
     }
   }
 
+  // The table at idx as the event the bus carries: the topic's well-known
+  // struct, built from the table once, or JSON for any other topic.
   bool publish(lua_State* L, const char* topic, size_t len, int idx) {
     try {
-      nlohmann::json body = nlohmann::json::object();
+      nlohmann::json event = {{"topic", std::string(topic, len)}, {"payload", nlohmann::json::object()}};
       std::string why;
-      if (!lua_isnoneornil(L, idx) && !lua_to_json(L, idx, "", JsonLimits{}, &body, &why)) {
+      if (!lua_isnoneornil(L, idx) && !lua_to_json(L, idx, "", JsonLimits{}, &event["payload"], &why)) {
         raise_message = "ballast.publish: " + why;
         return false;
       }
-      sink->on_publish(std::string(topic, len),
-                       body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      OwnedEvent out;
+      if (event_from_json(event, &out, &why) != BALLAST_OK) {
+        raise_message = "ballast.publish('" + std::string(topic, len) + "'): " + why;
+        return false;
+      }
+      sink->on_publish(std::move(out));
       return true;
     } catch (const std::exception& e) {
       raise_message = std::string("ballast.publish: ") + e.what();
@@ -340,10 +304,9 @@ int l_on(lua_State* L) {
   const char* pattern = luaL_checklstring(L, 1, &len);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (!m->loading) return luaL_error(L, "ballast.on: handlers are registered at the top level of the script only");
-  Match kind;
-  if (!pattern_kind(std::string_view(pattern, len), &kind)) {
-    return luaL_error(L, "ballast.on: invalid pattern '%s' (expected a topic such as 'fault.confirmed', "
-                         "a prefix such as 'fault.*', or '*')", pattern);
+  if (!valid_pattern(std::string_view(pattern, len))) {
+    m->raise_message = "ballast.on: " + invalid_pattern_message(std::string_view(pattern, len));
+    return luaL_error(L, "%s", m->raise_message.c_str());
   }
   if (m->handlers.size() >= kMaxHandlers) return luaL_error(L, "ballast.on: more than %d handlers", int(kMaxHandlers));
   lua_Debug ar;
@@ -351,7 +314,7 @@ int l_on(lua_State* L) {
   lua_getinfo(L, ">S", &ar);
   lua_settop(L, 2);
   int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  if (!m->add_handler(pattern, len, kind, ref, ar.short_src, ar.linedefined)) {
+  if (!m->add_handler(pattern, len, ref, ar.short_src, ar.linedefined)) {
     return luaL_error(L, "%s", m->raise_message.c_str());
   }
   return 0;
@@ -365,7 +328,8 @@ int l_publish(lua_State* L) {
   luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TNIL || t == LUA_TNONE, 2, "table");
   if (m->sink == nullptr) return luaL_error(L, "ballast.publish: only inside a handler");
   if (!valid_topic(std::string_view(topic, len))) {
-    return luaL_error(L, "ballast.publish: invalid topic '%s'", topic);
+    m->raise_message = "ballast.publish: " + invalid_topic_message(std::string_view(topic, len));
+    return luaL_error(L, "%s", m->raise_message.c_str());
   }
   if (!m->publish(L, topic, len, 2)) return luaL_error(L, "%s", m->raise_message.c_str());
   return 0;
@@ -488,7 +452,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
   m.pending_logs.clear();
   m.matched.clear();
   for (size_t i = 0; i < m.handlers.size(); ++i) {
-    if (m.matches(m.handlers[i], topic)) m.matched.push_back(i);
+    if (m.handlers[i].matcher.matches(topic)) m.matched.push_back(i);
   }
   if (m.matched.empty()) return 0;
 

@@ -9,12 +9,15 @@
 // table {topic=, ts=, source={node=,rank=,plugin=}, payload={...}} and may
 // return an action table ({action="evict", subject="node7", reason="...",
 // args={...}}) or a list of them, call ballast.publish(topic, table),
-// ballast.log(level, msg) and ballast.now().
+// ballast.log(level, msg) and ballast.now(). Patterns and topics follow the
+// bus's grammar (topic.hpp), checked where the script names them.
 //
-// Thread-safety: a Policy is used by one thread at a time (the host feeds it
-// from one queued subscription); reload() must be called from that thread
-// or while no event is being handled.
+// Thread-safety: a Policy is used by one thread at a time (the policy plugin
+// serialises its handler calls and reloads); reload() must be called from
+// that thread or while no event is being handled.
 #pragma once
+
+#include "event_codec.hpp"
 
 #include <ballast/event.h>
 
@@ -44,14 +47,15 @@ struct PolicyAction {
   bool fallback = false;   // true when produced by the fallback rule
 };
 
-// What a policy does to the world; the host implements it (publish on the
-// bus), `policy check` prints it.
+// What a policy does to the world; the policy plugin implements it (publish
+// on the bus: policy_plugin.cpp), `policy check` prints it.
 class PolicySink {
  public:
   virtual ~PolicySink() = default;
   virtual void on_action(const PolicyAction& action) = 0;
-  // ballast.publish(topic, table): the table as JSON text.
-  virtual void on_publish(const std::string& topic, const std::string& json) = 0;
+  // ballast.publish(topic, table): the event, the table converted once to
+  // the topic's well-known struct (or JSON for any other topic).
+  virtual void on_publish(OwnedEvent event) = 0;
   virtual void on_log(int level, const std::string& message) = 0;
   // A script error, a blown deadline or the memory cap: the message has the
   // script, the line and the traceback when Lua gives them.

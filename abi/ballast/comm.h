@@ -118,6 +118,7 @@ typedef struct ballast_comm_config {
   int64_t init_timeout_ns;  /* deadline of init (bootstrap); 0: the same as timeout_ns */
   const char* trace_dir;    /* NULL: env BALLAST_TRACE_DIR, else /dev/shm */
 } ballast_comm_config;
+#define BALLAST_COMM_CONFIG_V1_SIZE BALLAST_SIZE_TO(ballast_comm_config, trace_dir)
 
 /* One operation. Buffers are the caller's and must stay valid and untouched
  * until the request completes; the plugin keeps no pointer afterwards.
@@ -135,6 +136,8 @@ typedef struct ballast_comm_args {
   int64_t timeout_ns;   /* this operation's deadline from start; 0: the communicator's */
   void* stream;         /* NCCL plugin: the cudaStream_t to use, NULL = the comm's own; UCX: ignored */
 } ballast_comm_args;
+/* stream may be left out (NULL). */
+#define BALLAST_COMM_ARGS_V1_SIZE BALLAST_SIZE_TO(ballast_comm_args, timeout_ns)
 
 typedef struct ballast_comm_info {
   uint32_t size;        /* sizeof(ballast_comm_info), set by the caller */
@@ -146,6 +149,8 @@ typedef struct ballast_comm_info {
   uint32_t max_in_flight; /* operations started and not yet completed it takes (see above) */
   uint32_t reserved;
 } ballast_comm_info;
+/* max_in_flight came later: a caller passing the shorter struct gets the rest. */
+#define BALLAST_COMM_INFO_V1_SIZE BALLAST_SIZE_TO(ballast_comm_info, seq)
 
 typedef struct ballast_comm ballast_comm;                 /* opaque */
 typedef struct ballast_comm_request ballast_comm_request; /* opaque */
@@ -160,7 +165,9 @@ typedef struct ballast_comm_api {
    * blocks until all joined or init_timeout_ns passed. cfg may be NULL (all
    * from the environment). *comm is owned by the caller: destroy() it. A
    * wrong world size, a rank given twice, a master that cannot be reached
-   * or a port in use fail on every rank with a message saying so. */
+   * or a port in use fail on every rank with a message saying so. state
+   * (here and in last_error) may be NULL: an embedder reaching this table
+   * through ballast_host_get_interface has none. */
   int (*init)(void* state, const ballast_comm_config* cfg, ballast_comm** comm);
 
   /* Collective over parent: ranks with the same colour form a new
@@ -197,9 +204,11 @@ typedef struct ballast_comm_api {
   int (*run)(ballast_comm* comm, const ballast_comm_args* args);
 
   /* The message of the last failure of a call of this table on this thread,
-   * "" if none. Valid until the next call on this thread. Any thread. */
+   * "" if none. Valid until the next call on this thread. Any thread. The
+   * same text reaches the host's last_error (plugin.h, "Errors"). */
   const char* (*last_error)(void* state);
 } ballast_comm_api;
+#define BALLAST_COMM_API_V1_SIZE BALLAST_SIZE_TO(ballast_comm_api, last_error)
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,7 @@ typedef struct ballast_command_table {
   uint32_t count;                  /* entries in commands */
   const ballast_command* commands;
 } ballast_command_table;
+#define BALLAST_COMMAND_TABLE_V1_SIZE BALLAST_SIZE_TO(ballast_command_table, commands)
 
 #ifdef __cplusplus
 }

@@ -52,6 +52,7 @@ typedef struct ballast_event {
   const void* payload;  /* NULL when payload_size is 0 */
   uint64_t payload_size;/* bytes: sizeof the struct for well-known schemas */
 } ballast_event;
+#define BALLAST_EVENT_V1_SIZE BALLAST_SIZE_TO(ballast_event, payload_size)
 
 /* A subscriber's handler. Called inline in the publisher's thread or from a
  * dispatcher thread (queued). Must not throw or longjmp; must not block for
@@ -75,6 +76,8 @@ typedef struct ballast_subscribe_options {
   uint32_t flags;          /* enum ballast_subscribe_flags */
   uint32_t queue_capacity; /* queued only: slots, 0 = the host's default (4096) */
 } ballast_subscribe_options;
+/* flags and queue_capacity may be left out (0). */
+#define BALLAST_SUBSCRIBE_OPTIONS_V1_SIZE BALLAST_SIZE_TO(ballast_subscribe_options, delivery)
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,11 @@
 /* Ballast C ABI: the well-known event payloads.
  *
- * Plain C structs, each starting with its size; fields are only appended, so
- * a reader checks `size` before reading a field added after v1.0. All strings
+ * Plain C structs, each starting with its size, each with its v1 minimum
+ * size (status.h, "Sizes"): a reader accepts a payload whose size field and
+ * payload_size are at least that, and reads a field only when `size` covers
+ * it. Fields after the v1 minimum may be left out: they then read as their
+ * default (0, NULL). Arrays of element structs (samples, ops, nodes,
+ * culprits) have the element layout of v1.0 and never grow. All strings
  * are UTF-8 and NUL-terminated; a NULL string means "not given". Pointers are
  * owned by the publisher and live for the handler call (see event.h).
  *
@@ -39,6 +43,7 @@ typedef struct ballast_metric_batch {
   uint32_t count;                        /* entries in samples */
   const ballast_metric_sample* samples;  /* count entries */
 } ballast_metric_batch;
+#define BALLAST_METRIC_BATCH_V1_SIZE BALLAST_SIZE_TO(ballast_metric_batch, samples)
 
 /* ---- step.timing: BALLAST_SCHEMA_OP_TIMING_BATCH ----------------------- */
 
@@ -64,6 +69,7 @@ typedef struct ballast_op_timing_batch {
   uint32_t count;
   const ballast_op_timing* ops;
 } ballast_op_timing_batch;
+#define BALLAST_OP_TIMING_BATCH_V1_SIZE BALLAST_SIZE_TO(ballast_op_timing_batch, ops)
 
 /* ---- collective.record / collective.progress: BALLAST_SCHEMA_COLLECTIVE_RECORD */
 
@@ -89,8 +95,10 @@ typedef struct ballast_collective_record {
   int32_t peer;        /* root (rooted ops) or peer (send/recv), or -1 */
   int32_t status;      /* BALLAST_OK or the failure */
   int64_t issue_ns, start_ns, end_ns; /* 0 when not reached yet */
-  uint64_t chunks_posted, chunks_sent, chunks_received, chunks_reduced;
+  uint64_t chunks_posted, chunks_sent, chunks_received, chunks_reduced; /* 0: none counted */
 } ballast_collective_record;
+/* The chunk counters may be left out. */
+#define BALLAST_COLLECTIVE_RECORD_V1_SIZE BALLAST_SIZE_TO(ballast_collective_record, end_ns)
 
 /* ---- fault.suspected / fault.confirmed / node.silent: BALLAST_SCHEMA_FAULT_REPORT */
 
@@ -111,8 +119,10 @@ typedef struct ballast_fault_report {
   int64_t since_ns;      /* first time the evidence held */
   int64_t detected_ns;   /* when the report was raised */
   const char* evidence;  /* JSON text with the detector's details, or NULL */
-  const char* detector;  /* "machine", "hang", ... */
+  const char* detector;  /* "machine", "hang", ..., or NULL */
 } ballast_fault_report;
+/* evidence and detector may be left out. */
+#define BALLAST_FAULT_REPORT_V1_SIZE BALLAST_SIZE_TO(ballast_fault_report, detected_ns)
 
 /* ---- placement.plan: BALLAST_SCHEMA_PLACEMENT_PLAN --------------------- */
 
@@ -134,6 +144,7 @@ typedef struct ballast_placement_plan {
   double objective;
   double lower_bound;
 } ballast_placement_plan;
+#define BALLAST_PLACEMENT_PLAN_V1_SIZE BALLAST_SIZE_TO(ballast_placement_plan, lower_bound)
 
 /* ---- recovery.action: BALLAST_SCHEMA_RECOVERY_ACTION ------------------- */
 
@@ -147,6 +158,8 @@ typedef struct ballast_recovery_action {
   const char* policy;  /* the policy that decided it */
   const char* cause_topic; /* topic of the event that triggered it, or NULL */
 } ballast_recovery_action;
+/* cause_topic may be left out. */
+#define BALLAST_RECOVERY_ACTION_V1_SIZE BALLAST_SIZE_TO(ballast_recovery_action, policy)
 
 /* ---- startup.stage: BALLAST_SCHEMA_STARTUP_STAGE ----------------------- */
 
@@ -159,6 +172,8 @@ typedef struct ballast_startup_stage {
   int64_t start_ns, end_ns;
   uint64_t bytes;      /* bytes read or restored, 0 if not applicable */
 } ballast_startup_stage;
+/* bytes may be left out. */
+#define BALLAST_STARTUP_STAGE_V1_SIZE BALLAST_SIZE_TO(ballast_startup_stage, end_ns)
 
 /* ---- straggler.report: BALLAST_SCHEMA_STRAGGLER_REPORT ----------------- */
 
@@ -177,6 +192,7 @@ typedef struct ballast_straggler_report {
   const ballast_straggler_culprit* culprits;
   int64_t first_step, last_step;
 } ballast_straggler_report;
+#define BALLAST_STRAGGLER_REPORT_V1_SIZE BALLAST_SIZE_TO(ballast_straggler_report, last_step)
 
 #ifdef __cplusplus
 }

@@ -78,10 +78,12 @@ BALLAST_EXPORT int ballast_host_unsubscribe(ballast_host* host, uint64_t id);
 BALLAST_EXPORT int64_t ballast_event_to_json(const ballast_event* event, char* buf, uint64_t cap);
 
 /* The table of interface `name` at `version` offered by the loaded plugin
- * `plugin` (its descriptor name), e.g. "ballast.startup" v1 of "startup", in
- * *table; BALLAST_ENOTFOUND when the plugin is not loaded or does not offer
- * it. The table lives until the host is destroyed. For trainers that call a
- * plugin's interface directly. */
+ * `plugin` (its descriptor name; NULL: the first loaded plugin that offers
+ * it), e.g. "ballast.startup" v1 of "startup", in *table; BALLAST_ENOTFOUND
+ * when the plugin is not loaded or does not offer it. The table lives until
+ * the host is destroyed. For trainers that call a plugin's interface
+ * directly. Such a caller has no plugin state: ballast.comm's functions
+ * accept NULL for it (comm.h). */
 BALLAST_EXPORT int ballast_host_get_interface(ballast_host* host, const char* plugin, const char* name,
                                               uint32_t version, const void** table);
 

@@ -9,7 +9,7 @@
  * never freed), or NULL when it needs a newer host. The major version is in
  * the symbol's name: a host refuses a plugin without a symbol of its major.
  * The host reads a descriptor field only when `size` covers it: the fields up
- * to `destroy` are required (BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE), those after
+ * to `destroy` are required (BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE), those after
  * it are optional. It refuses a descriptor that is shorter than that, has
  * abi_major != 1, or lacks a valid name, create or destroy, with a message
  * naming the file and the reason.
@@ -18,7 +18,22 @@
  *   create(host, &state) -> start(state) -> ... events, timers ... -> stop(state) -> destroy(state)
  * stop and destroy run in the reverse order of loading. A plugin is never
  * unloaded from the process (dlclose is never called): code that CUDA, NCCL
- * or UCX keep callbacks into must stay mapped. */
+ * or UCX keep callbacks into must stay mapped.
+ *
+ * Errors, the one rule for the host table and every interface table
+ * (ballast.command, ballast.comm, ballast.scheduler, ballast.startup, and
+ * those to come): a function that fails returns a negative BALLAST_E* status
+ * and leaves a message for the calling thread. The caller reads it right
+ * after the call with its own getter: a plugin with host->last_error(host),
+ * an embedder with ballast_last_error() (host.h); both read the same
+ * per-thread message. A plugin whose interface function fails therefore
+ * records its message with host->set_error before returning. ballast.comm v1
+ * and ballast.startup v1 also keep a last_error(state) of their own, with
+ * the same text; new interfaces have none.
+ *
+ * The host table is always whole: every function in it is valid (a plugin
+ * never meets a NULL one), also for a plugin an embedder loads through
+ * host.h without starting it. */
 #ifndef BALLAST_PLUGIN_H
 #define BALLAST_PLUGIN_H
 
@@ -90,13 +105,15 @@ struct ballast_host_api {
   int64_t (*now_ns)(const ballast_host_api* api);
 
   /* Record the message for a failure the plugin is about to return (kept per
-   * thread, copied). The host prefixes it with the plugin's name. */
+   * thread, copied; plugin.h's "Errors"). The host prefixes it with the
+   * plugin's name. */
   void (*set_error)(const ballast_host_api* api, const char* message);
 
   /* The message of the last failed host call on this thread ("" if none).
    * Valid until the next host call on this thread. */
   const char* (*last_error)(const ballast_host_api* api);
 };
+#define BALLAST_HOST_API_V1_SIZE BALLAST_SIZE_TO(ballast_host_api, last_error)
 
 /* An interface a plugin offers, for listing without creating the plugin. */
 typedef struct ballast_interface_info {
@@ -122,7 +139,11 @@ typedef struct ballast_plugin_descriptor {
   int (*create)(const ballast_host_api* host, void** state);
   /* Optional (may be NULL). Start work: subscribe, start timers or threads. */
   int (*start)(void* state);
-  /* Optional. Stop work; after it returns no more events are published by the plugin. */
+  /* Optional. Stop work: join the plugin's own threads. Before calling it
+   * the host has cancelled the plugin's timers and subscriptions (none of
+   * their callbacks runs during or after stop; cancelling them again is not
+   * an error). After it returns the host refuses the plugin's publish with
+   * BALLAST_ESTATE: no event of the plugin reaches the bus any more. */
   void (*stop)(void* state);
   /* Free the state. Called once, also when start failed. */
   void (*destroy)(void* state);
@@ -136,9 +157,8 @@ typedef struct ballast_plugin_descriptor {
   const ballast_interface_info* interfaces;
 } ballast_plugin_descriptor;
 
-/* The required prefix of a descriptor: everything up to and including destroy. */
-#define BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE \
-  (offsetof(ballast_plugin_descriptor, destroy) + sizeof(void (*)(void*)))
+/* The v1 minimum of a descriptor: everything up to and including destroy. */
+#define BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE BALLAST_SIZE_TO(ballast_plugin_descriptor, destroy)
 
 /* The entry symbol's type and name. */
 typedef const ballast_plugin_descriptor* (*ballast_plugin_entry_fn)(uint32_t host_minor);

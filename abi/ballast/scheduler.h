@@ -37,6 +37,7 @@ typedef struct ballast_placement_request {
   const char* algorithm;      /* "arnold" (NULL), "exact", "heuristic", "best-fit", "random-fit", "slurm-tree" */
   uint64_t seed;              /* same input and seed give the same plan */
 } ballast_placement_request;
+#define BALLAST_PLACEMENT_REQUEST_V1_SIZE BALLAST_SIZE_TO(ballast_placement_request, seed)
 
 /* Which nodes of a placed job failed, and where spares may come from. */
 typedef struct ballast_replacement_request {
@@ -48,6 +49,7 @@ typedef struct ballast_replacement_request {
   const char* failed;         /* hostlist of failed nodes, e.g. "gpu[003,017]" */
   const char* spares;         /* hostlist of allowed spares, or NULL: every free node outside the plan */
 } ballast_replacement_request;
+#define BALLAST_REPLACEMENT_REQUEST_V1_SIZE BALLAST_SIZE_TO(ballast_replacement_request, spares)
 
 typedef struct ballast_scheduler_api {
   uint32_t size;              /* sizeof(ballast_scheduler_api) */
@@ -72,6 +74,7 @@ typedef struct ballast_scheduler_api {
   /* Free a plan returned by place() or replace(); NULL is ignored. */
   void (*free_plan)(void* state, ballast_placement_plan* plan);
 } ballast_scheduler_api;
+#define BALLAST_SCHEDULER_API_V1_SIZE BALLAST_SIZE_TO(ballast_scheduler_api, free_plan)
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,8 @@ typedef struct ballast_startup_load_options {
                            O_DIRECT. Ignored with SHARE. */
   uint64_t capacity;    /* bytes at destination */
 } ballast_startup_load_options;
+/* Every field after stripes may be left out (0: the default). */
+#define BALLAST_STARTUP_LOAD_OPTIONS_V1_SIZE BALLAST_SIZE_TO(ballast_startup_load_options, stripes)
 
 /* One tensor of a safetensors file. Strings and shape live as long as the file. */
 typedef struct ballast_startup_tensor {
@@ -82,9 +84,11 @@ typedef struct ballast_startup_api {
    * wall-clock ns. Any thread. */
   int (*stage)(void* state, const char* stage, int64_t start_ns, int64_t end_ns, uint64_t bytes, int32_t status);
 
-  /* The message of the last failed call of this table on this thread ("" if none). */
+  /* The message of the last failed call of this table on this thread ("" if
+   * none); the same text reaches the host's last_error (plugin.h, "Errors"). */
   const char* (*last_error)(void* state);
 } ballast_startup_api;
+#define BALLAST_STARTUP_API_V1_SIZE BALLAST_SIZE_TO(ballast_startup_api, last_error)
 
 #ifdef __cplusplus
 }

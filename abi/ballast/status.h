@@ -1,9 +1,9 @@
 /* Ballast C ABI: status codes, versions and export macros.
  *
  * Every ABI function returns an int: 0 (BALLAST_OK) or a negative BALLAST_E*
- * code. The message of the last failure of a host call is kept per thread and
- * read with ballast_host_api.last_error (plugins) or ballast_last_error
- * (embedders). C99; no C++ type ever crosses this boundary. */
+ * code. The message of the last failure is kept per thread and read with
+ * ballast_host_api.last_error (plugins) or ballast_last_error (embedders):
+ * plugin.h, "Errors". C99; no C++ type ever crosses this boundary. */
 #ifndef BALLAST_STATUS_H
 #define BALLAST_STATUS_H
 
@@ -18,6 +18,17 @@ extern "C" {
  * the minor version grows when structs grow at their end. */
 #define BALLAST_ABI_MAJOR 1
 #define BALLAST_ABI_MINOR 0
+
+/* Sizes (the one rule for every struct and table that starts with a uint32_t
+ * size): a struct only grows at its end, and each has a v1 minimum size,
+ * BALLAST_<NAME>_V1_SIZE, the end of the fields every 1.x reader needs.
+ * A reader accepts any size at least the v1 minimum (a larger one comes from
+ * a newer minor: the fields it does not know are ignored) and reads a field
+ * only when `size` covers it; a field `size` does not cover takes its
+ * documented default (0, NULL, or "not given"). BALLAST_SIZE_TO is how both
+ * are written: the size of `type` up to and including `field`. */
+#define BALLAST_SIZE_TO(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
+#define BALLAST_COVERS(size, type, field) ((size) >= BALLAST_SIZE_TO(type, field))
 
 #if defined(_WIN32)
 #define BALLAST_EXPORT __declspec(dllexport)

@@ -54,7 +54,7 @@ end)
 struct CountingSink : ballast::PolicySink {
   uint64_t actions = 0, errors = 0;
   void on_action(const ballast::PolicyAction& a) override { actions += a.action.size() > 0; }
-  void on_publish(const std::string&, const std::string&) override {}
+  void on_publish(ballast::OwnedEvent) override {}
   void on_log(int, const std::string&) override {}
   void on_error(const std::string& m) override {
     ++errors;

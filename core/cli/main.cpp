@@ -3,7 +3,7 @@
 // other NAME runs the subcommand a plugin offers through "ballast.command".
 #include "commands.hpp"
 
-#include "host.hpp"
+#include "plugin_commands.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -19,7 +19,7 @@ bool is_builtin(const std::string& name) {
 
 std::string plugin_commands_footer() {
   std::string text = "\nCommands from plugins:\n";
-  auto commands = ballast::Host::list_commands();
+  auto commands = ballast::list_plugin_commands();
   if (commands.empty()) return text + "  (none found; set BALLAST_PLUGIN_PATH)\n";
   for (const auto& [name, summary] : commands) {
     char line[256];
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     std::string name = argv[1];
     std::string argv0 = std::string("ballast ") + name;
     argv[1] = argv0.data();
-    int rc = ballast::Host::run_command(name, argc - 1, argv + 1);
+    int rc = ballast::run_plugin_command(name, argc - 1, argv + 1);
     if (rc >= 0) return rc;
     std::fprintf(stderr, "ballast: unknown command '%s' (no built-in and no plugin offers it)\n", name.c_str());
     std::fputs(plugin_commands_footer().c_str(), stderr);

@@ -38,14 +38,14 @@ class PrintSink : public PolicySink {
                   a.reason.empty() ? "" : ": ", a.reason.c_str());
     }
   }
-  void on_publish(const std::string& topic, const std::string& payload) override {
+  void on_publish(OwnedEvent event) override {
+    const ballast_event& e = event.view();
+    const nlohmann::json payload = event_to_json(e)["payload"];
     if (json_)
-      std::printf("%s\n", nlohmann::json{{"publish", topic}, {"payload", nlohmann::json::parse(payload, nullptr, false)}}
-                              .dump()
-                              .c_str());
+      std::printf("%s\n", nlohmann::json{{"publish", e.topic}, {"payload", payload}}.dump().c_str());
     else
-      std::printf("%-28s publishes %s %s\n", current && current->topic ? current->topic : "", topic.c_str(),
-                  payload.c_str());
+      std::printf("%-28s publishes %s %s\n", current && current->topic ? current->topic : "", e.topic,
+                  payload.dump().c_str());
   }
   void on_log(int level, const std::string& message) override {
     static const char* names[] = {"error", "warn", "info", "debug"};

@@ -3,7 +3,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
-#include "host.hpp"
+#include "host_config.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -26,7 +26,7 @@ void add_run(CLI::App& app) {
     }
     std::string base = std::filesystem::absolute(config_path).parent_path().string();
     std::unique_ptr<Host> host;
-    if (Host::from_config(config, base, &host) != BALLAST_OK) {
+    if (host_from_config(config, base, &host) != BALLAST_OK) {
       std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
       set_exit_code(1);
       return;

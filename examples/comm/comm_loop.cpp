@@ -1,6 +1,6 @@
 // comm_loop: loop one collective through a comm plugin, the way a trainer
-// would. It loads the plugin's shared object itself (dlopen + the
-// ballast_plugin_v1 descriptor) and needs nothing else from Ballast.
+// would: it embeds a Ballast host (abi/ballast/host.h), loads the plugin into
+// it without starting it, and calls the plugin's ballast.comm table.
 //
 //   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 comm_loop --op allreduce --bytes 1048576 &
 //   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 comm_loop --op allreduce --bytes 1048576
@@ -18,9 +18,8 @@
 // stderr (CLOCK_MONOTONIC, the same clock in every process of the host), so
 // that a harness can time how long the detection took.
 #include <ballast/comm.h>
-#include <ballast/plugin.h>
+#include <ballast/host.h>
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,23 +35,6 @@
 #include <vector>
 
 namespace {
-
-void host_log(const ballast_host_api*, int level, const char* message) {
-  if (level <= BALLAST_LOG_WARN) std::fprintf(stderr, "comm_loop: %s\n", message);
-}
-int host_config_get(const ballast_host_api*, const char*, const char**) { return BALLAST_ENOTFOUND; }
-void host_set_error(const ballast_host_api*, const char*) {}
-
-// The few host services a comm plugin uses outside `ballast run`.
-ballast_host_api make_host() {
-  ballast_host_api h{};
-  h.size = sizeof h;
-  h.abi_minor = BALLAST_ABI_MINOR;
-  h.log = host_log;
-  h.config_get = host_config_get;
-  h.set_error = host_set_error;
-  return h;
-}
 
 int usage(const char* why) {
   std::fprintf(stderr,
@@ -174,28 +156,21 @@ int main(int argc, char** argv) {
   if (in_flight < 1) return usage("--in-flight must be at least 1");
   if (plugin.empty()) return usage("no plugin: give --plugin PATH or BALLAST_COMM_PLUGIN");
 
-  void* so = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!so) {
-    std::fprintf(stderr, "comm_loop: cannot load %s: %s\n", plugin.c_str(), dlerror());
+  // The plugin is loaded and created, not started: no trace publisher on a
+  // bus nobody reads.
+  ballast_host* host = nullptr;
+  const void* table = nullptr;
+  if (ballast_host_create(nullptr, &host) != BALLAST_OK || ballast_host_load_plugin(host, plugin.c_str(), nullptr) != BALLAST_OK ||
+      ballast_host_get_interface(host, nullptr, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) != BALLAST_OK) {
+    std::fprintf(stderr, "comm_loop: cannot use %s: %s\n", plugin.c_str(), ballast_last_error());
     return 1;
   }
-  auto entry = reinterpret_cast<ballast_plugin_entry_fn>(dlsym(so, BALLAST_PLUGIN_ENTRY));
-  const ballast_plugin_descriptor* d = entry ? entry(BALLAST_ABI_MINOR) : nullptr;
-  if (!d || d->abi_major != BALLAST_ABI_MAJOR || !d->get_interface) {
-    std::fprintf(stderr, "comm_loop: %s is not a Ballast v1 plugin with interfaces\n", plugin.c_str());
+  auto* api = static_cast<const ballast_comm_api*>(table);
+  if (api->size < BALLAST_COMM_API_V1_SIZE) {
+    std::fprintf(stderr, "comm_loop: %s's %s table is smaller than v1\n", plugin.c_str(), BALLAST_COMM_INTERFACE);
     return 1;
   }
-  static const ballast_host_api host = make_host();
-  void* state = nullptr;
-  if (d->create(&host, &state) != BALLAST_OK) {
-    std::fprintf(stderr, "comm_loop: plugin %s failed to create\n", d->name);
-    return 1;
-  }
-  auto* api = static_cast<const ballast_comm_api*>(d->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
-  if (!api || api->size < sizeof(ballast_comm_api)) {
-    std::fprintf(stderr, "comm_loop: plugin %s offers no %s v%d\n", d->name, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION);
-    return 1;
-  }
+  void* const state = nullptr;  // an embedder has no plugin state (comm.h)
   ballast_comm_config cfg{};
   cfg.size = sizeof cfg;
   cfg.rank = -1;
@@ -324,6 +299,6 @@ int main(int argc, char** argv) {
                 check ? (bad ? "failed" : "passed") : "off");
   }
   api->destroy(comm);
-  d->destroy(state);
+  ballast_host_destroy(host);
   return bad ? 1 : 0;
 }

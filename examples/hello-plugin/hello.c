@@ -57,7 +57,7 @@ static void on_tick(void* user) {
 static int hello_create(const ballast_host_api* host, void** state) {
   hello* h;
   const char* value = NULL;
-  if (host == NULL || host->size < sizeof(ballast_host_api)) return BALLAST_EVERSION;
+  if (host == NULL || host->size < BALLAST_HOST_API_V1_SIZE) return BALLAST_EVERSION;
   h = (hello*)calloc(1, sizeof *h);
   if (h == NULL) return BALLAST_ENOMEM;
   h->host = host;

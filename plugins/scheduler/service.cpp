@@ -88,7 +88,7 @@ const char* opt_str(const char* p) { return p && *p ? p : nullptr; }
 
 int api_place(void* state, const ballast_placement_request* req, ballast_placement_plan** out) {
   auto* s = static_cast<Service*>(state);
-  if (!req || !out || req->size < sizeof(ballast_placement_request) || !req->job_json)
+  if (!req || !out || req->size < BALLAST_PLACEMENT_REQUEST_V1_SIZE || !req->job_json)
     return fail(s, BALLAST_EINVAL, "place: request, job_json and plan are required");
   try {
     std::string topo_path = opt_str(req->topology_path) ? req->topology_path : s->topology;
@@ -111,7 +111,7 @@ int api_place(void* state, const ballast_placement_request* req, ballast_placeme
 
 int api_replace(void* state, const ballast_replacement_request* req, ballast_placement_plan** out) {
   auto* s = static_cast<Service*>(state);
-  if (!req || !out || req->size < sizeof(ballast_replacement_request) || !req->plan_json || !req->failed)
+  if (!req || !out || req->size < BALLAST_REPLACEMENT_REQUEST_V1_SIZE || !req->plan_json || !req->failed)
     return fail(s, BALLAST_EINVAL, "replace: request, plan_json, failed and plan are required");
   try {
     LoadedPlan lp = parse_plan(req->plan_json, "plan");
@@ -225,7 +225,8 @@ int on_request(void* user, const ballast_event* ev) {
 
 int on_fault(void* user, const ballast_event* ev) {
   auto* s = static_cast<Service*>(user);
-  if (ev->schema != BALLAST_SCHEMA_FAULT_REPORT || !ev->payload || ev->payload_size < sizeof(ballast_fault_report))
+  if (ev->schema != BALLAST_SCHEMA_FAULT_REPORT || !ev->payload || ev->payload_size < BALLAST_FAULT_REPORT_V1_SIZE ||
+      static_cast<const ballast_fault_report*>(ev->payload)->size < BALLAST_FAULT_REPORT_V1_SIZE)
     return BALLAST_OK;
   const auto* r = static_cast<const ballast_fault_report*>(ev->payload);
   if (r->subject && std::string(r->subject).rfind("rank:", 0) != 0) {

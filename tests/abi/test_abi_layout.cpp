@@ -25,8 +25,8 @@ TEST_CASE("every versioned struct and table starts with its size") {
 }
 
 TEST_CASE("the descriptor's required prefix ends after destroy, before the optional fields") {
-  CHECK(BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE == offsetof(ballast_plugin_descriptor, get_interface));
-  CHECK(BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE < sizeof(ballast_plugin_descriptor));
+  CHECK(BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE == offsetof(ballast_plugin_descriptor, get_interface));
+  CHECK(BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE < sizeof(ballast_plugin_descriptor));
 }
 
 TEST_CASE("status names are stable and total") {

@@ -28,7 +28,7 @@ class RingPublisher {
   // The plugin's start and stop: publish on the host's timer every
   // publish_period_seconds of the plugin's config (0.1 by default; not
   // positive: BALLAST_EINVAL), from the ring's head now on (what happened
-  // before is not news). Without a host bus or timers, nothing to do.
+  // before is not news). Without a host (nullptr), nothing to do.
   int start();
   void stop();
 

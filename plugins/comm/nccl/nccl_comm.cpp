@@ -13,6 +13,7 @@
 #include "nccl_comm.hpp"
 
 #include "bootstrap.hpp"
+#include "host_error.hpp"
 #include "progress.hpp"
 #include "trace_ring.hpp"
 #include "watchdog.hpp"
@@ -46,6 +47,7 @@ namespace {
 thread_local std::string t_error;
 int fail(int status, const std::string& msg) {
   t_error = msg;
+  if (status != BALLAST_OK) ballast::comm::report_error(msg);
   return status;
 }
 
@@ -486,7 +488,7 @@ int c_abort(ballast_comm* comm, const char* reason) {
 
 int c_info(ballast_comm* comm, ballast_comm_info* info) {
   auto* c = reinterpret_cast<Comm*>(comm);
-  if (!c || !info || info->size < offsetof(ballast_comm_info, max_in_flight)) return fail(BALLAST_EINVAL, "info: bad arguments");
+  if (!c || !info || info->size < BALLAST_COMM_INFO_V1_SIZE) return fail(BALLAST_EINVAL, "info: bad arguments");
   info->rank = c->rank;
   info->nranks = c->n;
   info->world_rank = c->world_rank;
@@ -523,7 +525,7 @@ ncclResult_t enqueue(Comm* c, const ballast_comm_args& a, cudaStream_t s) {
 
 int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_request** req) {
   auto* c = reinterpret_cast<Comm*>(comm);
-  if (!c || !args || !req || args->size < offsetof(ballast_comm_args, stream)) return fail(BALLAST_EINVAL, "start: bad arguments");
+  if (!c || !args || !req || args->size < BALLAST_COMM_ARGS_V1_SIZE) return fail(BALLAST_EINVAL, "start: bad arguments");
   *req = nullptr;
   if (args->op == BALLAST_OP_NONE || args->op > BALLAST_OP_BARRIER || args->dtype >= BALLAST_DT_COUNT ||
       args->redop >= BALLAST_RED_COUNT)

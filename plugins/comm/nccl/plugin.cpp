@@ -2,6 +2,7 @@
 // a host, a timer publishes the process's trace ring (ring_publisher.hpp) every
 // publish_period_seconds (default 0.1). The ring is the process's, made at
 // its first traced communicator: the timer publishes nothing before.
+#include "host_error.hpp"
 #include "nccl_comm.hpp"
 #include "ring_publisher.hpp"
 
@@ -15,18 +16,24 @@ namespace {
 using ballast::comm::RingPublisher;
 
 struct State {
+  const ballast_host_api* host;
   RingPublisher publisher;
 };
 
 int create(const ballast_host_api* host, void** state) {
-  *state = new (std::nothrow) State{RingPublisher(host)};
-  return *state ? BALLAST_OK : BALLAST_ENOMEM;
+  *state = new (std::nothrow) State{host, RingPublisher(host)};
+  if (*state == nullptr) return BALLAST_ENOMEM;
+  ballast::comm::set_error_host(host);
+  return BALLAST_OK;
 }
 
 int start(void* state) { return static_cast<State*>(state)->publisher.start(); }
 void stop(void* state) { static_cast<State*>(state)->publisher.stop(); }
 
-void destroy(void* state) { delete static_cast<State*>(state); }
+void destroy(void* state) {
+  ballast::comm::forget_error_host(static_cast<State*>(state)->host);
+  delete static_cast<State*>(state);
+}
 
 const void* get_interface(void*, const char* name, uint32_t version) {
   const std::string_view n = name ? name : "";

@@ -1,6 +1,7 @@
 // ballast-comm-ucx: the plugin entry. The logic is in ucx_comm.cpp.
 #include "ucx_comm.hpp"
 
+#include "host_error.hpp"
 #include "ring_publisher.hpp"
 
 #include <ballast/comm.h>
@@ -20,16 +21,8 @@ struct State {
 int start(void* state) { return static_cast<State*>(state)->publisher.start(); }
 void stop(void* state) { static_cast<State*>(state)->publisher.stop(); }
 
-// Failures are also handed to the host, so that `ballast` prints them.
-int report(void* state, int rc) {
-  auto* s = static_cast<State*>(state);
-  if (rc != BALLAST_OK && s && s->host && s->host->size > offsetof(ballast_host_api, set_error) && s->host->set_error)
-    s->host->set_error(s->host, last_error());
-  return rc;
-}
-
-int api_init(void* state, const ballast_comm_config* cfg, ballast_comm** comm) {
-  return report(state, comm_init(cfg, reinterpret_cast<Comm**>(comm)));
+int api_init(void*, const ballast_comm_config* cfg, ballast_comm** comm) {
+  return comm_init(cfg, reinterpret_cast<Comm**>(comm));
 }
 int api_split(ballast_comm* parent, int32_t colour, int32_t key, ballast_comm** out) {
   return comm_split(reinterpret_cast<Comm*>(parent), colour, key, reinterpret_cast<Comm**>(out));
@@ -48,9 +41,13 @@ const ballast_comm_api kApi = {sizeof(ballast_comm_api), 0, api_init, api_split,
 
 int create(const ballast_host_api* host, void** state) {
   *state = new State{host, RingPublisher(host)};
+  set_error_host(host);
   return BALLAST_OK;
 }
-void destroy(void* state) { delete static_cast<State*>(state); }
+void destroy(void* state) {
+  forget_error_host(static_cast<State*>(state)->host);
+  delete static_cast<State*>(state);
+}
 
 const void* get_interface(void*, const char* name, uint32_t version) {
   const std::string_view n = name ? name : "";

@@ -64,6 +64,7 @@ std::string state_words(char st) {
 const char* last_error() { return t_error.c_str(); }
 int set_last_error(int status, const std::string& msg) {
   t_error = msg;
+  if (status != BALLAST_OK) report_error(msg);
   return status;
 }
 
@@ -764,7 +765,7 @@ Op& take_op(Comm* c, const ballast_comm_args& a) {
 }
 
 int validate(Comm* c, const ballast_comm_args* a) {
-  if (!a || a->size < offsetof(ballast_comm_args, stream)) return set_last_error(BALLAST_EINVAL, "args is NULL or too short");
+  if (!a || a->size < BALLAST_COMM_ARGS_V1_SIZE) return set_last_error(BALLAST_EINVAL, "args is NULL or too short");
   if (a->op == BALLAST_OP_NONE || a->op > BALLAST_OP_BARRIER)
     return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(a->op));
   if (a->op == BALLAST_OP_BARRIER) return BALLAST_OK;
@@ -811,7 +812,7 @@ Comm* make_comm(std::shared_ptr<World> w, std::vector<int> members, int rank, ui
 int comm_init(const ballast_comm_config* cfg, Comm** out) {
   if (!out) return set_last_error(BALLAST_EINVAL, "init: comm is NULL");
   *out = nullptr;
-  if (cfg && cfg->size < offsetof(ballast_comm_config, trace_dir) + sizeof(const char*))
+  if (cfg && cfg->size < BALLAST_COMM_CONFIG_V1_SIZE)
     return set_last_error(BALLAST_EINVAL, "init: ballast_comm_config.size is too small");
   std::string err;
   int status = BALLAST_OK;
@@ -882,7 +883,7 @@ int comm_abort(Comm* c, const char* reason) {
 }
 
 int comm_info(Comm* c, ballast_comm_info* info) {
-  if (!c || !info || info->size < offsetof(ballast_comm_info, max_in_flight))
+  if (!c || !info || info->size < BALLAST_COMM_INFO_V1_SIZE)
     return set_last_error(BALLAST_EINVAL, "info: comm or info is NULL, or info->size too small");
   info->rank = c->rank;
   info->nranks = c->n;

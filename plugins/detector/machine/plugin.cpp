@@ -30,10 +30,10 @@ struct State {
 int on_batch(void* user, const ballast_event* ev) {
   auto* s = static_cast<State*>(user);
   if (ev->schema != BALLAST_SCHEMA_METRIC_BATCH || !ev->payload ||
-      ev->payload_size < sizeof(ballast_metric_batch))
+      ev->payload_size < BALLAST_METRIC_BATCH_V1_SIZE)
     return 0;
   const auto* b = static_cast<const ballast_metric_batch*>(ev->payload);
-  if (b->size < sizeof(ballast_metric_batch) || (b->count && !b->samples)) return 0;
+  if (b->size < BALLAST_METRIC_BATCH_V1_SIZE || (b->count && !b->samples)) return 0;
   uint64_t rejected = 0;
   {
     std::lock_guard<std::mutex> lock(s->mu);

@@ -89,10 +89,10 @@ void publish_report(State& st, const WhatIfResult& r) {
 int on_step_timing(void* user, const ballast_event* ev) {
   auto& st = *static_cast<State*>(user);
   if (ev->schema != BALLAST_SCHEMA_OP_TIMING_BATCH || !ev->payload ||
-      ev->payload_size < sizeof(ballast_op_timing_batch))
+      ev->payload_size < BALLAST_OP_TIMING_BATCH_V1_SIZE)
     return BALLAST_EINVAL;
   const auto* batch = static_cast<const ballast_op_timing_batch*>(ev->payload);
-  if (batch->size < sizeof(ballast_op_timing_batch) || (batch->count && !batch->ops)) return BALLAST_EINVAL;
+  if (batch->size < BALLAST_OP_TIMING_BATCH_V1_SIZE || (batch->count && !batch->ops)) return BALLAST_EINVAL;
   try {
     std::optional<WhatIfResult> result;
     std::string error;

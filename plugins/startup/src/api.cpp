@@ -34,14 +34,19 @@ int api_load(void* state, const char* path, const ballast_startup_load_options* 
   if (path == nullptr || out == nullptr) return fail(state, BALLAST_EINVAL, "load: path and file must not be NULL");
   LoadOptions opt;
   if (o != nullptr) {
-    if (o->size < sizeof(uint32_t) * 2) return fail(state, BALLAST_EINVAL, "load: options.size is too small");
+    // The ABI's size rule: a field the caller's size does not cover is 0.
+    if (o->size < BALLAST_STARTUP_LOAD_OPTIONS_V1_SIZE)
+      return fail(state, BALLAST_EINVAL, "load: options.size is smaller than ballast_startup_load_options v1");
+    const auto has = [&](size_t end) { return o->size >= end; };
+    const uint32_t flags = has(BALLAST_SIZE_TO(ballast_startup_load_options, flags)) ? o->flags : 0;
     if (o->stripes != 0) opt.stripes = o->stripes;
-    if (o->chunk_bytes != 0) opt.chunk_bytes = o->chunk_bytes;
-    opt.direct = (o->flags & BALLAST_LOAD_DIRECT) ? 1 : (o->flags & BALLAST_LOAD_BUFFERED) ? 0 : -1;
-    opt.share = (o->flags & BALLAST_LOAD_SHARE) != 0;
-    opt.verify = (o->flags & BALLAST_LOAD_NO_VERIFY) == 0;
-    opt.destination = o->destination;
-    opt.capacity = o->capacity;
+    if (has(BALLAST_SIZE_TO(ballast_startup_load_options, chunk_bytes)) && o->chunk_bytes != 0)
+      opt.chunk_bytes = o->chunk_bytes;
+    opt.direct = (flags & BALLAST_LOAD_DIRECT) ? 1 : (flags & BALLAST_LOAD_BUFFERED) ? 0 : -1;
+    opt.share = (flags & BALLAST_LOAD_SHARE) != 0;
+    opt.verify = (flags & BALLAST_LOAD_NO_VERIFY) == 0;
+    if (has(BALLAST_SIZE_TO(ballast_startup_load_options, destination))) opt.destination = o->destination;
+    if (has(BALLAST_SIZE_TO(ballast_startup_load_options, capacity))) opt.capacity = o->capacity;
   }
   try {
     auto* f = new ballast_startup_file{load_file(path, opt)};

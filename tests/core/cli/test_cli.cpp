@@ -120,6 +120,22 @@ TEST_CASE("ballast policy check names the line of a malformed event") {
   CHECK(contains(out, "bad.jsonl:2"));
 }
 
+TEST_CASE("an upper-case topic is refused by policy check with the message ballast run gives") {
+  const fs::path dir = scratch();
+  const fs::path policy = dir / "upper.lua";
+  std::ofstream(policy) << "ballast.on('Fault.Confirmed', function(ev) end)\n";
+  const fs::path config = dir / "upper-config.lua";
+  std::ofstream(config) << "return { policy = '" << policy.string() << "' }\n";
+  const std::string message = "upper.lua:1: ballast.on: \"Fault.Confirmed\" is not a valid pattern";
+  std::string check_out, run_out;
+  CHECK(sh(kExe + " policy check " + policy.string(), &check_out) == 1);
+  CHECK(sh(kExe + " run " + config.string(), &run_out) == 1);
+  INFO(check_out);
+  INFO(run_out);
+  CHECK(contains(check_out, message));
+  CHECK(contains(run_out, message));
+}
+
 TEST_CASE("ballast policy check fails when the policy fails") {
   fs::path policy = scratch() / "fails.lua";
   std::ofstream(policy) << "ballast.on('fault.*', function(ev) error('boom') end)\n";

@@ -343,7 +343,9 @@ TEST_CASE("JSON in: errors name the field") {
   const Bad bad[] = {
       {R"([1])", "event: expected an object"},
       {R"({"ts":1})", "topic: missing"},
-      {R"({"topic":"Bad Topic"})", "topic: \"Bad Topic\" is not a valid topic"},
+      {R"({"topic":"Bad Topic"})",
+       "topic: \"Bad Topic\" is not a valid topic (dotted segments of lower-case letters, digits, '_' and '-', "
+       "such as \"fault.confirmed\")"},
       {R"({"topic":"metric.sample","payload":{"samples":[{},{},{},{"value":"x"}]}})",
        "payload.samples[3].value: expected a number"},
       {R"({"topic":"metric.sample","payload":{"samples":{}}})", "payload.samples: expected an array"},

@@ -4,7 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "event_codec.hpp"
-#include "host.hpp"
+#include "host_config.hpp"
 #include "journal.hpp"
 
 #include <doctest/doctest.h>
@@ -213,7 +213,7 @@ TEST_CASE("a config builds the host; the journal records the events") {
   nlohmann::json config;
   REQUIRE(eval_lua_table(config_path, false, &config) == BALLAST_OK);
   std::unique_ptr<Host> host;
-  REQUIRE(Host::from_config(config, fs::path(config_path).parent_path().string(), &host) == BALLAST_OK);
+  REQUIRE(host_from_config(config, fs::path(config_path).parent_path().string(), &host) == BALLAST_OK);
   CHECK(host->node() == "n1");
   REQUIRE(host->start() == BALLAST_OK);
   host->publish_json("fault.suspected", R"({"stage":0,"subject":"gpu1"})", "test");
@@ -231,11 +231,11 @@ TEST_CASE("a config builds the host; the journal records the events") {
 
 TEST_CASE("config errors name the field") {
   std::unique_ptr<Host> host;
-  CHECK(Host::from_config({{"bus", {{"dispatcher_threads", 0}}}}, "/", &host) == BALLAST_EINVAL);
+  CHECK(host_from_config({{"bus", {{"dispatcher_threads", 0}}}}, "/", &host) == BALLAST_EINVAL);
   CHECK(std::string(last_error()).find("bus.dispatcher_threads") != std::string::npos);
-  CHECK(Host::from_config({{"policy", {{"script", "x.lua"}, {"fallback", "explode"}}}}, "/", &host) == BALLAST_EINVAL);
+  CHECK(host_from_config({{"policy", {{"script", "x.lua"}, {"fallback", "explode"}}}}, "/", &host) == BALLAST_EINVAL);
   CHECK(std::string(last_error()).find("policy.fallback") != std::string::npos);
-  CHECK(Host::from_config({{"plugins", {42}}}, "/", &host) == BALLAST_EINVAL);
+  CHECK(host_from_config({{"plugins", {42}}}, "/", &host) == BALLAST_EINVAL);
   CHECK(std::string(last_error()).find("plugins[1]") != std::string::npos);
 }
 

@@ -63,7 +63,7 @@ TEST_CASE("an older minor layout is accepted and its missing optional fields rea
   PluginFile f;
   REQUIRE(load_plugin_file(plugin("old_minor"), &f) == BALLAST_OK);
   CHECK(f.name == "oldminor");
-  CHECK(f.descriptor_size == BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE);
+  CHECK(f.descriptor_size == BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE);
   CHECK((f.get_interface == nullptr));
   CHECK(f.interfaces.empty());
 }

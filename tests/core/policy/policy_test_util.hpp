@@ -28,8 +28,10 @@ struct Recorder : ballast::PolicySink {
   std::vector<std::string> errors;
 
   void on_action(const ballast::PolicyAction& a) override { actions.push_back(a); }
-  void on_publish(const std::string& topic, const std::string& json) override {
-    published.emplace_back(topic, json);
+  // ballast.publish's event, recorded as its topic and its payload as JSON text.
+  void on_publish(ballast::OwnedEvent event) override {
+    const ballast_event& e = event.view();
+    published.emplace_back(e.topic, ballast::event_to_json(e)["payload"].dump());
   }
   void on_log(int level, const std::string& message) override { logs.emplace_back(level, message); }
   void on_error(const std::string& message) override { errors.push_back(message); }

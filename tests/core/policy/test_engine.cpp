@@ -1,6 +1,7 @@
 // Policy handlers, actions and their validation, the ballast library,
 // load errors and reload.
 #include "policy_test_util.hpp"
+#include "topic.hpp"
 
 #include <ballast/plugin.h>
 
@@ -182,7 +183,7 @@ TEST_CASE("ballast.publish, ballast.log, ballast.now and ballast.action") {
     const char* expected;
   } cases[] = {{"bad", "test.lua:8: ballast.action: unknown action 'reboot'"},
                {"badlog", "unknown level 'loud'"},
-               {"badtopic", "invalid topic 'a b'"},
+               {"badtopic", "ballast.publish: \"a b\" is not a valid topic"},
                {"late", "top level of the script only"}};
   for (const Case& c : cases) {
     r.clear();
@@ -200,7 +201,11 @@ TEST_CASE("load errors name the file and the line") {
   CHECK(load_status("local x = 1\nerror('boom')") == BALLAST_EINVAL);
   CHECK(std::string(ballast::last_error()).find("bad.lua:2: boom") != std::string::npos);
   CHECK(load_status("ballast.on('a*', function() end)") == BALLAST_EINVAL);
-  CHECK(std::string(ballast::last_error()).find("invalid pattern 'a*'") != std::string::npos);
+  CHECK(std::string(ballast::last_error()).find("ballast.on: \"a*\" is not a valid pattern") != std::string::npos);
+  // The bus's grammar: upper case is refused where the script says it.
+  CHECK(load_status("ballast.on('Fault.Confirmed', function() end)") == BALLAST_EINVAL);
+  CHECK(std::string(ballast::last_error()).find("bad.lua:1: ballast.on: " + ballast::invalid_pattern_message("Fault.Confirmed")) !=
+        std::string::npos);
   CHECK(load_status("ballast.publish('x', {})") == BALLAST_EINVAL);
   CHECK(std::string(ballast::last_error()).find("only inside a handler") != std::string::npos);
   PolicyOptions o;
@@ -246,8 +251,8 @@ TEST_CASE("a sink that calls back into the policy is refused, not corrupting it"
   struct Reentrant : Recorder {
     Policy* policy = nullptr;
     int reload_status = 0;
-    void on_publish(const std::string& topic, const std::string& json) override {
-      Recorder::on_publish(topic, json);
+    void on_publish(ballast::OwnedEvent event) override {
+      Recorder::on_publish(std::move(event));
       ballast_event e = make_event("y");
       policy->handle(e, *this);  // refused
       reload_status = policy->reload();

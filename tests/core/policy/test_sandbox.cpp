@@ -169,8 +169,9 @@ TEST_CASE("the deadline holds in a thread that blocks the watchdog's signal") {
 struct Forwarder : Recorder {
   Policy* next = nullptr;
   Recorder next_sink;
-  void on_publish(const std::string& topic, const std::string& json) override {
-    Recorder::on_publish(topic, json);
+  void on_publish(ballast::OwnedEvent event) override {
+    const std::string topic = event.view().topic;
+    Recorder::on_publish(std::move(event));
     ballast_event e = make_event(topic.c_str());
     next->handle(e, next_sink);
   }

@@ -75,7 +75,7 @@ BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_
   (void)host_minor;
 #if defined(VARIANT_OLD_MINOR)
   descriptor.name = "oldminor";
-  descriptor.size = (uint32_t)BALLAST_PLUGIN_DESCRIPTOR_MIN_SIZE;
+  descriptor.size = (uint32_t)BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE;
   descriptor.abi_minor = 0;
 #elif defined(VARIANT_NEW_MAJOR)
   descriptor.name = "newmajor";

@@ -1,7 +1,7 @@
 // With a host present, comm-ucx publishes every operation of the process's
 // communicators on the bus as collective.record (and collective.progress
-// while one runs). The host loads the plugin; this program opens the same
-// shared object for the comm table, as a trainer embedding the core would.
+// while one runs). The host loads the plugin; the comm table comes through
+// the embedding API, as a trainer embedding the core gets it.
 #include <doctest/doctest.h>
 
 #include <ballast/comm.h>
@@ -10,7 +10,6 @@
 #include "ranks.hpp"
 #include "scratch_dir.hpp"
 
-#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,28 +49,22 @@ int on_record(void* user, const ballast_event* e) {
 
 const std::string kPlugin = std::string(BALLAST_PLUGIN_DIR) + "/ballast-comm-ucx.so";
 
-// The plugin's comm table, from the shared object the host loaded.
+// The plugin's comm table, from a host of its own (host.h), as a trainer
+// embedding the core gets it.
 struct CommTable {
-  void* so = nullptr;
-  const ballast_plugin_descriptor* d = nullptr;
-  ballast_host_api host{};
-  void* state = nullptr;
+  ballast_host* host = nullptr;
+  void* const state = nullptr;  // an embedder has no plugin state (comm.h)
   const ballast_comm_api* api = nullptr;
 
   CommTable() {
-    so = dlopen(kPlugin.c_str(), RTLD_NOW | RTLD_LOCAL);
-    REQUIRE(so);
-    auto entry = reinterpret_cast<ballast_plugin_entry_fn>(dlsym(so, BALLAST_PLUGIN_ENTRY));
-    d = entry(BALLAST_ABI_MINOR);
-    host.size = sizeof host;
-    REQUIRE(d->create(&host, &state) == BALLAST_OK);
-    api = static_cast<const ballast_comm_api*>(d->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
-    REQUIRE(api);
+    REQUIRE(ballast_host_create("table", &host) == BALLAST_OK);
+    REQUIRE_MESSAGE(ballast_host_load_plugin(host, kPlugin.c_str(), nullptr) == BALLAST_OK, ballast_last_error());
+    const void* table = nullptr;
+    REQUIRE(ballast_host_get_interface(host, "comm-ucx", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) ==
+            BALLAST_OK);
+    api = static_cast<const ballast_comm_api*>(table);
   }
-  ~CommTable() {
-    d->destroy(state);
-    dlclose(so);
-  }
+  ~CommTable() { ballast_host_destroy(host); }
   ballast_comm* init(int rank, int nranks, int port = 0) const {
     ballast_comm_config cfg{};
     cfg.size = sizeof cfg;

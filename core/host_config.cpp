@@ -1,0 +1,132 @@
+#include "host_config.hpp"
+
+#include "config.hpp"
+#include "error.hpp"
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace ballast {
+
+namespace {
+
+std::string script_search(const std::string& reference, const std::string& base_dir) {
+  std::error_code ec;
+  fs::path p(reference);
+  if (p.is_absolute()) return reference;
+  if (fs::exists(fs::path(base_dir) / p, ec)) return (fs::path(base_dir) / p).string();
+  std::string prefix = install_prefix();
+  fs::path shipped = fs::path(prefix) / BALLAST_SCRIPT_REL_DIR / p;
+  if (!prefix.empty() && fs::exists(shipped, ec)) return shipped.string();
+  return (fs::path(base_dir) / p).string();
+}
+
+int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t* out) {
+  const nlohmann::json* v = config_lookup(config, key);
+  if (v == nullptr) {
+    *out = fallback;
+    return BALLAST_OK;
+  }
+  if (!v->is_number() || v->get<double>() < 0)
+    return fail(BALLAST_EINVAL, std::string("config field '") + key + "': expected a non-negative number");
+  *out = v->get<uint64_t>();
+  return BALLAST_OK;
+}
+
+}  // namespace
+
+int host_from_config(const nlohmann::json& config, const std::string& base_dir, std::unique_ptr<Host>* out) {
+  if (!config.is_object()) return fail(BALLAST_EINVAL, "config: expected a table");
+  HostOptions options;
+  if (auto* node = config_lookup(config, "node")) {
+    if (!node->is_string()) return fail(BALLAST_EINVAL, "config field 'node': expected a string");
+    options.node = node->get<std::string>();
+  }
+  if (auto* role = config_lookup(config, "role")) {
+    if (!role->is_string() || (*role != "agent" && *role != "controller"))
+      return fail(BALLAST_EINVAL, "config field 'role': expected \"agent\" or \"controller\"");
+  }
+  if (auto* level = config_lookup(config, "log_level")) {
+    static const char* names[] = {"error", "warn", "info", "debug"};
+    bool ok = false;
+    for (int i = 0; i < 4; ++i)
+      if (level->is_string() && *level == names[i]) options.log_level = i, ok = true;
+    if (!ok) return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
+  }
+  uint64_t threads = 0, capacity = 0;
+  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, &threads); rc != BALLAST_OK) return rc;
+  if (int rc = as_uint(config, "bus.queue_capacity", 4096, &capacity); rc != BALLAST_OK) return rc;
+  if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
+  if (capacity == 0 || capacity > (1u << 20))
+    return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
+  options.bus.dispatcher_threads = static_cast<unsigned>(threads);
+  options.bus.default_queue_capacity = static_cast<uint32_t>(capacity);
+
+  auto host = std::make_unique<Host>(options);
+
+  if (auto* journal = config_lookup(config, "journal")) {
+    if (!journal->is_string()) return fail(BALLAST_EINVAL, "config field 'journal': expected a path");
+    fs::path jp(journal->get<std::string>());
+    if (jp.is_relative()) jp = fs::path(base_dir) / jp;
+    if (int rc = host->open_journal(jp.string()); rc != BALLAST_OK) return rc;
+  }
+
+  if (auto* plugins = config_lookup(config, "plugins")) {
+    if (!plugins->is_array()) return fail(BALLAST_EINVAL, "config field 'plugins': expected a list");
+    for (size_t i = 0; i < plugins->size(); ++i) {
+      const auto& entry = (*plugins)[i];
+      std::string field = "plugins[" + std::to_string(i + 1) + "]";
+      std::string reference;
+      nlohmann::json plugin_config = nlohmann::json::object();
+      if (entry.is_string()) {
+        reference = entry.get<std::string>();
+      } else if (entry.is_object() && entry.contains("path") && entry["path"].is_string()) {
+        reference = entry["path"].get<std::string>();
+        if (entry.contains("config")) {
+          if (!entry["config"].is_object())
+            return fail(BALLAST_EINVAL, "config field '" + field + ".config': expected a table");
+          plugin_config = entry["config"];
+        }
+      } else {
+        return fail(BALLAST_EINVAL, "config field '" + field + "': expected a name or { path = ..., config = {...} }");
+      }
+      std::string path;
+      if (resolve_plugin(reference, base_dir, &path) != BALLAST_OK) {
+        host->log(BALLAST_LOG_ERROR, "host", "config field '" + field + "': " + last_error());
+        continue;  // the host keeps running without it
+      }
+      host->load_plugin(path, plugin_config);  // failures are logged, the host goes on
+    }
+  }
+
+  if (auto* policy = config_lookup(config, "policy")) {
+    PolicyOptions popts;
+    std::string script;
+    if (policy->is_string()) {
+      script = policy->get<std::string>();
+    } else if (policy->is_object() && policy->contains("script") && (*policy)["script"].is_string()) {
+      script = (*policy)["script"].get<std::string>();
+      if (auto* f = config_lookup(*policy, "fallback")) {
+        if (!f->is_string()) return fail(BALLAST_EINVAL, "config field 'policy.fallback': expected an action name");
+        popts.fallback_action = f->get<std::string>();
+      }
+      uint64_t deadline = 0, memory = 0;
+      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, &deadline); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, &memory); rc != BALLAST_OK) return rc;
+      popts.call_deadline_ms = static_cast<uint32_t>(deadline);
+      popts.memory_limit_bytes = memory << 20;
+    } else {
+      return fail(BALLAST_EINVAL, "config field 'policy': expected a script path or { script = ..., ... }");
+    }
+    bool known = false;
+    for (const char* a : kRecoveryActions) known = known || popts.fallback_action == a;
+    if (!known) return fail(BALLAST_EINVAL, "config field 'policy.fallback': '" + popts.fallback_action +
+                                                "' is not a recovery action");
+    if (int rc = host->load_policy(script_search(script, base_dir), popts); rc != BALLAST_OK) return rc;
+  }
+  *out = std::move(host);
+  return BALLAST_OK;
+}
+
+}  // namespace ballast

@@ -1,0 +1,38 @@
+// The Lua policy as a built-in plugin, "policy": an ordinary subscriber that
+// reaches the host only through the ballast_host_api table the host hands
+// it, like every plugin (DESIGN.md "Lua policies"). A C handler and a Lua
+// handler sit on the same path: plugin -> host API (host.cpp) -> bus
+// (bus.cpp) -> subscriber.
+//
+// Its configuration, read with config_get like any plugin's:
+//   script       the policy file (required)
+//   fallback     the action published when a call fails (default "escalate")
+//   deadline_ms  wall clock per handler call (default 100)
+//   memory_bytes cap of the Lua state (default 64 MiB)
+//   name         for messages (default: the file's stem)
+// create() loads the script (an error names the file and the line); start()
+// subscribes queued to a covering set of the script's patterns; what the
+// script publishes goes out through an outbox thread (policy_plugin.cpp says
+// why); stop() hands out what the outbox holds and stops it.
+#pragma once
+
+#include "policy.hpp"
+
+#include <ballast/plugin.h>
+
+#include <string>
+
+namespace ballast {
+
+// The built-in plugin's descriptor (static storage).
+const ballast_plugin_descriptor* policy_plugin_descriptor();
+
+// Load `path` with `options` in place of the running script (the same file
+// again: a reload); on failure the old script stays and the message is left
+// in last_error(). `state` is the plugin's, from create. Host main thread.
+int policy_plugin_load(void* state, const std::string& path, const PolicyOptions& options);
+
+// Re-read the current script's file (policy_plugin_load with its own path).
+int policy_plugin_reload(void* state);
+
+}  // namespace ballast
