@@ -680,7 +680,8 @@ void Executor::fire_injections() {
   const double t = double(now() - first_start_ns_) / 1e9;
   for (size_t i = 0; i < cfg_.injections.size(); ++i) {
     const auto& in = cfg_.injections[i];
-    if (fired_[i] || in.at_s < 0 || t < in.at_s) continue;
+    if (fired_[i] || in.kind == FaultKind::nan || in.kind == FaultKind::usererror) continue;
+    if (in.at_s >= 0 ? t < in.at_s : high_water_ < in.at_step) continue;
     if (in.kind != FaultKind::machine && !backend_->running(in.rank)) continue;  // fires once the rank runs
     fired_[i] = true;
     std::string error;

@@ -95,9 +95,18 @@ Injection parse_spec(const std::string& spec, const std::string& origin, const J
     else if (kind == "slow") in.kind = FaultKind::slow;
     else if (kind == "machine") in.kind = FaultKind::machine;
     else throw InjectError(origin + ": unknown fault kind '" + kind + "' (known: " + kKinds + ")");
-    if (!parse_number(when, &t) || t < 0)
-      throw InjectError(origin + ": '@" + when + "' is not a time in seconds (>= 0) after the job's start");
-    in.at_s = t;
+    if (when.rfind("step", 0) == 0) {
+      // @stepN: when the job first reaches step N (tests and benchmarks
+      // that must not depend on the machine's speed).
+      if (!parse_number(when.substr(4), &t) || t != std::floor(t) || t < 1)
+        throw InjectError(origin + ": '@" + when + "' wants a step number from 1 after 'step'");
+      in.at_step = int64_t(t);
+    } else if (!parse_number(when, &t) || t < 0) {
+      throw InjectError(origin + ": '@" + when + "' is not a time in seconds (>= 0) after the job's start, or stepN");
+    } else {
+      in.at_s = t;
+    }
+    const std::string at_text = in.at_step > 0 ? "step" + std::to_string(in.at_step) : fmt(t);
     if (in.kind == FaultKind::machine) {
       in.node = parse_index(origin, "node", take("node"), shape.nodes, "nodes");
       in.machine_kind = take("kind");
@@ -106,7 +115,7 @@ Injection parse_spec(const std::string& spec, const std::string& origin, const J
       if (!machine_kind_supported(in.machine_kind))
         throw InjectError(origin + ": machine kind=" + in.machine_kind +
                           " is not available with the local backend (it needs a network namespace per node)");
-      in.spec = "machine:node=" + std::to_string(in.node) + ",kind=" + in.machine_kind + "@" + fmt(t);
+      in.spec = "machine:node=" + std::to_string(in.node) + ",kind=" + in.machine_kind + "@" + at_text;
     } else {
       in.rank = parse_index(origin, "rank", take("rank"), shape.ranks, "ranks");
       in.spec = kind + ":rank=" + std::to_string(in.rank);
@@ -116,7 +125,7 @@ Injection parse_spec(const std::string& spec, const std::string& origin, const J
           throw InjectError(origin + ": factor=" + f + " is not a number in [1, 1000]");
         in.spec += ",factor=" + fmt(in.factor);
       }
-      in.spec += "@" + fmt(t);
+      in.spec += "@" + at_text;
     }
   }
   if (!args.empty()) throw InjectError(origin + ": unknown argument '" + args.begin()->first + "' for " + kind);

@@ -2,7 +2,8 @@
 // injections the executor fires at their time. Specs:
 //   hang:rank=R@T   crash:rank=R@T   skip:rank=R@T   slow:rank=R,factor=F@T
 //   machine:node=N,kind=cpu|mem|net@T   nan@STEP   usererror@STEP
-// T in seconds after the job's first start, STEP a training step (from 1).
+// T in seconds after the job's first start, or stepN: when the job first
+// reaches step N; STEP a training step (from 1).
 // A schedule is JSON lines: {"spec": "crash:rank=1@20"}, or the fields
 // {"kind": "crash", "rank": 1, "at": 20} ("step" for nan/usererror), or
 // records of the InfiniteHBD fault trace ({"node_id", "event_time" in days,
@@ -31,8 +32,8 @@ struct Injection {
   int node = -1;             // machine
   std::string machine_kind;  // machine: cpu, mem or net
   double factor = 1;         // slow
-  double at_s = -1;          // seconds after the first start (not nan/usererror)
-  int64_t at_step = -1;      // nan, usererror
+  double at_s = -1;          // seconds after the first start, or -1
+  int64_t at_step = -1;      // nan, usererror: the step; others: fire at this step (@stepN), or -1
   std::string spec;          // canonical form, e.g. "crash:rank=1@20"
   std::string origin;        // "--inject 'crash:rank=1@20'" or "FILE:LINE"
   std::string note;          // where it came from in a trace ("GPU: GPU xid Error")

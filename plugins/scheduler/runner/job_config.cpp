@@ -66,7 +66,12 @@ std::string resolve_program(const std::string& program, const std::string& base_
   std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
   for (std::string dir; std::getline(ss, dir, ':');)
     if (!dir.empty() && executable(fs::path(dir) / program)) return (fs::path(dir) / program).string();
-  throw ConfigError("job.command[1]: '" + program + "' is not found in PATH");
+  // Beside the ballast executable: the bundled trainer of a build or an install.
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && executable(self.parent_path() / program)) return (self.parent_path() / program).string();
+  throw ConfigError("job.command[1]: '" + program + "' is not found in PATH or beside " +
+                    (ec ? std::string("the ballast executable") : self.parent_path().string()));
 }
 
 JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top, const std::string& base_dir) {

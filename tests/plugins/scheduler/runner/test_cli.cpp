@@ -75,7 +75,7 @@ TEST_CASE("a trainer command that does not exist is refused") {
   auto r = run(config("'no-such-trainer-ballast'"));
   INFO(r.output);
   CHECK(r.code != 0);
-  CHECK(r.output.find("job.command[1]: 'no-such-trainer-ballast' is not found in PATH") != std::string::npos);
+  CHECK(r.output.find("job.command[1]: 'no-such-trainer-ballast' is not found in PATH or beside") != std::string::npos);
   auto r2 = run(config("'./missing/trainer'"));
   CHECK(r2.code != 0);
   CHECK(r2.output.find("job.command[1]: './missing/trainer' does not exist or is not executable") != std::string::npos);

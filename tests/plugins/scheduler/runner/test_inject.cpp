@@ -52,6 +52,10 @@ TEST_CASE("every fault kind parses into its injection") {
   CHECK(n.at_step == 40);
   CHECK(n.at_s < 0);
   CHECK(parse_spec("usererror@9", "a", kShape).spec == "usererror@9");
+  auto at_step = parse_spec("crash:rank=1@step40", "a", kShape);
+  CHECK(at_step.at_step == 40);
+  CHECK(at_step.at_s < 0);
+  CHECK(at_step.spec == "crash:rank=1@step40");
 }
 
 TEST_CASE("bad specs are refused with the argument named") {
