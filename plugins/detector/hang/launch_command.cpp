@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -43,6 +44,19 @@ bool port_free(int port) {
 // that no connection of another process takes it as its source port before
 // rank 0 listens on it (a port from bind(0), closed again, goes back to that
 // pool). 0 when none was found.
+// The job's bootstrap secret (BALLAST_BOOTSTRAP_SECRET): 32 random bytes in
+// hex, or the one already in the environment (a job across hosts shares one).
+std::string bootstrap_secret() {
+  const char* given = std::getenv("BALLAST_BOOTSTRAP_SECRET");
+  if (given && *given) return given;
+  unsigned char raw[32];
+  if (getrandom(raw, sizeof raw, 0) != ssize_t(sizeof raw)) return "";
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : raw) s += {kHex[c >> 4], kHex[c & 15]};
+  return s;
+}
+
 int free_port() {
   int lo = 32768, hi = 60999;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
@@ -193,6 +207,12 @@ int launch_main(int argc, char** argv) {
     return 2;
   }
 
+  const std::string secret = bootstrap_secret();
+  if (secret.empty()) {
+    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+    return 1;
+  }
+
   const StopSignals stop_signals;
   std::vector<pid_t> pids(size_t(n), -1);
   std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
@@ -218,6 +238,7 @@ int launch_main(int argc, char** argv) {
       setenv("LOCAL_WORLD_SIZE", ns.c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", ps.c_str(), 1);
+      setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
       setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
       execvp(argv[i], argv + i);
       std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));
