@@ -77,10 +77,10 @@ void add_run(CLI::App& app) {
       }
     }
     if (json) {
-      std::printf("%s\n", counters.dump().c_str());
+      std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::fprintf(stderr, "ballast run: stopped cleanly;");
-      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump().c_str());
+      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }
   });

@@ -1,10 +1,12 @@
 #include "launch_env.hpp"
 
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 namespace ballast::launch {
@@ -40,6 +42,17 @@ int free_port() {
     if ((port < lo || port > hi) && port_free(port)) return port;
   }
   return 0;
+}
+
+std::string bootstrap_secret() {
+  const char* given = std::getenv("BALLAST_BOOTSTRAP_SECRET");
+  if (given && *given) return given;
+  unsigned char raw[32];
+  if (getrandom(raw, sizeof raw, 0) != ssize_t(sizeof raw)) return "";
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : raw) s += {kHex[c >> 4], kHex[c & 15]};
+  return s;
 }
 
 std::vector<std::pair<std::string, std::string>> torchrun_env(const RankPlace& place, int master_port) {

@@ -14,6 +14,11 @@ namespace ballast::launch {
 // as its source port before rank 0 listens on it. 0 when none was found.
 int free_port();
 
+// The job's bootstrap secret (BALLAST_BOOTSTRAP_SECRET): the one already in
+// the environment (a job across hosts shares one), else 32 random bytes in
+// hex. Empty when the kernel gave no random bytes (errno says why).
+std::string bootstrap_secret();
+
 // Where a rank sits in a job, as torchrun numbers it.
 struct RankPlace {
   int rank = 0;         // RANK

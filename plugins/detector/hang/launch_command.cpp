@@ -157,6 +157,12 @@ int launch_main(int argc, char** argv) {
     return 2;
   }
 
+  const std::string secret = launch::bootstrap_secret();
+  if (secret.empty()) {
+    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+    return 1;
+  }
+
   const StopSignals stop_signals;
   std::vector<pid_t> pids(size_t(n), -1);
   std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
@@ -175,6 +181,7 @@ int launch_main(int argc, char** argv) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
       for (const auto& [k, v] : launch::torchrun_env({r, n, r, n, 0}, port)) setenv(k.c_str(), v.c_str(), 1);
+      setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
       setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
       execvp(argv[i], argv + i);
       std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));

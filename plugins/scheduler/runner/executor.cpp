@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -394,6 +395,13 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
     *error = "found no free port for MASTER_PORT outside ip_local_port_range";
     return false;
   }
+  // Every attempt gets its own secret, so a rank left over from an earlier
+  // attempt cannot join the new one's bootstrap.
+  const std::string secret = launch::bootstrap_secret();
+  if (secret.empty()) {
+    *error = std::string("cannot make a bootstrap secret: ") + std::strerror(errno);
+    return false;
+  }
   for (auto& r : ranks_) r = RankState{};
   failed_ns_ = 0;
   resume_step_ = from.step;
@@ -411,6 +419,7 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
       rl.rank = rank;
       rl.argv = cfg_.command;
       rl.env = launch::torchrun_env({rank, cfg_.ranks, l, rpn, n}, master_port_);
+      rl.env.emplace_back("BALLAST_BOOTSTRAP_SECRET", secret);
       for (const auto& [k, v] : cfg_.env) rl.env.emplace_back(k, v);
       rl.env.emplace_back("BALLAST_TRACE_DIR", trace_dir_);
       rl.env.emplace_back("BALLAST_JOB_DIR", job_dir_);
