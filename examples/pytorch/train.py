@@ -65,10 +65,19 @@ def parse_args():
 def main():
     args = parse_args()
     job = job_channel.Job()
-    rank, world = job.rank, job.world_size
     # The heartbeat first, before the slow import of torch: the launcher
     # knows at once that this job reports its progress.
-    heartbeat = ballast.Heartbeat(rank=rank, world=world) if job.trace_dir else None
+    heartbeat = ballast.Heartbeat(rank=job.rank, world=job.world_size) if job.trace_dir else None
+    try:
+        return train(args, job, heartbeat)
+    except BaseException:
+        if heartbeat:
+            heartbeat.close(done=False)  # state=failed: an error of its own
+        raise
+
+
+def train(args, job, heartbeat):
+    rank, world = job.rank, job.world_size
 
     import torch
     import torch.distributed as dist

@@ -54,7 +54,8 @@ class Heartbeat:
     """The heartbeat file of this process. beat() records progress; the step
     timer calls it at each step and phase. With stack_signal (default
     SIGUSR2, $BALLAST_STACK_SIGNAL to change, 0 for none), faulthandler
-    appends every thread's Python stack to the .stack file on that signal."""
+    appends every thread's Python stack to the .stack file on that signal,
+    from then until the process ends (close() leaves it installed)."""
 
     def __init__(self, directory=None, rank=None, world=None, stack_signal=None):
         env = os.environ
@@ -119,10 +120,9 @@ class Heartbeat:
         self.beat(step=None, phase=None if done else self.phase)
         os.close(self._fd)
         self._fd = None
-        if self._stack_file is not None:
-            faulthandler.unregister(self.stack_signal)
-            self._stack_file.close()
-            self._stack_file = None
+        # The stack handler stays until the process ends: a reader that saw
+        # stack_signal a moment ago may still send it, and with the handler
+        # gone the signal's default action would end the process.
 
     def __enter__(self):
         return self

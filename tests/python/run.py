@@ -1,4 +1,5 @@
-"""Run one unittest module; exit 0 when it passed, 77 when every test in it
+"""Run one unittest module (its tests matching the optional second argument,
+a unittest -k pattern); exit 0 when it passed, 77 when every test in it
 was skipped (ctest reports it skipped, with the reasons printed), 1 else."""
 import importlib.util
 import os
@@ -12,7 +13,10 @@ def main():
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+    loader = unittest.TestLoader()
+    if len(sys.argv) > 2:
+        loader.testNamePatterns = [f"*{sys.argv[2]}*"]
+    suite = loader.loadTestsFromModule(module)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     if not result.wasSuccessful():
         return 1

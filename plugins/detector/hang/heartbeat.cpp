@@ -264,7 +264,7 @@ std::map<int, std::string> collect_stacks(const std::string& dir, const std::vec
   std::map<int, std::string> out;
   std::map<int, std::string> paths;
   for (const auto& b : beats) {
-    if (b.done) continue;
+    if (b.done || b.failed) continue;
     if (b.state == ProcState::gone) out[b.rank] = "(no stack: the process is gone)";
     else if (b.state == ProcState::stopped) out[b.rank] = "(no stack: the process is stopped and cannot run its handler)";
     else if (b.state != ProcState::alive) out[b.rank] = "(no stack: the process is not on this host)";

@@ -345,11 +345,6 @@ int launch_main(int argc, char** argv) {
                                : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
                    dir.c_str());
   }
-  // The Python stacks of the ranks that can give them (after the verdict:
-  // it does not wait for them).
-  for (const auto& [rank, stack] : collect_stacks(dir, beats, 1000))
-    std::fprintf(stderr, "ballast launch: rank %d's Python stacks:\n%s%s", rank, stack.c_str(),
-                 !stack.empty() && stack.back() == '\n' ? "" : "\n");
   // What each rank's process was when the verdict was given: the launcher
   // ends the others next, and a later `ballast analyze` must see them as
   // they were.
@@ -364,6 +359,11 @@ int launch_main(int argc, char** argv) {
     k.stopped_by_launcher = codes[size_t(r)] == -1;
     record.ranks.push_back(k);
   }
+  // The Python stacks of the ranks that can give them (after the verdict:
+  // it does not wait for them).
+  for (const auto& [rank, stack] : collect_stacks(dir, beats, 1000))
+    std::fprintf(stderr, "ballast launch: rank %d's Python stacks:\n%s%s", rank, stack.c_str(),
+                 !stack.empty() && stack.back() == '\n' ? "" : "\n");
   std::string err;
   if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   stop_ranks(pids, codes);
