@@ -341,7 +341,7 @@ int launch_main(int argc, char** argv) {
     // the collectives only.
     if (v.verdict == "healthy" && failed_rank >= 0)
       std::fprintf(stderr, rings.empty() && beats.empty()
-                               ? "  no trace ring or heartbeat in %s: no rank ran a collective through a Ballast comm plugin or wrote a heartbeat\n"
+                               ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none wrote a heartbeat)\n"
                                : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
                    dir.c_str());
   }
