@@ -168,6 +168,20 @@ class Job:
         return best[1] if best else None
 
 
+def ops_of_step_report(report):
+    """The step.timing rows (ballast.events.op_timing) of a `step` report as
+    the executor receives it: the report's rank and step, one row per op,
+    seq_id counting the ops of each type in the step, plain data
+    parallelism (dp_rank = rank, stage 0)."""
+    rank, step, seen, rows = int(report["rank"]), int(report["step"]), {}, []
+    for op in report.get("ops") or []:
+        seq = seen.get(op["optype"], 0)
+        seen[op["optype"]] = seq + 1
+        rows.append(events.op_timing(rank, step, op["optype"], op["start_s"], op["duration_s"], seq_id=seq,
+                                     mb_id=op.get("mb_id", -1)))
+    return rows
+
+
 def parse_inject(text):
     """BALLAST_INJECT ("nan@12,usererror@30") as {kind: [steps]}; a part
     that is not KIND@STEP raises ValueError naming it."""

@@ -7,6 +7,7 @@ crashed job resumes from its last checkpoint. Skipped without python3-torch."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,63 @@ class PyTorchLaunchTest(unittest.TestCase):
         self.assertEqual([(c["rank"], c["kind"]) for c in again["root_cause"]], [(2, "stuck")], again)
         text = subprocess.run([BALLAST, "analyze", self.traces], capture_output=True, text=True).stdout
         self.assertIn("ballast launch stopped this job", text)
+
+
+@unittest.skipUnless(HAVE_TORCH, "python3-torch (with gloo) is not installed: tools/install-deps installs it")
+class PyTorchStragglerTest(unittest.TestCase):
+    """The ranks' step reports, received as the executor receives them (the
+    job channel's datagram socket), published on a real host's bus: the
+    online straggler analysis names the slowed rank."""
+
+    def test_straggler_slowed_rank_is_named_online(self):
+        import ballast
+        from ballast import job as job_channel
+        folder = tempfile.mkdtemp(prefix="pytorch-straggler-")
+        sock_path = os.path.join(folder, "executor.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        server.bind(sock_path)
+        server.settimeout(0.2)
+        reports = []
+        with ballast.Host() as host:
+            host.load_plugin("straggler", {"window_steps": 20, "report_every": 10})
+            host.subscribe("straggler.report", reports.append)
+            host.start()
+            env = dict(os.environ, BALLAST_JOB_SOCKET=sock_path)
+            env.pop("LD_PRELOAD", None)  # the ASan runtime this test may need is not the ranks' business
+            p = subprocess.Popen([BALLAST, "launch", "-n", "3", "--trace-dir", os.path.join(folder, "traces"), "--",
+                                  "/usr/bin/python3", TRAIN, "--steps", "60", "--slow", "2@4"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            kinds = {}
+            try:
+                while True:
+                    try:
+                        report = json.loads(server.recv(70000))
+                    except socket.timeout:
+                        if p.poll() is not None:
+                            break
+                        continue
+                    kinds[report["type"]] = kinds.get(report["type"], 0) + 1
+                    if report["type"] == "step":
+                        host.publish("step.timing", {"ops": job_channel.ops_of_step_report(report)})
+                out = p.stdout.read()
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                server.close()
+            self.assertEqual(p.returncode, 0, out)
+            self.assertEqual((kinds.get("hello"), kinds.get("step"), kinds.get("done")), (3, 180, 3), kinds)
+            deadline = time.monotonic() + 10
+            while len(reports) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.assertGreaterEqual(len(reports), 3, out)
+        last = reports[-1]["payload"]
+        print(json.dumps(last)[:400])
+        ranks = [c for c in last["culprits"] if c["dimension"] == "rank"]
+        self.assertTrue(ranks, last)
+        self.assertEqual(ranks[0]["name"], "2", last)
+        self.assertEqual(last["kind"], "worker", last)
+        self.assertGreater(last["slowdown"], 1.3, last)
 
 
 class UnwatchedJobTest(unittest.TestCase):
