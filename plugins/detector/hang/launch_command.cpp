@@ -1,6 +1,8 @@
 #include "analysis.hpp"
 #include "commands.hpp"
+#include "heartbeat.hpp"
 #include "launch_env.hpp"
+#include "launch_record.hpp"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iterator>
 #include <string>
 #include <thread>
@@ -99,6 +102,21 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
     kill(-pids[r], SIGKILL);
     if (codes[r] == -1) waitpid(pids[r], &codes[r], 0);
   }
+}
+
+int64_t wall_now() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// A job with neither is unwatched: said this long after the start.
+constexpr double kUnwatchedWarnSeconds = 3;
+
+std::string ended_words(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "";
 }
 
 int usage(const char* prog, const std::string& why) {
@@ -199,7 +217,10 @@ int launch_main(int argc, char** argv) {
   int running = n, failed_rank = -1;
   std::string why;
   auto next_scan = t0;
+  bool watched = false, warned = false;
   while (running > 0 && !g_stop_signal) {
+    // Of the ranks that failed since the last look, the one killed by a
+    // signal: the others most likely exited on the error its death caused.
     for (int r = 0; r < n; ++r) {
       if (codes[size_t(r)] != -1) continue;
       int st = 0;
@@ -207,7 +228,8 @@ int launch_main(int argc, char** argv) {
       codes[size_t(r)] = st;
       --running;
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && failed_rank < 0) {
+      const bool first_signal = failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(failed_rank)]);
+      if (!ok && (failed_rank < 0 || first_signal)) {
         failed_rank = r;
         why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
                             : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
@@ -218,12 +240,31 @@ int launch_main(int argc, char** argv) {
       next_scan = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       std::vector<std::string> errors;
       const auto rings = read_dir(dir, &errors);
-      const uint64_t sig = progress_signature(rings);
+      // Ranks that write no trace ring (no Ballast comm plugin) may still
+      // say how far they are through heartbeat files.
+      const auto beats = rings.empty() ? read_heartbeats(dir, &errors) : std::vector<Heartbeat>{};
+      if (!rings.empty() || !beats.empty()) {
+        if (warned && !watched)
+          std::fprintf(stderr, "ballast launch: %s appeared in %s: hang detection is on\n",
+                       rings.empty() ? "heartbeats" : "trace rings", dir.c_str());
+        watched = true;
+      } else if (!watched && !warned && since(t0) >= kUnwatchedWarnSeconds) {
+        warned = true;
+        std::fprintf(stderr,
+                     "ballast launch: warning: no trace ring and no heartbeat in %s after %.0f s: hang detection is "
+                     "off for this job (ranks exiting are still watched). Run collectives through a Ballast comm "
+                     "plugin, or write a heartbeat (Python: ballast.Heartbeat; the format: "
+                     "plugins/detector/hang/README.md)\n",
+                     dir.c_str(), kUnwatchedWarnSeconds);
+      }
+      const uint64_t sig = rings.empty() ? heartbeat_signature(beats) : progress_signature(rings);
+      const bool waiting = rings.empty() ? heartbeats_running(beats) : in_flight(rings);
       if (sig != signature) {
         signature = sig;
         last_change = std::chrono::steady_clock::now();
-      } else if (in_flight(rings) && since(last_change) >= stall_s) {
-        why = "no collective progress for " + std::to_string(int(since(last_change))) + " s";
+      } else if (waiting && since(last_change) >= stall_s) {
+        why = "no " + std::string(rings.empty() ? "heartbeat" : "collective progress") + " for " +
+              std::to_string(int(since(last_change))) + " s";
         break;
       }
     }
@@ -241,24 +282,59 @@ int launch_main(int argc, char** argv) {
   // they were, then stop the job.
   std::vector<std::string> errors;
   const auto rings = read_dir(dir, &errors);
-  Verdict v = analyze(rings, Options{});
-  if (failed_rank >= 0)
-    std::fprintf(stderr, "ballast launch: rank %d (pid %d) %s\n", failed_rank, int(pids[size_t(failed_rank)]), why.c_str());
-  else
-    std::fprintf(stderr, "ballast launch: the job hangs: %s\n", why.c_str());
+  const auto beats = read_heartbeats(dir, &errors);
+  Verdict v = !rings.empty() ? analyze(rings, Options{}) : analyze_heartbeats(beats);
+  LaunchRecord record;
+  record.failed_rank = failed_rank;
+  record.verdict_ns = wall_now();
+  record.verdict_json = v.to_json();
+  if (failed_rank >= 0) {
+    record.reason = "rank " + std::to_string(failed_rank) + " (pid " + std::to_string(pids[size_t(failed_rank)]) + ") " + why;
+    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+  } else {
+    record.reason = "the job hangs: " + why;
+    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+  }
   for (const auto& e : errors) std::fprintf(stderr, "ballast launch: warning: %s\n", e.c_str());
   if (json) {
     std::printf("%s\n", v.to_json().c_str());
+    std::fflush(stdout);
   } else {
     std::fputs(v.to_text().c_str(), stderr);
     // "healthy" beside a failed rank reads as a contradiction: it speaks of
     // the collectives only.
     if (v.verdict == "healthy" && failed_rank >= 0)
-      std::fprintf(stderr, rings.empty() ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin\n"
-                                         : "  the collective traces in %s show no hang or mismatch: the failure is the rank's own\n",
+      std::fprintf(stderr, rings.empty() && beats.empty()
+                               ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none wrote a heartbeat)\n"
+                               : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
                    dir.c_str());
   }
+  // What each rank's process was when the verdict was given: the launcher
+  // ends the others next, and a later `ballast analyze` must see them as
+  // they were.
+  char me[256] = {0};
+  gethostname(me, sizeof me - 1);
+  for (int r = 0; r < n; ++r) {
+    LaunchRank k;
+    k.rank = r;
+    k.pid = pids[size_t(r)];
+    k.state = codes[size_t(r)] != -1 ? ProcState::gone : probe(k.pid, me);
+    k.ended = codes[size_t(r)] != -1 ? ended_words(codes[size_t(r)]) : "";
+    k.stopped_by_launcher = codes[size_t(r)] == -1;
+    record.ranks.push_back(k);
+  }
+  // The Python stacks of the ranks that can give them (after the verdict:
+  // it does not wait for them).
+  for (const auto& [rank, stack] : collect_stacks(dir, beats, 1000))
+    std::fprintf(stderr, "ballast launch: rank %d's Python stacks:\n%s%s", rank, stack.c_str(),
+                 !stack.empty() && stack.back() == '\n' ? "" : "\n");
+  std::string err;
+  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   stop_ranks(pids, codes);
+  record.stopped_ns = wall_now();
+  for (auto& k : record.ranks)
+    if (k.stopped_by_launcher) k.ended = ended_words(codes[size_t(k.rank)]) + ", stopped by the launcher";
+  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());
   return 1;
 }

@@ -3,6 +3,7 @@
 // `ballast analyze` and `ballast launch`.
 #include "analysis.hpp"
 #include "commands.hpp"
+#include "heartbeat.hpp"
 
 #include <ballast/command.h>
 #include <ballast/events.h>
@@ -54,7 +55,7 @@ int on_job_state(void* user, const ballast_event* ev) {
   return BALLAST_OK;
 }
 
-void publish(State* s, const Verdict& v, int64_t since_ns) {
+void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric) {
   const int64_t now = wall_now();
   for (const auto& c : v.causes) {
     const std::string subject = "rank:" + std::to_string(c.rank);
@@ -65,7 +66,7 @@ void publish(State* s, const Verdict& v, int64_t since_ns) {
     f.subject = subject.c_str();
     f.rank = c.rank;
     f.kind = c.kind.c_str();
-    f.metric = "collective.progress";
+    f.metric = metric;
     f.score = double(now - since_ns) / 1e9;  // seconds without progress when detected
     f.confidence = 1.0;
     f.since_ns = since_ns;
@@ -83,14 +84,34 @@ void publish(State* s, const Verdict& v, int64_t since_ns) {
   }
 }
 
+// Ranks that write no trace ring (no Ballast comm plugin) are watched
+// through their heartbeat files: a stall of every heartbeat is a hang.
+void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
+  const uint64_t sig = heartbeat_signature(beats);
+  if (sig != s->signature) {
+    s->signature = sig;
+    s->last_change_ns = now;
+    return;
+  }
+  if (!heartbeats_running(beats) || double(now - s->last_change_ns) / 1e9 < s->stall_s) return;
+  const Verdict v = analyze_heartbeats(beats);
+  // One report per stall: keyed by the stalled signature.
+  if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({0, sig}).second) return;
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat");
+}
+
 void on_tick(void* user) {
   auto* s = static_cast<State*>(user);
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->paused) return;
   std::vector<std::string> errors;
   const auto rings = read_dir(s->dir, &errors);
-  const uint64_t sig = progress_signature(rings);
   const int64_t now = wall_now();
+  if (rings.empty()) {
+    on_heartbeats(s, read_heartbeats(s->dir, &errors), now);
+    return;
+  }
+  const uint64_t sig = progress_signature(rings);
   if (sig != s->signature) {
     s->signature = sig;
     s->last_change_ns = now;
@@ -100,7 +121,7 @@ void on_tick(void* user) {
   if (!stalled && !any_failed(rings)) return;
   const Verdict v = analyze(rings, Options{});
   if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({v.comm_id, v.seq}).second) return;
-  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns);
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "collective.progress");
 }
 
 int create(const ballast_host_api* host, void** state) {
