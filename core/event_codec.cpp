@@ -3,6 +3,7 @@
 #include "topic.hpp"
 #include "codec_flat.hpp"
 #include "codec_schema.hpp"
+#include "json_depth.hpp"
 
 #include <cereal/archives/portable_binary.hpp>
 
@@ -172,6 +173,8 @@ nlohmann::json number_to_json(double v) {
 }
 
 nlohmann::json json_text_to_json(const char* text, size_t size) {
+  // Too deep to print safely: kept as text, like text that is not JSON.
+  if (!json_depth_within(std::string_view(text, size))) return utf8(text, size);
   nlohmann::json parsed = nlohmann::json::parse(text, text + size, nullptr, false);
   if (parsed.is_discarded()) return utf8(text, size);  // not JSON: kept as text
   return parsed;
@@ -362,7 +365,7 @@ struct JsonReader {
       case FieldType::json_str:
         if (v == nullptr || v->is_null()) return (field_ref<const char*>(base, f) = nullptr, true);
         if (v->is_string()) return string(*v, path, &field_ref<const char*>(base, f));
-        field_ref<const char*>(base, f) = b.keep(v->dump());
+        field_ref<const char*>(base, f) = b.keep(v->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
         return true;
       case FieldType::array: {
         uint32_t n = 0;
@@ -484,7 +487,7 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
     if (p != nullptr) return r.bad("payload", "schema \"none\" has no payload"), fail_format();
   } else if (ev.schema == BALLAST_SCHEMA_JSON) {
     if (p != nullptr) {
-      const char* text = b.keep(p->dump());
+      const char* text = b.keep(p->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       ev.payload = text;
       ev.payload_size = std::strlen(text);
     }

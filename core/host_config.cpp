@@ -3,6 +3,7 @@
 #include "config.hpp"
 #include "error.hpp"
 
+#include <cmath>
 #include <filesystem>
 
 namespace fs = std::filesystem;
@@ -22,15 +23,25 @@ std::string script_search(const std::string& reference, const std::string& base_
   return (fs::path(base_dir) / p).string();
 }
 
-int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t* out) {
+// A whole number in [0, max] (an integer, or a float with no fraction):
+// anything else is refused, never wrapped or truncated.
+int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t max, uint64_t* out) {
   const nlohmann::json* v = config_lookup(config, key);
   if (v == nullptr) {
     *out = fallback;
     return BALLAST_OK;
   }
-  if (!v->is_number() || v->get<double>() < 0)
-    return fail(BALLAST_EINVAL, std::string("config field '") + key + "': expected a non-negative number");
-  *out = v->get<uint64_t>();
+  const std::string range = "': expected a whole number from 0 to " + std::to_string(max);
+  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
+    *out = v->get<uint64_t>();
+  } else if (v->is_number_float() && v->get<double>() >= 0 && v->get<double>() <= double(max) &&
+             v->get<double>() == std::floor(v->get<double>())) {
+    *out = uint64_t(v->get<double>());
+  } else {
+    return fail(BALLAST_EINVAL, std::string("config field '") + key + range);
+  }
+  if (*out > max)
+    return fail(BALLAST_EINVAL, std::string("config field '") + key + range + ", not " + std::to_string(*out));
   return BALLAST_OK;
 }
 
@@ -55,8 +66,8 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
     if (!ok) return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
   }
   uint64_t threads = 0, capacity = 0;
-  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, &threads); rc != BALLAST_OK) return rc;
-  if (int rc = as_uint(config, "bus.queue_capacity", 4096, &capacity); rc != BALLAST_OK) return rc;
+  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, 1024, &threads); rc != BALLAST_OK) return rc;
+  if (int rc = as_uint(config, "bus.queue_capacity", 4096, uint64_t{1} << 30, &capacity); rc != BALLAST_OK) return rc;
   if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
   if (capacity == 0 || capacity > (1u << 20))
     return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
@@ -112,8 +123,8 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
         popts.fallback_action = f->get<std::string>();
       }
       uint64_t deadline = 0, memory = 0;
-      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, &deadline); rc != BALLAST_OK) return rc;
-      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, &memory); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, 3600000, &deadline); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, uint64_t{1} << 20, &memory); rc != BALLAST_OK) return rc;
       popts.call_deadline_ms = static_cast<uint32_t>(deadline);
       popts.memory_limit_bytes = memory << 20;
     } else {

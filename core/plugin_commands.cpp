@@ -1,71 +1,89 @@
 #include "plugin_commands.hpp"
 
+#include "error.hpp"
 #include "host.hpp"
-#include "loader.hpp"
 
 #include <ballast/command.h>
 
-#include <functional>
+#include <cstdio>
+#include <cstring>
 
 namespace ballast {
 
-namespace {
-
-// Every loadable plugin file offering "ballast.command" in the search path,
-// first occurrence of a name winning.
-std::vector<PluginFile> command_plugins() {
-  std::vector<PluginFile> found;
-  for (const auto& dir : plugin_search_path()) {
-    for (const auto& path : plugin_files_in(dir)) {
-      PluginFile f;
-      if (load_plugin_file(path, &f) != BALLAST_OK) continue;
-      if (!f.offers(BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION)) continue;
-      bool dup = false;
-      for (const auto& g : found) dup = dup || g.name == f.name;
-      if (!dup) found.push_back(f);
-    }
+bool plugin_commands_in(const PluginFile& f, std::string* error,
+                        const std::function<bool(void*, const ballast_command&)>& visit) {
+  HostOptions o;
+  o.log_level = BALLAST_LOG_WARN;
+  Host host(o);
+  if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) {
+    *error = last_error();
+    return false;
   }
-  return found;
-}
-
-// Create each command plugin in a host of its own (not started) and call
-// visit(state, command) for each of its commands until visit returns true.
-// Returns whether some call did.
-bool visit_commands(const std::function<bool(void*, const ballast_command&)>& visit) {
-  for (const auto& f : command_plugins()) {
-    HostOptions o;
-    o.log_level = BALLAST_LOG_WARN;
-    Host host(o);
-    if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) continue;
-    void* state = nullptr;
-    auto* table = static_cast<const ballast_command_table*>(
-        host.get_interface(f.name, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION, &state));
-    if (table == nullptr || table->size < BALLAST_COMMAND_TABLE_V1_SIZE) continue;
-    for (uint32_t i = 0; i < table->count; ++i)
-      if (table->commands[i].name && visit(state, table->commands[i])) return true;
+  void* state = nullptr;
+  auto* table = static_cast<const ballast_command_table*>(
+      host.get_interface(f.name, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION, &state));
+  const std::string who = "plugin " + f.path + " (" + f.name + "): ";
+  if (table == nullptr || table->size < BALLAST_COMMAND_TABLE_V1_SIZE) {
+    *error = who + "offers ballast.command but returns no valid command table";
+    return false;
+  }
+  if (table->count > 256 || (table->count > 0 && table->commands == nullptr)) {
+    *error = who + "command table claims " + std::to_string(table->count) + " command(s) at " +
+             (table->commands ? "an address" : "NULL") + " (at most 256 allowed)";
+    return false;
+  }
+  for (uint32_t i = 0; i < table->count; ++i) {
+    const ballast_command& c = table->commands[i];
+    if (c.name == nullptr || strnlen(c.name, 65) > 64 || (c.summary && strnlen(c.summary, 257) > 256)) {
+      *error = who + "command " + std::to_string(i) + " has no name or a name or summary too long";
+      return false;
+    }
+    if (visit(state, c)) return true;
   }
   return false;
 }
 
-}  // namespace
+std::vector<PluginProbe> command_probes() {
+  std::vector<std::string> files;
+  for (const auto& dir : plugin_search_path())
+    for (const auto& path : plugin_files_in(dir)) files.push_back(path);
+  return probe_plugin_files(files, true);
+}
 
-std::vector<std::pair<std::string, std::string>> list_plugin_commands() {
+std::vector<std::pair<std::string, std::string>> list_plugin_commands(const std::vector<PluginProbe>& probes) {
   std::vector<std::pair<std::string, std::string>> out;
-  visit_commands([&](void*, const ballast_command& c) {
-    out.emplace_back(c.name, c.summary ? c.summary : "");
-    return false;
-  });
+  for (const auto& p : probes)
+    for (const auto& c : p.commands) {
+      bool dup = false;
+      for (const auto& o : out) dup = dup || o.first == c.first;
+      if (!dup) out.push_back(c);
+    }
   return out;
 }
 
-int run_plugin_command(const std::string& name, int argc, char** argv) {
-  int rc = -1;
-  visit_commands([&](void* state, const ballast_command& c) {
-    if (name != c.name || c.run == nullptr) return false;
-    rc = c.run(state, argc, argv);
-    return true;
-  });
-  return rc;
+int run_plugin_command(const std::string& name, const std::vector<PluginProbe>& probes, int argc, char** argv) {
+  for (const auto& probe : probes) {
+    bool offers = false;
+    for (const auto& c : probe.commands) offers = offers || c.first == name;
+    if (!offers) continue;
+    // Only the plugin that offers the command is loaded in this process.
+    PluginFile f;
+    std::string error;
+    int rc = -1;
+    if (load_plugin_file(probe.path, &f) != BALLAST_OK) {
+      error = last_error();
+    } else {
+      plugin_commands_in(f, &error, [&](void* state, const ballast_command& c) {
+        if (name != c.name || c.run == nullptr) return false;
+        rc = c.run(state, argc, argv);
+        return true;
+      });
+    }
+    if (rc >= 0) return rc;
+    std::fprintf(stderr, "ballast %s: %s\n", name.c_str(), error.empty() ? "the command has no run()" : error.c_str());
+    return 1;
+  }
+  return -1;
 }
 
 }  // namespace ballast

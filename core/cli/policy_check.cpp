@@ -31,7 +31,7 @@ class PrintSink : public PolicySink {
                           {"reason", a.reason},
                           {"args", args.is_discarded() ? nlohmann::json(a.args_json) : args},
                           {"fallback", a.fallback}};
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("%-28s -> %s%s %s%s%s\n", a.cause_topic.c_str(), a.fallback ? "(fallback) " : "",
                   a.action.c_str(), a.subject.empty() ? "(job)" : a.subject.c_str(),
@@ -42,10 +42,12 @@ class PrintSink : public PolicySink {
     const ballast_event& e = event.view();
     const nlohmann::json payload = event_to_json(e)["payload"];
     if (json_)
-      std::printf("%s\n", nlohmann::json{{"publish", e.topic}, {"payload", payload}}.dump().c_str());
+      std::printf("%s\n", nlohmann::json{{"publish", e.topic}, {"payload", payload}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
     else
       std::printf("%-28s publishes %s %s\n", current && current->topic ? current->topic : "", e.topic,
-                  payload.dump().c_str());
+                  payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   void on_log(int level, const std::string& message) override {
     static const char* names[] = {"error", "warn", "info", "debug"};
