@@ -41,12 +41,6 @@ extern constinit thread_local ThreadState t_state;  // constant-initialised: no 
 // Give this thread a slot; false when kMaxThreads threads hold one.
 bool register_thread();
 
-// This thread's slot index, registering it; -1 when none is left.
-inline int thread_index() {
-  if (t_state.index_plus_one == 0 && !register_thread()) return -1;
-  return static_cast<int>(t_state.index_plus_one) - 1;
-}
-
 inline bool in_section() { return t_state.nesting > 0; }
 
 // Enter a section; false (and nothing entered) when no slot is left.

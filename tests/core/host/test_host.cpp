@@ -269,3 +269,79 @@ TEST_CASE("an embedder gets a loaded plugin's interface table through the C API"
   CHECK(ballast_host_get_interface(h, "other", "test.echo", 1, &table) == BALLAST_ENOTFOUND);
   ballast_host_destroy(h);
 }
+
+namespace {
+struct LateApi {
+  uint32_t size;
+  int (*publish)();
+  int (*ticks_during_stop)();
+  int (*cancel_again)();
+};
+}  // namespace
+
+TEST_CASE("plugin.h's stop(): timers cancelled before it, publish refused after it") {
+  Host host;
+  REQUIRE(host.load_plugin(std::string(HOST_PLUGIN_DIR) + "/late.so", {}) == BALLAST_OK);
+  const auto* late = static_cast<const LateApi*>(host.get_interface("late", "test.late", 1));
+  REQUIRE(late != nullptr);
+  CHECK(host.get_interface("", "test.late", 1) == late);  // "": the first plugin that offers it
+  REQUIRE(host.start() == BALLAST_OK);
+  CHECK(late->publish() == BALLAST_OK);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  host.stop();
+  CHECK(late->ticks_during_stop() == 0);
+  CHECK(late->cancel_again() == BALLAST_OK);  // cancelled by the host already: not an error
+  CHECK(late->publish() == BALLAST_ESTATE);
+  CHECK(std::string(last_error()).find("publish after its stop() returned") != std::string::npos);
+}
+
+TEST_CASE("the policy is a subscriber like any plugin: its publications are events of the topic's struct") {
+  Host host;
+  std::string policy = write_file("publisher.lua", R"(
+    ballast.on("job.state", function(ev)
+      ballast.publish("fault.suspected", { stage = "suspected", subject = "gpu9", kind = "slow", score = 2.5 })
+    end)
+    ballast.on("job.bad", function(ev)
+      ballast.publish("fault.suspected", { subject = 42 })
+    end)
+  )");
+  REQUIRE(host.load_policy(policy, {}) == BALLAST_OK);
+  Collector faults, errors;
+  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
+  uint64_t id = 0;
+  // The raw event, to see its schema.
+  struct Raw {
+    std::mutex mutex;
+    std::vector<uint32_t> schemas;
+    std::vector<std::string> sources;
+    static int handler(void* user, const ballast_event* ev) {
+      auto* r = static_cast<Raw*>(user);
+      std::lock_guard lock(r->mutex);
+      r->schemas.push_back(ev->schema);
+      r->sources.emplace_back(ev->source.plugin ? ev->source.plugin : "");
+      return 0;
+    }
+  } raw;
+  REQUIRE(host.subscribe("fault.suspected", &opts, Raw::handler, &raw, "test", &id) == BALLAST_OK);
+  collect(host, "fault.suspected", faults);
+  collect(host, "policy.error", errors);
+  REQUIRE(host.start() == BALLAST_OK);
+  REQUIRE(host.publish_json("job.state", "{}", "test") == BALLAST_OK);
+  REQUIRE(faults.wait_for(1));
+  CHECK(faults.at(0)["payload"]["subject"] == "gpu9");
+  CHECK(faults.at(0)["payload"]["score"] == 2.5);
+  {
+    std::lock_guard lock(raw.mutex);
+    REQUIRE(raw.schemas.size() == 1);
+    CHECK(raw.schemas[0] == BALLAST_SCHEMA_FAULT_REPORT);
+    CHECK(raw.sources[0] == "policy");
+  }
+  // A payload that does not fit the topic's struct is the script's error,
+  // naming the field.
+  REQUIRE(host.publish_json("job.bad", "{}", "test") == BALLAST_OK);
+  REQUIRE(errors.wait_for(1));
+  const std::string message = errors.at(0)["payload"]["message"];
+  CHECK(message.find("publisher.lua") != std::string::npos);
+  CHECK(message.find("payload.subject: expected a string") != std::string::npos);
+  host.stop();
+}
