@@ -133,242 +133,295 @@ void halving_doubling(Op& op, char* dst, const char* in, const Blocks& b, char* 
   }
 }
 
-// The steps and transfers of op (0, or a failure).
+// What every builder below reads: the operation, its communicator and its
+// buffers. src becomes dst once an input was copied there first.
+struct Build {
+  Op& op;
+  Comm* c;
+  const ballast_comm_args& a;
+  int n, r;
+  size_t es, bytes;
+  char* dst;
+  const char* src;
+
+  explicit Build(Op& o)
+      : op(o),
+        c(o.comm),
+        a(o.args),
+        n(o.comm->n),
+        r(o.comm->rank),
+        es(o.esize),
+        bytes(size_t(o.args.count) * o.esize),
+        dst(static_cast<char*>(o.args.recvbuf)),
+        src(static_cast<const char*>(o.args.sendbuf)) {}
+
+  int nomem() const { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); }
+  // Nothing to exchange: a world of one or no elements.
+  bool local() const { return n == 1 || a.count == 0; }
+};
+
+// Two ranks swap whole buffers, one message each way as one chunk (over tcp
+// every message, a rendezvous above all, costs a round trip of system calls;
+// on one host each wait may cost a trip through a busy scheduler), and each
+// reduces all of it (see BALLAST_COMM_PAIR_BYTES in world.cpp). Out of place
+// the peer's buffer lands in dst and is reduced there (dst = in op dst); in
+// place through scratch.
+int allreduce_pair(Build& b) {
+  Op& op = b.op;
+  op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
+  op.chunk = std::max(op.chunk, b.bytes);
+  const int peer = 1 - b.r;
+  begin_step(op);
+  if (b.src && b.src != b.dst) {
+    add_xfer(op, true, peer, const_cast<char*>(b.src), b.bytes);
+    add_xfer(op, false, peer, b.dst, b.bytes, b.dst);
+    op.xfers.back().staged = false;
+    op.xfers.back().reduce_in = b.src;
+    return BALLAST_OK;
+  }
+  char* tmp = b.c->scratch.get(b.bytes);
+  if (!tmp) return b.nomem();
+  add_xfer(op, true, peer, b.dst, b.bytes);
+  add_xfer(op, false, peer, tmp, b.bytes);
+  Step& s = op.steps.back();
+  s.red_dst = b.dst;
+  s.red_src = tmp;
+  s.red_count = b.a.count;
+  return BALLAST_OK;
+}
+
+// Tiny messages in small worlds: every rank sends its input to every other in
+// one round, then reduces all inputs in rank order (the same order on every
+// rank, so every rank gets the same bits). One round instead of log2(n):
+// when ranks outnumber CPUs each round waits for peers to be scheduled
+// (BALLAST_COMM_DIRECT_BYTES: up to 1 KiB).
+int allreduce_direct(Build& b) {
+  Op& op = b.op;
+  op.algorithm = BALLAST_ALGO_PAIRWISE;
+  char* all = b.c->scratch.get(b.bytes * size_t(b.n));
+  if (!all) return b.nomem();
+  copy_first(op, all + size_t(b.r) * b.bytes, b.dst, b.bytes);
+  begin_step(op);
+  for (int k = 1; k < b.n; ++k) {
+    const int from = mod(b.r - k, b.n);
+    add_xfer(op, false, from, all + size_t(from) * b.bytes, b.bytes);
+  }
+  for (int k = 1; k < b.n; ++k) add_xfer(op, true, mod(b.r + k, b.n), b.dst, b.bytes);
+  Step& s = op.steps.back();
+  s.red_dst = b.dst;
+  s.red_src = all;
+  s.red_count = b.a.count;
+  s.red_gathered = b.n;
+  return BALLAST_OK;
+}
+
+// Recursive doubling over the largest power of two of ranks; the ranks
+// beyond it hand their input to a partner first and get the result back.
+int allreduce_doubling(Build& b) {
+  Op& op = b.op;
+  op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
+  char* tmp = b.c->scratch.get(b.bytes);
+  if (!tmp) return b.nomem();
+  const int r = b.r;
+  int p = 1;
+  while (p * 2 <= b.n) p *= 2;
+  const int extra = b.n - p;
+  if (r >= p) {
+    begin_step(op);
+    add_xfer(op, true, r - p, b.dst, b.bytes);
+    begin_step(op);
+    add_xfer(op, false, r - p, b.dst, b.bytes);
+    return BALLAST_OK;
+  }
+  if (r < extra) {
+    begin_step(op);
+    add_xfer(op, false, r + p, tmp, b.bytes, b.dst);
+  }
+  for (int mask = 1; mask < p; mask <<= 1) {
+    begin_step(op);
+    add_xfer(op, true, r ^ mask, b.dst, b.bytes);
+    add_xfer(op, false, r ^ mask, tmp, b.bytes);
+    op.steps.back().red_dst = b.dst;
+    op.steps.back().red_src = tmp;
+    op.steps.back().red_count = b.a.count;
+  }
+  if (r < extra) {
+    begin_step(op);
+    add_xfer(op, true, r + p, b.dst, b.bytes);
+  }
+  return BALLAST_OK;
+}
+
+int build_allreduce(Build& b) {
+  const World& w = *b.c->w;
+  const bool pair = b.n == 2 && b.bytes >= w.pair_min_bytes && b.bytes <= w.pair_bytes &&
+                    (w.tcp_only || b.c->peer(1 - b.r).local);
+  const bool ring = b.n > 1 && b.bytes > w.small_bytes && b.a.count >= uint64_t(b.n) && !pair;
+  // The ring and the pair swap read a separate input in place; the others work in dst.
+  if (b.bytes && b.src && b.src != b.dst && (!(ring || pair) || partly_overlap(b.src, b.dst, b.bytes))) {
+    copy_first(b.op, b.dst, b.src, b.bytes);
+    b.src = b.dst;
+  }
+  if (b.local()) {
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  if (pair) return allreduce_pair(b);
+  if (!ring && b.n > 2 && b.n <= 8 && b.bytes <= w.direct_bytes) return allreduce_direct(b);
+  if (!ring) return allreduce_doubling(b);
+  const Blocks blocks{b.a.count, b.n, b.es};
+  const char* in = b.src ? b.src : b.dst;
+  if (b.n >= 4 && (b.n & (b.n - 1)) == 0 && b.bytes <= w.halving_bytes) {
+    b.op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
+    char* tmp = b.c->scratch.get(std::min(b.bytes, kWindow * b.op.chunk));
+    if (!tmp) return b.nomem();
+    halving_doubling(b.op, b.dst, in, blocks, tmp);
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_RING;
+  char* tmp = b.c->scratch.get(ring_scratch(b.op, blocks.len(0)));
+  if (!tmp) return b.nomem();
+  ring_reduce_scatter(b.op, b.dst, in, blocks, tmp);
+  ring_allgather(b.op, b.dst, blocks);
+  return BALLAST_OK;
+}
+
+int build_reduce_scatter(Build& b) {
+  const Blocks blocks{b.a.count * uint64_t(b.n), b.n, b.es};
+  if (b.local()) {
+    if (b.bytes && b.src && b.src != b.dst) copy_first(b.op, b.dst, b.src, b.bytes);
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_RING;
+  char* acc = b.c->accum.get(b.bytes * size_t(b.n));
+  char* tmp = b.c->scratch.get(ring_scratch(b.op, b.bytes));
+  if (!acc || !tmp) return b.nomem();
+  ring_reduce_scatter(b.op, acc, b.src ? b.src : b.dst, blocks, tmp);
+  Step& last = b.op.steps.back();
+  last.copy_dst = b.dst;
+  last.copy_src = acc + blocks.off(b.r);
+  last.copy_len = b.bytes;
+  return BALLAST_OK;
+}
+
+int build_allgather(Build& b) {
+  const Blocks blocks{b.a.count * uint64_t(b.n), b.n, b.es};
+  char* mine = b.dst + blocks.off(b.r);
+  if (b.bytes && b.src && b.src != mine) copy_first(b.op, mine, b.src, b.bytes);
+  if (b.local()) {
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_RING;
+  ring_allgather(b.op, b.dst, blocks);
+  return BALLAST_OK;
+}
+
+int build_broadcast(Build& b) {
+  const int n = b.n, root = b.a.root;
+  if (b.bytes && b.r == root && b.src && b.src != b.dst) copy_first(b.op, b.dst, b.src, b.bytes);
+  if (b.local()) {
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
+  const int vr = mod(b.r - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      begin_step(b.op);
+      add_xfer(b.op, false, mod(vr - mask + root, n), b.dst, b.bytes);
+      break;
+    }
+    mask <<= 1;
+  }
+  bool any = false;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n) {
+      if (!any) begin_step(b.op);
+      any = true;
+      add_xfer(b.op, true, mod(vr + mask + root, n), b.dst, b.bytes);
+    }
+  return BALLAST_OK;
+}
+
+int build_reduce(Build& b) {
+  const int n = b.n, root = b.a.root;
+  char* acc = b.r == root ? b.dst : b.c->accum.get(b.bytes);
+  if (!acc && b.bytes) return b.nomem();
+  if (b.bytes && b.src && b.src != acc) copy_first(b.op, acc, b.src, b.bytes);
+  if (b.local()) {
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
+  char* tmp = b.c->scratch.get(std::min(b.bytes, kWindow * b.op.chunk));
+  if (!tmp) return b.nomem();
+  const int vr = mod(b.r - root, n);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      begin_step(b.op);
+      add_xfer(b.op, true, mod(vr - mask + root, n), acc, b.bytes);
+      break;
+    }
+    if (vr + mask < n) {
+      begin_step(b.op);
+      add_xfer(b.op, false, mod(vr + mask + root, n), tmp, b.bytes, acc);
+    }
+  }
+  return BALLAST_OK;
+}
+
+int build_alltoall(Build& b) {
+  const size_t bytes = b.bytes;
+  if (bytes) copy_first(b.op, b.dst + size_t(b.r) * bytes, b.src + size_t(b.r) * bytes, bytes);
+  if (b.local()) {
+    b.op.algorithm = BALLAST_ALGO_LOCAL;
+    return BALLAST_OK;
+  }
+  b.op.algorithm = BALLAST_ALGO_PAIRWISE;
+  begin_step(b.op);
+  for (int k = 1; k < b.n; ++k) {
+    const int to = mod(b.r + k, b.n), from = mod(b.r - k, b.n);
+    add_xfer(b.op, true, to, const_cast<char*>(b.src) + size_t(to) * bytes, bytes);
+    add_xfer(b.op, false, from, b.dst + size_t(from) * bytes, bytes);
+  }
+  return BALLAST_OK;
+}
+
+int build_barrier(Build& b) {
+  b.op.algorithm = b.n == 1 ? BALLAST_ALGO_LOCAL : BALLAST_ALGO_DISSEMINATION;
+  for (int d = 1; d < b.n; d <<= 1) {
+    begin_step(b.op);
+    add_xfer(b.op, true, mod(b.r + d, b.n), nullptr, 0);
+    add_xfer(b.op, false, mod(b.r - d, b.n), nullptr, 0);
+  }
+  return BALLAST_OK;
+}
+
+int build_point_to_point(Build& b) {
+  const bool send = b.a.op == BALLAST_OP_SEND;
+  b.op.algorithm = BALLAST_ALGO_DIRECT;
+  begin_step(b.op);
+  add_xfer(b.op, send, b.a.root, send ? const_cast<char*>(b.src) : b.dst, b.bytes);
+  return BALLAST_OK;
+}
+
+// The steps and transfers of op (0, or a failure), by operation.
 int build(Op& op) {
-  Comm* c = op.comm;
-  const ballast_comm_args& a = op.args;
-  const int n = c->n, r = c->rank;
-  const size_t es = op.esize;
-  const size_t bytes = size_t(a.count) * es;
-  char* dst = static_cast<char*>(a.recvbuf);
-  const char* src = static_cast<const char*>(a.sendbuf);
-  auto nomem = [&] { return set_last_error(BALLAST_ENOMEM, "cannot allocate scratch for " + op_words(op)); };
-  switch (a.op) {
-    case BALLAST_OP_ALLREDUCE: {
-      const bool pair = n == 2 && bytes >= c->w->pair_min_bytes && bytes <= c->w->pair_bytes &&
-                        (c->w->tcp_only || c->peer(1 - r).local);
-      const bool ring = n > 1 && bytes > c->w->small_bytes && a.count >= uint64_t(n) && !pair;
-      // The ring and the pair swap read a separate input in place; the others work in dst.
-      if (bytes && src && src != dst && (!(ring || pair) || partly_overlap(src, dst, bytes))) {
-        copy_first(op, dst, src, bytes);
-        src = dst;
-      }
-      if (n == 1 || a.count == 0) {
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      if (pair) {
-        // Two ranks swap whole buffers, one message each way as one chunk
-        // (over tcp every message, a rendezvous above all, costs a round
-        // trip of system calls; on one host each wait may cost a trip
-        // through a busy scheduler), and each reduces all of it (see
-        // BALLAST_COMM_PAIR_BYTES in world.cpp). Out of place
-        // the peer's buffer lands in dst and is reduced there (dst = in op
-        // dst); in place through scratch.
-        op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
-        op.chunk = std::max(op.chunk, bytes);
-        const int peer = 1 - r;
-        begin_step(op);
-        if (src && src != dst) {
-          add_xfer(op, true, peer, const_cast<char*>(src), bytes);
-          add_xfer(op, false, peer, dst, bytes, dst);
-          op.xfers.back().staged = false;
-          op.xfers.back().reduce_in = src;
-          return BALLAST_OK;
-        }
-        char* tmp = c->scratch.get(bytes);
-        if (!tmp) return nomem();
-        add_xfer(op, true, peer, dst, bytes);
-        add_xfer(op, false, peer, tmp, bytes);
-        Step& s = op.steps.back();
-        s.red_dst = dst;
-        s.red_src = tmp;
-        s.red_count = a.count;
-        return BALLAST_OK;
-      }
-      if (!ring && n > 2 && n <= 8 && bytes <= c->w->direct_bytes) {
-        // Tiny messages in small worlds: every rank sends its input to every
-        // other in one round, then reduces all inputs in rank order (the same
-        // order on every rank, so every rank gets the same bits). One round
-        // instead of log2(n): when ranks outnumber CPUs each round waits for
-        // peers to be scheduled. 4 ranks on 2 CPUs, 8 B, median of 9 runs:
-        // 6.7 -> 5.7 us (BALLAST_COMM_DIRECT_BYTES: up to 1 KiB).
-        op.algorithm = BALLAST_ALGO_PAIRWISE;
-        char* all = c->scratch.get(bytes * size_t(n));
-        if (!all) return nomem();
-        copy_first(op, all + size_t(r) * bytes, dst, bytes);
-        begin_step(op);
-        for (int k = 1; k < n; ++k) {
-          const int from = mod(r - k, n);
-          add_xfer(op, false, from, all + size_t(from) * bytes, bytes);
-        }
-        for (int k = 1; k < n; ++k) add_xfer(op, true, mod(r + k, n), dst, bytes);
-        Step& s = op.steps.back();
-        s.red_dst = dst;
-        s.red_src = all;
-        s.red_count = a.count;
-        s.red_gathered = n;
-        return BALLAST_OK;
-      }
-      if (!ring) {
-        op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
-        char* tmp = c->scratch.get(bytes);
-        if (!tmp) return nomem();
-        int p = 1;
-        while (p * 2 <= n) p *= 2;
-        const int extra = n - p;
-        if (r >= p) {
-          begin_step(op);
-          add_xfer(op, true, r - p, dst, bytes);
-          begin_step(op);
-          add_xfer(op, false, r - p, dst, bytes);
-          return BALLAST_OK;
-        }
-        if (r < extra) {
-          begin_step(op);
-          add_xfer(op, false, r + p, tmp, bytes, dst);
-        }
-        for (int mask = 1; mask < p; mask <<= 1) {
-          begin_step(op);
-          add_xfer(op, true, r ^ mask, dst, bytes);
-          add_xfer(op, false, r ^ mask, tmp, bytes);
-          op.steps.back().red_dst = dst;
-          op.steps.back().red_src = tmp;
-          op.steps.back().red_count = a.count;
-        }
-        if (r < extra) {
-          begin_step(op);
-          add_xfer(op, true, r + p, dst, bytes);
-        }
-        return BALLAST_OK;
-      }
-      const Blocks b{a.count, n, es};
-      if (n >= 4 && (n & (n - 1)) == 0 && bytes <= c->w->halving_bytes) {
-        op.algorithm = BALLAST_ALGO_RECURSIVE_DOUBLING;
-        char* tmp = c->scratch.get(std::min(bytes, kWindow * op.chunk));
-        if (!tmp) return nomem();
-        halving_doubling(op, dst, src ? src : dst, b, tmp);
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_RING;
-      char* tmp = c->scratch.get(ring_scratch(op, b.len(0)));
-      if (!tmp) return nomem();
-      ring_reduce_scatter(op, dst, src ? src : dst, b, tmp);
-      ring_allgather(op, dst, b);
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_REDUCE_SCATTER: {
-      const Blocks b{a.count * uint64_t(n), n, es};
-      if (n == 1 || a.count == 0) {
-        if (bytes && src && src != dst) copy_first(op, dst, src, bytes);
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_RING;
-      char* acc = c->accum.get(bytes * size_t(n));
-      char* tmp = c->scratch.get(ring_scratch(op, bytes));
-      if (!acc || !tmp) return nomem();
-      ring_reduce_scatter(op, acc, src ? src : dst, b, tmp);
-      op.steps.back().copy_dst = dst;
-      op.steps.back().copy_src = acc + b.off(r);
-      op.steps.back().copy_len = bytes;
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_ALLGATHER: {
-      const Blocks b{a.count * uint64_t(n), n, es};
-      if (bytes && src && src != dst + b.off(r)) copy_first(op, dst + b.off(r), src, bytes);
-      if (n == 1 || a.count == 0) {
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_RING;
-      ring_allgather(op, dst, b);
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_BROADCAST: {
-      if (bytes && r == a.root && src && src != dst) copy_first(op, dst, src, bytes);
-      if (n == 1 || a.count == 0) {
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
-      const int vr = mod(r - a.root, n);
-      int mask = 1;
-      while (mask < n) {
-        if (vr & mask) {
-          begin_step(op);
-          add_xfer(op, false, mod(vr - mask + a.root, n), dst, bytes);
-          break;
-        }
-        mask <<= 1;
-      }
-      bool any = false;
-      for (mask >>= 1; mask > 0; mask >>= 1)
-        if (vr + mask < n) {
-          if (!any) begin_step(op);
-          any = true;
-          add_xfer(op, true, mod(vr + mask + a.root, n), dst, bytes);
-        }
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_REDUCE: {
-      char* acc = r == a.root ? dst : c->accum.get(bytes);
-      if (!acc && bytes) return nomem();
-      if (bytes && src && src != acc) copy_first(op, acc, src, bytes);
-      if (n == 1 || a.count == 0) {
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_BINOMIAL_TREE;
-      char* tmp = c->scratch.get(std::min(bytes, kWindow * op.chunk));
-      if (!tmp) return nomem();
-      const int vr = mod(r - a.root, n);
-      for (int mask = 1; mask < n; mask <<= 1) {
-        if (vr & mask) {
-          begin_step(op);
-          add_xfer(op, true, mod(vr - mask + a.root, n), acc, bytes);
-          break;
-        }
-        if (vr + mask < n) {
-          begin_step(op);
-          add_xfer(op, false, mod(vr + mask + a.root, n), tmp, bytes, acc);
-        }
-      }
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_ALLTOALL: {
-      if (bytes) copy_first(op, dst + size_t(r) * bytes, src + size_t(r) * bytes, bytes);
-      if (n == 1 || a.count == 0) {
-        op.algorithm = BALLAST_ALGO_LOCAL;
-        return BALLAST_OK;
-      }
-      op.algorithm = BALLAST_ALGO_PAIRWISE;
-      begin_step(op);
-      for (int k = 1; k < n; ++k) {
-        const int to = mod(r + k, n), from = mod(r - k, n);
-        add_xfer(op, true, to, const_cast<char*>(src) + size_t(to) * bytes, bytes);
-        add_xfer(op, false, from, dst + size_t(from) * bytes, bytes);
-      }
-      return BALLAST_OK;
-    }
-    case BALLAST_OP_BARRIER: {
-      op.algorithm = n == 1 ? BALLAST_ALGO_LOCAL : BALLAST_ALGO_DISSEMINATION;
-      for (int d = 1; d < n; d <<= 1) {
-        begin_step(op);
-        add_xfer(op, true, mod(r + d, n), nullptr, 0);
-        add_xfer(op, false, mod(r - d, n), nullptr, 0);
-      }
-      return BALLAST_OK;
-    }
+  Build b(op);
+  switch (op.args.op) {
+    case BALLAST_OP_ALLREDUCE: return build_allreduce(b);
+    case BALLAST_OP_REDUCE_SCATTER: return build_reduce_scatter(b);
+    case BALLAST_OP_ALLGATHER: return build_allgather(b);
+    case BALLAST_OP_BROADCAST: return build_broadcast(b);
+    case BALLAST_OP_REDUCE: return build_reduce(b);
+    case BALLAST_OP_ALLTOALL: return build_alltoall(b);
+    case BALLAST_OP_BARRIER: return build_barrier(b);
     case BALLAST_OP_SEND:
-    case BALLAST_OP_RECV: {
-      op.algorithm = BALLAST_ALGO_DIRECT;
-      begin_step(op);
-      add_xfer(op, a.op == BALLAST_OP_SEND, a.root, a.op == BALLAST_OP_SEND ? const_cast<char*>(src) : dst, bytes);
-      return BALLAST_OK;
-    }
-    default:
-      return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(a.op));
+    case BALLAST_OP_RECV: return build_point_to_point(b);
+    default: return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(op.args.op));
   }
 }
 
@@ -377,8 +430,7 @@ int build(Op& op) {
 // A trainer repeats the same collectives on the same buffers: the plan of
 // this Op's last operation is kept when that had the same arguments and the
 // communicator's scratch buffers are where they were (one that grew since
-// may have moved). Callgrind, 8-byte allreduce on rank 0 over sm: building
-// it took 314 instructions of 2,215 an operation; keeping it, 1,999 in all.
+// may have moved). Building a plan is a tenth of a small operation's cost.
 int plan(Op& op) {
   const Comm* c = op.comm;
   const PlanKey& k = op.plan_key;

@@ -2,6 +2,7 @@
 // completed under a deadline, failures noticed and told to the peers, trace
 // records written; communicators created, split, aborted and destroyed.
 #include "engine.hpp"
+#include "host_error.hpp"
 
 #include "reduce.hpp"
 

@@ -192,22 +192,25 @@ uint64_t progress_signature(const std::vector<RankRing>& rings) {
   return h;
 }
 
-Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
-  Verdict v;
-  v.ranks = int(rings.size());
-  const int64_t now = wall_now();
+namespace {
+
+using Members = std::map<int, Member>;  // by rank
+
+void ring_warnings(const std::vector<RankRing>& rings, Verdict* v) {
   for (const auto& r : rings) {
     if (r.overflow)
-      v.warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
+      v->warnings.push_back(r.path + ": " + std::to_string(r.overflow) + " older records were overwritten");
     if (r.dropped)
-      v.warnings.push_back(r.path + ": " + std::to_string(r.dropped) +
-                           " operations went unrecorded, every slot holding one in flight");
+      v->warnings.push_back(r.path + ": " + std::to_string(r.dropped) +
+                            " operations went unrecorded, every slot holding one in flight");
   }
+}
 
-  // Where every rank is on every communicator: its last collective record,
-  // except collectives queued behind the one it runs or failed in (issued,
-  // or failed with it, never started): the rank is in that one.
-  std::map<uint64_t, std::map<int, Member>> comms;
+// Where every rank is on every communicator: its last collective record,
+// except collectives queued behind the one it runs or failed in (issued, or
+// failed with it, never started): the rank is in that one.
+std::map<uint64_t, Members> where_ranks_are(const std::vector<RankRing>& rings) {
+  std::map<uint64_t, Members> comms;
   for (const auto& r : rings)
     for (const auto& s : r.records) {
       if (s.flags & BALLAST_TRACE_P2P) continue;
@@ -217,9 +220,12 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
       if (!fresh && never_ran && (unfinished(*in) || in->state == BALLAST_TRACE_FAILED)) continue;
       at->second = Member{&r, &s, last_progress(r, s)};
     }
+  return comms;
+}
 
-  // The communicator in trouble: the one whose oldest unfinished or failed
-  // operation started first.
+// The communicator in trouble: the one whose oldest unfinished or failed
+// operation started first; 0 when none.
+uint64_t troubled_comm(const std::map<uint64_t, Members>& comms) {
   uint64_t bad = 0;
   int64_t oldest = INT64_MAX;
   for (const auto& [id, members] : comms)
@@ -231,39 +237,28 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
           bad = id;
         }
       }
+  return bad;
+}
 
-  if (!bad) {
-    for (const auto& r : rings)
-      if (r.state == ProcState::gone && !r.header.closed) {
-        v.verdict = "hang";
-        v.causes.push_back({r.header.rank, "crashed",
-                            "process pid " + std::to_string(r.header.pid) +
-                                " is gone without shutting down its communicators (outside any collective)"});
-      }
-    if (v.causes.empty()) find_slow(rings, opt, &v);
-    return v;
-  }
+// No communicator in trouble: a process gone outside any collective, else
+// the slow ranks.
+void outside_collectives(const std::vector<RankRing>& rings, const Options& opt, Verdict* v) {
+  for (const auto& r : rings)
+    if (r.state == ProcState::gone && !r.header.closed) {
+      v->verdict = "hang";
+      v->causes.push_back({r.header.rank, "crashed",
+                           "process pid " + std::to_string(r.header.pid) +
+                               " is gone without shutting down its communicators (outside any collective)"});
+    }
+  if (v->causes.empty()) find_slow(rings, opt, v);
+}
 
-  auto& members = comms[bad];
-  uint64_t max_seq = 0;
-  int nranks = 0;
-  for (const auto& [rank, m] : members) {
-    max_seq = std::max(max_seq, m.last->seq);
-    nranks = std::max(nranks, int(m.last->nranks));
-  }
-  const Member* ref = nullptr;
-  for (const auto& [rank, m] : members)
-    if (m.last->seq == max_seq && (!ref || unfinished(*m.last))) ref = &m;
-  v.comm_id = bad;
-  v.seq = max_seq;
-  v.op = ballast_op_name(ref->last->op);
-  for (const auto& [rank, m] : members) v.last_progress_ns = std::max(v.last_progress_ns, m.progress_ns);
-
-  // 1. Ranks in different operations at the same sequence number: the
-  // earliest such seq still in the rings. Not only the last records: a rank
-  // may have passed the mismatched one (the root of a broadcast is done once
-  // its sends are out) and now waits in the next, which alone would look
-  // like the others lagging.
+// 1. Ranks in different operations at the same sequence number: the
+// earliest such seq still in the rings. Not only the last records: a rank
+// may have passed the mismatched one (the root of a broadcast is done once
+// its sends are out) and now waits in the next, which alone would look like
+// the others lagging. Returns whether it found one.
+bool find_mismatch(const std::vector<RankRing>& rings, uint64_t bad, int nranks, Verdict* v) {
   std::map<uint64_t, std::map<CallKey, std::vector<int>>> by_seq;  // seq -> call -> ranks
   for (const auto& r : rings)
     for (const auto& s : r.records)
@@ -284,8 +279,8 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
   for (auto at = by_seq.begin(); at != by_seq.end(); ++at) {
     const auto& [seq, calls] = *at;
     if (calls.size() < 2) continue;
-    v.verdict = "mismatch";
-    v.seq = seq;
+    v->verdict = "mismatch";
+    v->seq = seq;
     const bool after_one = at != by_seq.begin() && std::prev(at)->first == seq - 1;
     const CallKey job_call = after_one ? most_called(std::prev(at)->second) : CallKey{};
     auto usual = [&](const CallKey& k) { return after_one && k == job_call; };
@@ -297,24 +292,26 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     auto majority = calls.begin();
     for (auto it = calls.begin(); it != calls.end(); ++it)
       if (standing(*it) > standing(*majority)) majority = it;
-    v.op = ballast_op_name(majority->first.op);
+    v->op = ballast_op_name(majority->first.op);
     for (const auto& [k, ranks] : calls) {
       if (k == majority->first) continue;
       for (int r : ranks)
-        v.causes.push_back({r, "mismatch",
-                            "called " + k.words() + " at seq " + std::to_string(seq) + " where rank(s) " +
-                                ranks_list(majority->second) + " called " + majority->first.words()});
+        v->causes.push_back({r, "mismatch",
+                             "called " + k.words() + " at seq " + std::to_string(seq) + " where rank(s) " +
+                                 ranks_list(majority->second) + " called " + majority->first.words()});
     }
-    return v;
+    return true;
   }
+  return false;
+}
 
-  v.verdict = "hang";
-  const std::string op = ref ? call(*ref->last) : "?";
-  // 2. Ranks that never entered the operation the others wait in. A live
-  // rank still in an earlier operation, or failed in it, was held up by the
-  // fault (told of it, its link to the faulty rank broken, or still waiting
-  // for data that rank sent before it died): it is named only when no other
-  // rank lags for a reason of its own.
+// 2. Ranks that never entered the operation the others wait in. A live rank
+// still in an earlier operation, or failed in it, was held up by the fault
+// (told of it, its link to the faulty rank broken, or still waiting for data
+// that rank sent before it died): it is named only when no other rank lags
+// for a reason of its own. Returns whether it named one.
+bool find_laggards(const std::vector<RankRing>& rings, const Members& members, uint64_t max_seq, int nranks,
+                   const std::string& op, int64_t now, Verdict* v) {
   std::vector<Member> lagging;
   for (const auto& r : rings) {
     auto it = members.find(r.header.rank);
@@ -337,29 +334,31 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
     Cause c = lagging_cause(m, max_seq, op, now, doing);
     if (c.kind == "not_joined" && m.last && (m.last->state == BALLAST_TRACE_FAILED || unfinished(*m.last)))
       held_up.push_back(c);
-    else v.causes.push_back(c);
+    else v->causes.push_back(c);
   }
-  if (v.causes.empty()) v.causes = std::move(held_up);
-  if (!v.causes.empty()) {
-    v.last_progress_ns = 0;
-    for (const auto& [rank, m] : members)
-      if (m.last->seq == max_seq) v.last_progress_ns = std::max(v.last_progress_ns, m.ring->wall_ns(m.last->start_tick));
-    return v;
-  }
-  // 3. Everyone entered: a process that died or stopped in it, else the rank
-  // whose progress stopped first.
+  if (v->causes.empty()) v->causes = std::move(held_up);
+  if (v->causes.empty()) return false;
+  v->last_progress_ns = 0;
+  for (const auto& [rank, m] : members)
+    if (m.last->seq == max_seq) v->last_progress_ns = std::max(v->last_progress_ns, m.ring->wall_ns(m.last->start_tick));
+  return true;
+}
+
+// 3. Everyone entered: a process that died or stopped in it, else the rank
+// whose progress stopped first.
+void find_stalled(const Members& members, uint64_t max_seq, const std::string& op, int64_t now, Verdict* v) {
   for (const auto& [rank, m] : members) {
     const std::string pid = "pid " + std::to_string(m.ring->header.pid);
     if (m.ring->state == ProcState::gone && !m.ring->header.closed)
-      v.causes.push_back({rank, "crashed",
-                          "process " + pid + " is gone in the middle of seq " + std::to_string(max_seq) + " (" + op +
-                              "): " + progress_words(*m.last)});
+      v->causes.push_back({rank, "crashed",
+                           "process " + pid + " is gone in the middle of seq " + std::to_string(max_seq) + " (" + op +
+                               "): " + progress_words(*m.last)});
     else if (m.ring->state == ProcState::stopped)
-      v.causes.push_back({rank, "stuck",
-                          "process " + pid + " is stopped in the middle of seq " + std::to_string(max_seq) + " (" + op +
-                              "): " + progress_words(*m.last)});
+      v->causes.push_back({rank, "stuck",
+                           "process " + pid + " is stopped in the middle of seq " + std::to_string(max_seq) + " (" +
+                               op + "): " + progress_words(*m.last)});
   }
-  if (!v.causes.empty()) return v;
+  if (!v->causes.empty()) return;
   const Member* first = nullptr;
   for (const auto& [rank, m] : members)
     if (!first || m.progress_ns < first->progress_ns) first = &m;
@@ -378,7 +377,43 @@ Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
                    " stalled first: rank " + std::to_string(rank) + " still sends to it and it still waits for that data; " +
                    c.evidence;
     }
-  v.causes.push_back(c);
+  v->causes.push_back(c);
+}
+
+}  // namespace
+
+Verdict analyze(const std::vector<RankRing>& rings, const Options& opt) {
+  Verdict v;
+  v.ranks = int(rings.size());
+  const int64_t now = wall_now();
+  ring_warnings(rings, &v);
+  std::map<uint64_t, Members> comms = where_ranks_are(rings);
+  const uint64_t bad = troubled_comm(comms);
+  if (!bad) {
+    outside_collectives(rings, opt, &v);
+    return v;
+  }
+
+  const Members& members = comms[bad];
+  uint64_t max_seq = 0;
+  int nranks = 0;
+  for (const auto& [rank, m] : members) {
+    max_seq = std::max(max_seq, m.last->seq);
+    nranks = std::max(nranks, int(m.last->nranks));
+  }
+  const Member* ref = nullptr;
+  for (const auto& [rank, m] : members)
+    if (m.last->seq == max_seq && (!ref || unfinished(*m.last))) ref = &m;
+  v.comm_id = bad;
+  v.seq = max_seq;
+  v.op = ballast_op_name(ref->last->op);
+  for (const auto& [rank, m] : members) v.last_progress_ns = std::max(v.last_progress_ns, m.progress_ns);
+
+  if (find_mismatch(rings, bad, nranks, &v)) return v;
+  v.verdict = "hang";
+  const std::string op = ref ? call(*ref->last) : "?";
+  if (find_laggards(rings, members, max_seq, nranks, op, now, &v)) return v;
+  find_stalled(members, max_seq, op, now, &v);
   return v;
 }
 

@@ -302,25 +302,36 @@ LoadedFile::~LoadedFile() {
   }
 }
 
-LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
-  if (opt.chunk_bytes == 0 || opt.chunk_bytes % kPage != 0)
-    throw Error("chunk size must be a positive multiple of 4096, not " + std::to_string(opt.chunk_bytes));
-  const int64_t t0 = monotonic_ns();
+// One load_file call, phase by phase: open, the expected checksums, how to
+// read, the read itself (a node's shared segment, the mapped file, or memory
+// of our own), and the check against the checksums.
+struct FileLoad {
+  const std::string& path;
+  const LoadOptions& opt;
   LoadedFile f;
-  f.path = path;
-  Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) throw Error(path + ": " + errno_text(errno));
+  Fd fd;
   struct stat st{};
-  ::fstat(fd.fd, &st);
-  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
-  f.size = uint64_t(st.st_size);
-  if (is_safetensors_path(path)) f.header = parse_safetensors_header(path, fd.fd, f.size);
+  std::vector<uint32_t> expected;  // from FILE.crc32c
+  bool mapped = false, direct = false;
+  Fd dfd;                          // the O_DIRECT descriptor, when direct
+  uint64_t chunks = 0, span = 0;
+
+  FileLoad(const std::string& p, const LoadOptions& o) : path(p), opt(o) { f.path = p; }
+
+  void open() {
+    fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd.fd < 0) throw Error(path + ": " + errno_text(errno));
+    ::fstat(fd.fd, &st);
+    if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
+    f.size = uint64_t(st.st_size);
+    if (is_safetensors_path(path)) f.header = parse_safetensors_header(path, fd.fd, f.size);
+  }
 
   // Expected checksums, when FILE.crc32c exists; their chunk size wins.
-  std::vector<uint32_t> expected;
-  f.chunk_bytes = opt.chunk_bytes;
-  if (opt.verify && ::access(sums_path(path).c_str(), F_OK) == 0) {
-    std::string sp = sums_path(path);
+  void read_expected_sums() {
+    f.chunk_bytes = opt.chunk_bytes;
+    if (!opt.verify || ::access(sums_path(path).c_str(), F_OK) != 0) return;
+    const std::string sp = sums_path(path);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(read_file(sp));
@@ -339,22 +350,37 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
   }
 
   // Without a destination, a shared segment or O_DIRECT asked for, the file
-  // is mapped: its page cache is the destination.
-  const bool mapped = opt.destination == nullptr && !opt.share && opt.direct != 1 && f.size > 0;
-  bool direct = !mapped && (opt.direct == 1 || (opt.direct < 0 && resident_fraction(path) < 0.5));
-  if (opt.destination != nullptr && reinterpret_cast<uintptr_t>(opt.destination) % kPage != 0) direct = false;
-  Fd dfd;
-  if (direct) {
-    dfd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (dfd.fd < 0) direct = false;  // tmpfs and some FUSE mounts refuse O_DIRECT
+  // is mapped: its page cache is the destination. Otherwise O_DIRECT when
+  // asked, or when the file is mostly cold.
+  void choose_mode() {
+    mapped = opt.destination == nullptr && !opt.share && opt.direct != 1 && f.size > 0;
+    direct = !mapped && (opt.direct == 1 || (opt.direct < 0 && resident_fraction(path) < 0.5));
+    if (opt.destination != nullptr && reinterpret_cast<uintptr_t>(opt.destination) % kPage != 0) direct = false;
+    if (direct) {
+      dfd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      if (dfd.fd < 0) direct = false;  // tmpfs and some FUSE mounts refuse O_DIRECT
+    }
+    f.direct = direct;
+    chunks = (f.size + f.chunk_bytes - 1) / f.chunk_bytes;
+    // O_DIRECT reads whole pages, so the destination needs room for the tail.
+    span = round_up(std::max<uint64_t>(f.size, 1), kPage);
   }
-  f.direct = direct;
-  const int rfd = direct ? dfd.fd : fd.fd;
-  const uint64_t chunks = (f.size + f.chunk_bytes - 1) / f.chunk_bytes;
-  // O_DIRECT reads whole pages, so the destination needs room for the tail.
-  const uint64_t span = round_up(std::max<uint64_t>(f.size, 1), kPage);
 
-  if (opt.share) {
+  int read_fd() const { return direct ? dfd.fd : fd.fd; }
+
+  void* map_segment() {
+    void* m = ::mmap(nullptr, f.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, f.lock_fd_, 0);
+    if (m == MAP_FAILED) throw Error(f.shm_path_ + ": mmap: " + errno_text(errno));
+    return m;
+  }
+
+  // The node's shared copy in /dev/shm. Byte 0 of the segment is the load
+  // lock: whoever gets it first reads the file in, the others wait for it
+  // and then find the segment ready. A reader that dies releases it and the
+  // next one reads again. Byte 1 is held shared by every process using the
+  // segment. Open-file-description locks, so that two loads in one process
+  // do not share a lock.
+  void load_shared() {
     Sha256 h;
     std::string id = std::filesystem::absolute(path).lexically_normal().string() + "|" + std::to_string(st.st_dev) +
                      "|" + std::to_string(st.st_ino) + "|" + std::to_string(f.size) + "|" +
@@ -364,11 +390,6 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
     f.shm_path_ = "/dev/shm/ballast-ckpt-" + h.hex().substr(0, 24);
     f.lock_fd_ = ::open(f.shm_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (f.lock_fd_ < 0) throw Error(f.shm_path_ + ": " + errno_text(errno));
-    // Byte 0 of the segment is the load lock: whoever gets it first reads the
-    // file in, the others wait for it and then find the segment ready. A
-    // reader that dies releases it and the next one reads again. Byte 1 is
-    // held shared by every process using the segment. Open-file-description
-    // locks, so that two loads in one process do not share a lock.
     if (!ofd_lock(f.lock_fd_, F_WRLCK, 0, true)) throw Error(f.shm_path_ + ": lock: " + errno_text(errno));
     const uint64_t head = round_up(sizeof(SegmentHeader) + 4 * chunks, kPage);
     f.map_bytes_ = head + span;
@@ -376,11 +397,7 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
     ::fstat(f.lock_fd_, &sst);
     bool ready = false;
     if (uint64_t(sst.st_size) == f.map_bytes_) {
-      f.map_ = ::mmap(nullptr, f.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, f.lock_fd_, 0);
-      if (f.map_ == MAP_FAILED) {
-        f.map_ = nullptr;
-        throw Error(f.shm_path_ + ": mmap: " + errno_text(errno));
-      }
+      f.map_ = map_segment();
       auto* sh = static_cast<SegmentHeader*>(f.map_);
       ready = std::memcmp(sh->magic, "BLSTCKPT", 8) == 0 && sh->ready == 1 && sh->size == f.size &&
               sh->chunks == chunks && sh->ino == uint64_t(st.st_ino);
@@ -390,14 +407,10 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
       f.map_ = nullptr;
       if (::ftruncate(f.lock_fd_, 0) != 0 || ::ftruncate(f.lock_fd_, off_t(f.map_bytes_)) != 0)
         throw Error(f.shm_path_ + ": cannot size the shared segment: " + errno_text(errno));
-      f.map_ = ::mmap(nullptr, f.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, f.lock_fd_, 0);
-      if (f.map_ == MAP_FAILED) {
-        f.map_ = nullptr;
-        throw Error(f.shm_path_ + ": mmap: " + errno_text(errno));
-      }
+      f.map_ = map_segment();
       auto* sh = static_cast<SegmentHeader*>(f.map_);
-      read_striped(path, rfd, static_cast<unsigned char*>(f.map_) + head, f.size, f.chunk_bytes, opt.stripes, direct,
-                   f.chunk_crcs);
+      read_striped(path, read_fd(), static_cast<unsigned char*>(f.map_) + head, f.size, f.chunk_bytes, opt.stripes,
+                   direct, f.chunk_crcs);
       std::memcpy(reinterpret_cast<unsigned char*>(f.map_) + sizeof(SegmentHeader), f.chunk_crcs.data(), 4 * chunks);
       std::memcpy(sh->magic, "BLSTCKPT", 8);
       sh->size = f.size;
@@ -417,13 +430,25 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
     ofd_lock(f.lock_fd_, F_UNLCK, 0, false);
     f.data = static_cast<unsigned char*>(f.map_) + head;
     f.shared = true;
-  } else if (mapped && (f.map_ = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd.fd, 0)) != MAP_FAILED) {
+  }
+
+  // The file mapped read-only, its chunks brought into the page cache.
+  // False when the file system cannot map files.
+  bool load_mapped() {
+    f.map_ = ::mmap(nullptr, f.size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    if (f.map_ == MAP_FAILED) {
+      f.map_ = nullptr;
+      return false;
+    }
     f.map_bytes_ = f.size;
     f.mapped = true;
     read_mapped(path, fd.fd, static_cast<unsigned char*>(f.map_), f.size, f.chunk_bytes, opt.stripes, f.chunk_crcs);
     f.data = static_cast<unsigned char*>(f.map_);
-  } else {
-    f.map_ = nullptr;  // a file system that cannot map files: read into memory of our own
+    return true;
+  }
+
+  // Into the caller's destination, or memory of our own.
+  void load_private() {
     unsigned char* dst = nullptr;
     if (opt.destination != nullptr) {
       if (opt.capacity < (direct ? span : f.size))
@@ -439,11 +464,13 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
       }
       dst = static_cast<unsigned char*>(f.map_);
     }
-    read_striped(path, rfd, dst, f.size, f.chunk_bytes, opt.stripes, direct, f.chunk_crcs);
+    read_striped(path, read_fd(), dst, f.size, f.chunk_bytes, opt.stripes, direct, f.chunk_crcs);
     f.data = dst;
   }
-  f.checksum = chunked_checksum(f.chunk_crcs);
-  if (!expected.empty() || (opt.verify && ::access(sums_path(path).c_str(), F_OK) == 0)) {
+
+  void verify() {
+    f.checksum = chunked_checksum(f.chunk_crcs);
+    if (expected.empty() && !(opt.verify && ::access(sums_path(path).c_str(), F_OK) == 0)) return;
     if (expected.size() != f.chunk_crcs.size())
       throw Error(path + ": " + std::to_string(f.chunk_crcs.size()) + " chunks but " + sums_path(path) + " lists " +
                   std::to_string(expected.size()));
@@ -454,8 +481,24 @@ LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
                     std::to_string(i) + ")");
     f.verified = true;
   }
-  f.seconds = double(monotonic_ns() - t0) / 1e9;
-  return f;
+};
+
+LoadedFile load_file(const std::string& path, const LoadOptions& opt) {
+  if (opt.chunk_bytes == 0 || opt.chunk_bytes % kPage != 0)
+    throw Error("chunk size must be a positive multiple of 4096, not " + std::to_string(opt.chunk_bytes));
+  const int64_t t0 = monotonic_ns();
+  FileLoad load(path, opt);
+  load.open();
+  load.read_expected_sums();
+  load.choose_mode();
+  if (opt.share) {
+    load.load_shared();
+  } else if (!load.mapped || !load.load_mapped()) {
+    load.load_private();
+  }
+  load.verify();
+  load.f.seconds = double(monotonic_ns() - t0) / 1e9;
+  return std::move(load.f);
 }
 
 }  // namespace ballast::startup

@@ -74,7 +74,7 @@ class LoadedFile {
   SafetensorsHeader header;  // empty for raw shards
 
  private:
-  friend LoadedFile load_file(const std::string&, const LoadOptions&);
+  friend struct FileLoad;  // load_file, phase by phase (loader.cpp)
   void* map_ = nullptr;  // what to munmap
   uint64_t map_bytes_ = 0;
   int lock_fd_ = -1;     // shared segment: holds a read lock on byte 1 while mapped
