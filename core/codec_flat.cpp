@@ -189,8 +189,12 @@ void walk(Arena& arena, const ballast_event& ev, const char* stable_topic, balla
   uint64_t payload_size = 0;
   if (plan != nullptr) {
     const StructDesc& desc = *plan->desc;
+    // A publisher of an older minor may leave fields out (rare): only then
+    // is the payload padded to the whole struct.
     PayloadScratch scratch;
-    const void* whole = whole_payload(ev, &scratch);
+    const void* whole = ev.payload;
+    if (ev.payload_size < desc.size || *static_cast<const uint32_t*>(ev.payload) < desc.size)
+      whole = whole_payload(ev, &scratch);
     unsigned char* p = arena.take(desc.size, desc.align);
     if (p != nullptr) copy_bytes(p, whole, desc.size);
     copy_pointees(arena, *plan, whole, p);
