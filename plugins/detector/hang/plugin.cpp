@@ -9,6 +9,8 @@
 #include <ballast/events.h>
 #include <ballast/plugin.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
@@ -47,8 +49,11 @@ struct State {
 int on_job_state(void* user, const ballast_event* ev) {
   auto* s = static_cast<State*>(user);
   if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
-  const std::string body(static_cast<const char*>(ev->payload), ev->payload_size);
-  const bool paused = body.find("\"state\":\"paused\"") != std::string::npos;
+  const auto* text = static_cast<const char*>(ev->payload);
+  const auto body = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
+  if (!body.is_object()) return BALLAST_OK;
+  const auto state = body.find("state");
+  const bool paused = state != body.end() && *state == "paused";
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->paused && !paused) s->last_change_ns = wall_now();
   s->paused = paused;
