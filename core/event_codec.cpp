@@ -3,6 +3,7 @@
 #include "bus.hpp"
 #include "codec_flat.hpp"
 #include "codec_schema.hpp"
+#include "json_depth.hpp"
 
 #include <cereal/archives/portable_binary.hpp>
 
@@ -170,6 +171,8 @@ nlohmann::json number_to_json(double v) {
 }
 
 nlohmann::json json_text_to_json(const char* text, size_t size) {
+  // Too deep to print safely: kept as text, like text that is not JSON.
+  if (!json_depth_within(std::string_view(text, size))) return utf8(text, size);
   nlohmann::json parsed = nlohmann::json::parse(text, text + size, nullptr, false);
   if (parsed.is_discarded()) return utf8(text, size);  // not JSON: kept as text
   return parsed;

@@ -1,12 +1,11 @@
 #include "analysis.hpp"
 #include "commands.hpp"
 #include "heartbeat.hpp"
+#include "launch_env.hpp"
 #include "launch_record.hpp"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +16,6 @@
 #include <cstring>
 #include <ctime>
 #include <iterator>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,40 +23,6 @@
 namespace ballast::hang {
 
 namespace {
-
-// Whether a TCP socket can listen on the loopback's `port` now.
-bool port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the bootstrap's master does
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sa.sin_port = htons(uint16_t(port));
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && listen(fd, 1) == 0;
-  close(fd);
-  return ok;
-}
-
-// A MASTER_PORT for the job: free now, and outside the range the kernel
-// takes ports from for connections and bind(0) (ip_local_port_range), so
-// that no connection of another process takes it as its source port before
-// rank 0 listens on it (a port from bind(0), closed again, goes back to that
-// pool). 0 when none was found.
-int free_port() {
-  int lo = 32768, hi = 60999;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-    std::fclose(f);
-  }
-  std::mt19937 pick(std::random_device{}() ^ uint32_t(getpid()));
-  for (int tries = 0; tries < 200; ++tries) {
-    const int port = 10000 + int(pick() % 55536);  // 10000-65535
-    if ((port < lo || port > hi) && port_free(port)) return port;
-  }
-  return 0;
-}
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -204,11 +168,17 @@ int launch_main(int argc, char** argv) {
   } else {
     mkdir(dir.c_str(), 0755);
   }
-  if (port == 0) port = free_port();
+  if (port == 0) port = launch::free_port();
   if (port == 0) {
     std::fprintf(stderr, "%s: found no free port for MASTER_PORT outside ip_local_port_range: give one with --port\n",
                  argv[0]);
     return 2;
+  }
+
+  const std::string secret = launch::bootstrap_secret();
+  if (secret.empty()) {
+    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+    return 1;
   }
 
   const StopSignals stop_signals;
@@ -228,14 +198,8 @@ int launch_main(int argc, char** argv) {
       // ranks: the kernel does, and a rank whose launcher is already gone ends.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
-      const std::string rs = std::to_string(r), ns = std::to_string(n), ps = std::to_string(port);
-      setenv("RANK", rs.c_str(), 1);
-      setenv("LOCAL_RANK", rs.c_str(), 1);
-      setenv("GROUP_RANK", "0", 1);
-      setenv("WORLD_SIZE", ns.c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", ns.c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", ps.c_str(), 1);
+      for (const auto& [k, v] : launch::torchrun_env({r, n, r, n, 0}, port)) setenv(k.c_str(), v.c_str(), 1);
+      setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
       setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
       execvp(argv[i], argv + i);
       std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));

@@ -37,7 +37,23 @@ struct State {
   uint64_t signature = 0;
   int64_t last_change_ns = 0;
   std::set<std::pair<uint64_t, uint64_t>> reported;  // (comm, seq) already published
+  bool paused = false;    // the executor stopped the job on purpose (job.state "paused")
+  uint64_t sub_state = 0;
+  bool subscribed = false;
 };
+
+// A job the executor paused makes no progress on purpose: it is not hung.
+// The stall clock starts again when it resumes.
+int on_job_state(void* user, const ballast_event* ev) {
+  auto* s = static_cast<State*>(user);
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+  const std::string body(static_cast<const char*>(ev->payload), ev->payload_size);
+  const bool paused = body.find("\"state\":\"paused\"") != std::string::npos;
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->paused && !paused) s->last_change_ns = wall_now();
+  s->paused = paused;
+  return BALLAST_OK;
+}
 
 void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric) {
   const int64_t now = wall_now();
@@ -87,6 +103,7 @@ void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
 void on_tick(void* user) {
   auto* s = static_cast<State*>(user);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->paused) return;
   std::vector<std::string> errors;
   const auto rings = read_dir(s->dir, &errors);
   const int64_t now = wall_now();
@@ -129,6 +146,7 @@ int create(const ballast_host_api* host, void** state) {
 int start(void* state) {
   auto* s = static_cast<State*>(state);
   s->last_change_ns = wall_now();
+  s->subscribed = s->host->subscribe(s->host, "job.state", nullptr, on_job_state, s, &s->sub_state) == BALLAST_OK;
   const int rc = s->host->timer_start(s->host, uint64_t(s->period_s * 1e9), on_tick, s, &s->timer);
   s->timing = rc == BALLAST_OK;
   return rc;
@@ -137,7 +155,8 @@ int start(void* state) {
 void stop(void* state) {
   auto* s = static_cast<State*>(state);
   if (s->timing) s->host->timer_cancel(s->host, s->timer);
-  s->timing = false;
+  if (s->subscribed) s->host->unsubscribe(s->host, s->sub_state);
+  s->timing = s->subscribed = false;
 }
 
 void destroy(void* state) { delete static_cast<State*>(state); }
