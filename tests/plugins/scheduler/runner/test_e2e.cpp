@@ -40,7 +40,7 @@ struct Run {
   std::string dir;
 };
 
-// `ballast run` on a config like examples/configs/default.lua, its job in dir.
+// `ballast run` on a config like examples/configs/demo.lua, its job in dir.
 Run run(const std::string& name, const std::vector<std::string>& injections) {
   Run r;
   r.dir = scratch(name);

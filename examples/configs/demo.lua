@@ -5,7 +5,7 @@
 -- fault is detected, decided on by the default policy and recovered from
 -- without a person; the summary at the end lists them with ETTR.
 --
---   build/bin/ballast run examples/configs/default.lua [--timeline run.json]
+--   build/bin/ballast run examples/configs/demo.lua [--timeline run.json]
 --
 -- Your own job: replace `job.command` (and `ranks`), drop `inject`.
 -- Paths are relative to this file, then to the installed plugin and script
