@@ -19,7 +19,8 @@ return {
     } },
     { path = "collect", config = { period = 1 } },
     "machine",
-    { path = "straggler", config = { window_steps = 20, report_every = 20 } },
+    -- Only a clear slowdown: a busy small machine makes step times noisy.
+    { path = "straggler", config = { window_steps = 50, report_every = 50, min_slowdown = 2 } },
     { path = "hang", config = { stall_seconds = 3, period_seconds = 0.25 } },
     "startup",
     "scheduler",
