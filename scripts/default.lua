@@ -43,7 +43,8 @@
 -- 6. Everything else (a crashed rank, kind "crashed" from detector
 --    "executor", an unknown machine fault, any other kind): restart the job
 --    from its last checkpoint; after RESTART_LIMIT restarts within
---    RESTART_WINDOW_S, escalate instead.
+--    RESTART_WINDOW_S, escalate instead (faults within
+--    RESTART_SAME_INCIDENT_S of a counted restart count with it).
 --
 -- Beside the ladder: a confident fault.suspected asks for a checkpoint (at
 -- most once per CHECKPOINT_COOLDOWN_S), and node.silent pauses the job and
@@ -68,6 +69,8 @@ local STRAGGLER_REPORTS = 3
 -- Restarts without a known cause: this many within the window escalate.
 local RESTART_LIMIT = 3
 local RESTART_WINDOW_S = 1800
+-- Restarts this close to the last counted one are counted with it.
+local RESTART_SAME_INCIDENT_S = 10
 -- A hang verdict this soon after the executor saw the rank end is that end.
 local HANG_AFTER_EXIT_S = 60
 
@@ -99,6 +102,12 @@ local function restart_or_escalate(ev, subject, why)
     if now - t < RESTART_WINDOW_S then kept[#kept + 1] = t end
   end
   restarts = kept
+  local last = restarts[#restarts]
+  if last and now - last < RESTART_SAME_INCIDENT_S then
+    -- Faults reported together (several nodes of one outage) are one
+    -- incident: restart again, but count it once.
+    return {action = "restart", subject = subject, reason = why}
+  end
   if #restarts >= RESTART_LIMIT then
     return {action = "escalate", subject = subject,
             reason = string.format("%s: %d restarts within %d s did not help", why, #restarts, RESTART_WINDOW_S)}

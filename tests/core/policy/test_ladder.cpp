@@ -129,6 +129,12 @@ TEST_CASE("ladder: crashes restart the job; the fourth within the window escalat
   auto b = handle(*p, {"rank:2", "crashed", "executor", "", 2, 5000});
   REQUIRE(b.size() == 1);
   CHECK(b[0].action == "restart");
+  // Reported with it (several nodes of one outage): restarted, counted once.
+  for (int i = 0; i < 4; ++i) {
+    auto c = handle(*p, {"node-" + std::to_string(i), "unknown", "inspection", "", -1, 5003});
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].action == "restart");
+  }
 }
 
 TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unknown one restarts") {
