@@ -25,7 +25,8 @@
 --    (every cause rank and both ends of a link), one evict + replace each.
 --    A verdict is acted on once, whichever of its events comes first; one
 --    that names a rank the executor reported dead, NaN or failed in the
---    last HANG_AFTER_EXIT_S is that fault seen in the rings: no action.
+--    last HANG_AFTER_EXIT_S is that fault seen in the rings: no action; one
+--    whose single cause is a process that is gone is a crash: rung 6.
 -- 3. Fail-slow: straggler.report of kind "worker". The rank that the
 --    analysis blames most, summed over STRAGGLER_REPORTS reports in a row of
 --    at least STRAGGLER_SLOWDOWN, is evicted and replaced. A report under the
@@ -129,6 +130,12 @@ local function on_hang(ev, f, why)
     return nil
   end
   if verdict.communicator ~= nil then hang_verdicts[key] = true end
+  -- A cause whose process is gone is a crash seen from the rings, reported
+  -- before the executor's: not the machine's fault (rung 6).
+  local causes = type(verdict.root_cause) == "table" and verdict.root_cause or {}
+  if #causes == 1 and type(causes[1].evidence) == "string" and causes[1].evidence:find("is gone", 1, true) then
+    return restart_or_escalate(ev, f.subject, why .. ": the process is gone")
+  end
   -- The group the verdict names: each cause's rank, and both ends of a link.
   local group, seen = {}, {}
   local function add(r)
@@ -137,7 +144,7 @@ local function on_hang(ev, f, why)
       group[#group + 1] = r
     end
   end
-  for _, c in ipairs(type(verdict.root_cause) == "table" and verdict.root_cause or {}) do
+  for _, c in ipairs(causes) do
     add(c.rank)
     if type(c.link) == "table" then add(c.link[1]); add(c.link[2]) end
   end

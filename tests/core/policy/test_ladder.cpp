@@ -149,3 +149,13 @@ TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unk
   CHECK(u[0].action == "restart");
   CHECK(u[0].subject == "node-18");
 }
+
+TEST_CASE("ladder: a hang verdict whose rank's process is gone, before the executor said so, restarts") {
+  auto p = ladder();
+  auto a = handle(*p, {"rank:1", "not_joined", "hang",
+                       verdict(R"([{"rank":1,"kind":"not_joined","evidence":"process pid 20671 is gone (shut down) but did not join seq 7"}])"),
+                       1});
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == "restart");
+  CHECK(a[0].reason.find("the process is gone") != std::string::npos);
+}
