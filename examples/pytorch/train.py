@@ -223,6 +223,7 @@ def train(args, job, heartbeat):
                     (loss / args.micro_batches).backward()
                 timer.end_phase()
                 total += loss.item() / args.micro_batches
+            loss_value[0] = total  # the step's report, sent as the step ends, carries it
             if skip_next:
                 skip_next.clear()
             with timer.phase("optimizer"):
@@ -233,7 +234,6 @@ def train(args, job, heartbeat):
                 optimizer.zero_grad(set_to_none=True)
             if args.step_sleep_ms:
                 time.sleep(args.step_sleep_ms / 1000)
-        loss_value[0] = total
         # The step's report went out with the step; now the step boundary.
         job.deliver_commands(actions)
         actions.poll()
