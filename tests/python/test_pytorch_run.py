@@ -18,6 +18,7 @@ class PyTorchRunTest(unittest.TestCase):
         folder = tempfile.mkdtemp(prefix="pytorch-run-")
         config = os.path.join(SOURCE, "examples", "pytorch", "pytorch.lua")
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env["TMPDIR"] = folder  # the job's folder (logs, checkpoints) is made here
         r = subprocess.run([BALLAST, "run", config, "--json", "--inject", "crash:rank=1@step40", "--inject",
                             "hang:rank=2@step90"], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         out = r.stdout + r.stderr
