@@ -6,6 +6,23 @@
 
 namespace ballast::straggler {
 
+std::optional<OpType> timer_optype(std::string_view name) {
+  if (auto t = parse_optype(name)) return t;
+  struct Alias {
+    std::string_view word;
+    OpType type;
+  };
+  static constexpr Alias kAliases[] = {
+      {"forward", OpType::forward_compute},           {"backward", OpType::backward_compute},
+      {"allreduce", OpType::separate_grads_all_reduce}, {"all-reduce", OpType::separate_grads_all_reduce},
+      {"grad-sync", OpType::separate_grads_all_reduce}, {"optimizer-step", OpType::optimizer},
+      {"optim", OpType::optimizer},
+  };
+  for (const auto& a : kAliases)
+    if (a.word == name) return a.type;
+  return std::nullopt;
+}
+
 OnlineDetector::OnlineDetector(OnlineConfig config) : config_(std::move(config)) {
   config_.window_steps = std::max<size_t>(config_.window_steps, 1);
   config_.report_every = std::max<size_t>(config_.report_every, 1);
@@ -14,8 +31,11 @@ OnlineDetector::OnlineDetector(OnlineConfig config) : config_(std::move(config))
 void OnlineDetector::add(const ballast_op_timing* ops, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const ballast_op_timing& o = ops[i];
-    if (o.optype && std::strcmp(o.optype, "step") == 0) continue;
-    auto type = o.optype ? parse_optype(o.optype) : std::nullopt;
+    if (o.optype && std::strcmp(o.optype, "step") == 0) {
+      ++counters_.step_rows;
+      continue;
+    }
+    auto type = o.optype ? timer_optype(o.optype) : std::nullopt;
     if (!type || !std::isfinite(o.start_s) || !std::isfinite(o.duration_s) || o.duration_s < 0 || o.dp_rank < 0 ||
         o.stage < 0 || o.rank < 0 || o.seq_id < 0) {
       ++counters_.rejected;
