@@ -30,6 +30,10 @@ namespace ballast {
 
 namespace {
 
+// SIGINT or SIGTERM arrived (set by the signal handler, for waits that
+// cannot read the wake pipe).
+std::atomic<bool> g_stop_signal{false};
+
 int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -548,7 +552,14 @@ int Host::load_policy(const std::string& path, PolicyOptions options) {
 int Host::reload_policy() {
   int rc;
   {
-    std::lock_guard lock(policy_mutex_);
+    // A handler may run until its deadline (up to an hour): SIGINT and
+    // SIGTERM still stop the host meanwhile.
+    std::unique_lock lock(policy_mutex_, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(100))) {
+      if (stop_requested_.load() || g_stop_signal.load()) {
+        return fail(BALLAST_ESTATE, "policy reload abandoned: the host is stopping");
+      }
+    }
     if (!policy_) return fail(BALLAST_ESTATE, "no policy loaded");
     rc = policy_->reload();
   }
@@ -621,6 +632,7 @@ std::atomic<bool> g_hup{false};
 
 void on_signal(int sig) {
   if (sig == SIGHUP) g_hup.store(true);
+  if (sig == SIGINT || sig == SIGTERM) g_stop_signal.store(true);
   int fd = g_signal_fd.load();
   if (fd >= 0) {
     char c = static_cast<char>(sig);
@@ -645,6 +657,7 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   }
   struct sigaction old_int{}, old_term{}, old_hup{};
   if (handle_signals) {
+    g_stop_signal.store(false);
     g_signal_host.store(this);
     g_signal_fd.store(wake_pipe_[1]);
     struct sigaction sa{};
@@ -705,9 +718,16 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is queued (policy, journal); what the policy answers during
-  // this drain is logged as not published, since the bus no longer accepts.
+  // Deliver what is queued to the journal. The policy's handler call in
+  // progress is interrupted and the events still queued for it are skipped
+  // (counted): what it answered would not be published any more, and a
+  // stuck handler must not hold the host for its deadline.
+  if (policy_) policy_->stop();
   bus_.shutdown();
+  if (policy_ && policy_->skipped() > 0) {
+    log(BALLAST_LOG_WARN, "host", "policy " + policy_->name() + ": " + std::to_string(policy_->skipped()) +
+                                      " queued event(s) not handled: the host stopped");
+  }
   outbox_.reset();
   if (journal_) journal_->flush(true);
 }

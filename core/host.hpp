@@ -115,7 +115,7 @@ class Host {
   std::unique_ptr<Timers> timers_;
   std::unique_ptr<Outbox> outbox_;  // what the policy publishes (see host.cpp)
   std::vector<std::unique_ptr<Plugin>> plugins_;
-  std::mutex policy_mutex_;
+  std::timed_mutex policy_mutex_;  // timed: a reload gives up when the host stops
   std::unique_ptr<Policy> policy_;
   std::vector<uint64_t> policy_subscriptions_;
   std::unique_ptr<class JournalWriter> journal_;

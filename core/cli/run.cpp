@@ -15,7 +15,7 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/default.lua)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
       ->required();
   cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
   static JobFlags job_flags;

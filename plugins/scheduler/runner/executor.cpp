@@ -155,7 +155,7 @@ bool Executor::start(std::string* error) {
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
   if (!backend_->prepare(slots, error)) return false;
-  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0});
+  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0, 0});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
     slots_[size_t(n)].role = SlotState::active;
@@ -465,11 +465,12 @@ void Executor::handle_report(const Report& r) {
     rs.last_step = r.step;
     if (r.step > high_water_) high_water_ = r.step;
     publish_step(r);
+    const double end = r.start_s + r.duration_s;
+    const double prev_end = rs.last_end_s;
+    rs.last_end_s = end;
     if (r.rank == 0) {
-      const double end = r.start_s + r.duration_s;
-      kept_s_[r.step] = rs.last_end_s > 0 && end > rs.last_end_s ? end - rs.last_end_s : r.duration_s;
+      kept_s_[r.step] = prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s;
       loss_[r.step] = r.loss;
-      rs.last_end_s = end;
       spans_.push_back({"steps", "step " + std::to_string(r.step), int64_t(r.start_s * 1e9), int64_t(end * 1e9),
                         {{"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()}, {"attempt", attempt_}}});
       if (tty_ == false && cfg_.steps == 0 && r.step % 100 == 0)
@@ -593,6 +594,12 @@ int Executor::current_incident() const {
 void Executor::on_fault(const Message& m) {
   // A report about processes of an earlier start (the hang detector still
   // sees the rings of ranks the last restart killed) is not a new fault.
+  // A node the executor took out of the job falls silent on purpose.
+  if (m.topic == "node.silent") {
+    const int slot = slot_of_subject(m.subject);
+    silent_outside_ = slot >= 0 && slots_[size_t(slot)].role != SlotState::active;
+    if (silent_outside_) return;
+  }
   const int64_t since = m.since_ns > 0 ? m.since_ns : m.detected_ns;
   const bool fresh = since >= last_restart_ns_ || m.detector == "executor";
   if (!fresh) return;
@@ -657,6 +664,13 @@ void Executor::handle_message(Message& m) {
   if (int inc = current_incident(); inc > 0) {
     Incident& i = incidents_[size_t(inc - 1)];
     if (i.decided_ns == 0) i.decided_ns = a.received_ns;
+  }
+  if (a.cause == "node.silent" && silent_outside_) {
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the silent node is no longer in the job (evicted or standby)");
+    return;
   }
   // A restart for a fault the last restart already dealt with: every
   // detector reports a crash in its own time, the job needs one restart.
@@ -860,6 +874,12 @@ void Executor::begin(Action a) {
       finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
       return;
     }
+    // The node of `rank:N` may already be the standby that replaced it after
+    // this action was asked for (the evict's implied replace ran first).
+    if (slots_[size_t(failed)].role == SlotState::active && slots_[size_t(failed)].activated_ns > act.received_ns) {
+      finish("superseded", slots_[size_t(failed)].name + " already replaced the node it names");
+      return;
+    }
     if (slots_[size_t(failed)].role == SlotState::active) {
       // Replace without evict: take it out first.
       stop_ranks();
@@ -1009,6 +1029,7 @@ void Executor::advance() {
         for (auto& ns : node_slot_)
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
+        slots_[size_t(spare)].activated_ns = now();
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
         last_restart_ns_ = now();

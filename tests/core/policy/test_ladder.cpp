@@ -129,6 +129,12 @@ TEST_CASE("ladder: crashes restart the job; the fourth within the window escalat
   auto b = handle(*p, {"rank:2", "crashed", "executor", "", 2, 5000});
   REQUIRE(b.size() == 1);
   CHECK(b[0].action == "restart");
+  // Reported with it (several nodes of one outage): restarted, counted once.
+  for (int i = 0; i < 4; ++i) {
+    auto c = handle(*p, {"node-" + std::to_string(i), "unknown", "inspection", "", -1, 5003});
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].action == "restart");
+  }
 }
 
 TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unknown one restarts") {
@@ -142,4 +148,14 @@ TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unk
   REQUIRE(u.size() == 1);
   CHECK(u[0].action == "restart");
   CHECK(u[0].subject == "node-18");
+}
+
+TEST_CASE("ladder: a hang verdict whose rank's process is gone, before the executor said so, restarts") {
+  auto p = ladder();
+  auto a = handle(*p, {"rank:1", "not_joined", "hang",
+                       verdict(R"([{"rank":1,"kind":"not_joined","evidence":"process pid 20671 is gone (shut down) but did not join seq 7"}])"),
+                       1});
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == "restart");
+  CHECK(a[0].reason.find("the process is gone") != std::string::npos);
 }

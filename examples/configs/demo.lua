@@ -5,7 +5,7 @@
 -- fault is detected, decided on by the default policy and recovered from
 -- without a person; the summary at the end lists them with ETTR.
 --
---   build/bin/ballast run examples/configs/default.lua [--timeline run.json]
+--   build/bin/ballast run examples/configs/demo.lua [--timeline run.json]
 --
 -- Your own job: replace `job.command` (and `ranks`), drop `inject`.
 -- Paths are relative to this file, then to the installed plugin and script
@@ -19,7 +19,8 @@ return {
     } },
     { path = "collect", config = { period = 1 } },
     "machine",
-    { path = "straggler", config = { window_steps = 20, report_every = 20 } },
+    -- Only a clear slowdown: a busy small machine makes step times noisy.
+    { path = "straggler", config = { window_steps = 50, report_every = 50, min_slowdown = 2 } },
     { path = "hang", config = { stall_seconds = 3, period_seconds = 0.25 } },
     "startup",
     "scheduler",
