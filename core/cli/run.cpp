@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "role.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -31,8 +32,22 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    // The cluster role (agent or controller), when the config has a cluster table.
+    std::unique_ptr<cluster::Role> role;
+    if (cluster::Role::from_config(config, base, *host, &role) != BALLAST_OK) {
+      std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
+      set_exit_code(1);
+      return;
+    }
     Host* h = host.get();
-    auto ready = [h] {
+    bool role_failed = false;
+    auto ready = [h, &role, &role_failed] {
+      if (role && role->start() != BALLAST_OK) {
+        std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
+        role_failed = true;
+        h->request_stop();
+        return;
+      }
       h->log(BALLAST_LOG_INFO, "host",
              "running on node " + h->node() + " with " + std::to_string(h->plugin_count()) +
                  " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy");
@@ -42,8 +57,12 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    if (role) role->stop();
     nlohmann::json counters = host->counters();
+    if (role) counters.update(role->counters());
+    role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
+    if (role_failed) set_exit_code(1);
     if (json) {
       std::printf("%s\n", counters.dump().c_str());
     } else {
