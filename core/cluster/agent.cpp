@@ -44,6 +44,14 @@ int Agent::create(Host& host, AgentOptions options, std::unique_ptr<Agent>* out)
   actions >> a->applied_action_;
   a->options_ = std::move(options);
   a->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // Subscribed before the host starts its plugins, so that their first
+  // events are spooled too; the link starts with start().
+  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
+  for (const auto& pattern : a->options_.forward) {
+    uint64_t id = 0;
+    if (int rc = host.subscribe(pattern.c_str(), &opts, on_event, a.get(), "cluster", &id); rc != BALLAST_OK) return rc;
+    a->subscriptions_.push_back(id);
+  }
   *out = std::move(a);
   return BALLAST_OK;
 }
@@ -54,12 +62,6 @@ Agent::~Agent() {
 }
 
 int Agent::start() {
-  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
-  for (const auto& pattern : options_.forward) {
-    uint64_t id = 0;
-    if (int rc = host_.subscribe(pattern.c_str(), &opts, on_event, this, "cluster", &id); rc != BALLAST_OK) return rc;
-    subscriptions_.push_back(id);
-  }
   thread_ = std::thread([this] { run(); });
   host_.log(BALLAST_LOG_INFO, "cluster", "agent " + options_.node + ": spool " + options_.spool.dir + " at sequence " +
                                              std::to_string(spool_->last_seq()) + ", acknowledged " +
