@@ -66,6 +66,7 @@ class Link {
 
   const std::string& peer_name() const { return peer_name_; }  // certificate common name
   const std::string& peer_address() const { return peer_address_; }
+  int fd() const { return fd_; }  // for a caller that polls many links
 
  private:
   Link() = default;
