@@ -135,6 +135,8 @@ Controller start_controller(const std::string& dir, const std::string& certs, in
   std::string text = controller_config("127.0.0.1:" + std::to_string(port), certs, dir + "/ctl");
   if (durable) text.replace(text.find("durable = false"), 15, "durable = true");
   text.replace(text.find("journal = \""), 0, "log_level = \"warn\", ");
+  // Emulated nodes connect one after another: give the first ones time.
+  text.replace(text.find("heartbeat_ms = 200, silent_after_ms = 1000"), 42, "heartbeat_ms = 1000, silent_after_ms = 30000");
   write_file(cfg, text);
   Controller c{spawn({BALLAST_EXE, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -173,7 +175,10 @@ struct Emulator {
       bool welcomed = false;
       double until = now_s() + 10;
       while (!welcomed && now_s() < until)
-        if (!n.link->pump(100, -1, [&](const Message& m) { return welcomed = m.type == MsgType::welcome, true; }, error))
+        if (!n.link->pump(100, -1, [&](const Message& m) {
+              welcomed = welcomed || m.type == MsgType::welcome;
+              return true;
+            }, error))
           return false;
       if (!welcomed) {
         *error = "no welcome for " + n.name;
@@ -256,7 +261,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   const int nodes = g_quick ? 20 : 100;
   const double seconds = g_quick ? 2 : 5;
   for (bool durable : {false, true}) {
-    std::vector<double> rates, p50s, p99s, cpus;
+    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus;
     for (int run = 0; run < g_runs; ++run) {
       std::string d = dir + "/ingest-" + std::to_string(durable) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
@@ -269,7 +274,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
         c.stop();
         return;
       }
-      double cpu0 = cpu_s(c.proc.pid), t0 = now_s();
+      double cpu0 = cpu_s(c.proc.pid), self0 = cpu_s(getpid()), t0 = now_s();
       double end = t0 + seconds;
       std::thread other([&] { emu.drive(1, 2, end, 256, 0); });
       emu.drive(0, 2, end, 256, 0);
@@ -277,6 +282,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
       double elapsed = now_s() - t0;
       rates.push_back(static_cast<double>(emu.acked_total.load()) / elapsed);
       cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed);
+      emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
       p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
       p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
       emu.nodes.clear();
@@ -290,6 +296,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
     emit(name.c_str(), "latency_p50", median(p50s), "ms");
     emit(name.c_str(), "latency_p99", median(p99s), "ms");
     emit(name.c_str(), "controller_cpu", median(cpus), "cores");
+    emit(name.c_str(), "emulator_cpu", median(emulator_cpus), "cores");
     emit(name.c_str(), "emulated_nodes", nodes, "nodes");
   }
 }
@@ -499,6 +506,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }
+  // The machine is shared: its load says how much of the 2 cores the run had.
+  double load = 0;
+  std::sscanf(read_file("/proc/loadavg").c_str(), "%lf", &load);
+  emit("machine", "load_average_1min_at_start", load, "runnable");
+  emit("machine", "cores", static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)), "cores");
   if (only.empty() || only == "ingest") bench_ingest(dir, certs);
   if (only.empty() || only == "nodes") bench_nodes(dir, certs);
   if (only.empty() || only == "agent") bench_agent(dir);

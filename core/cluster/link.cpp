@@ -255,7 +255,9 @@ bool Link::pump(int timeout_ms, int wake_fd, const std::function<bool(const Mess
       }
     }
     in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(at));
-    if (round == 1 || timeout_ms == 0) break;
+    // Messages read: return, so that the caller acts on them (journals,
+    // acknowledges) before waiting.
+    if (round == 1 || timeout_ms == 0 || at > 0) break;
     pollfd p[2] = {{fd_, static_cast<short>(POLLIN | (want_write || out_at_ < out_.size() ? POLLOUT : 0)), 0},
                    {wake_fd, POLLIN, 0}};
     if (SSL_pending(ssl_) > 0) continue;

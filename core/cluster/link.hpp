@@ -58,7 +58,7 @@ class Link {
   void send(MsgType type, uint64_t number, const void* body = nullptr, size_t body_size = 0);
   size_t queued_bytes() const { return out_.size() - out_at_; }
 
-  // Write what is queued and read what arrived, waiting up to timeout_ms for
+  // Write what is queued and read what arrived; when nothing arrived, wait up to timeout_ms for
   // the socket (or for wake_fd to become readable, when >= 0). Each message
   // read goes to on_message; returning false from it stops and reports the
   // link broken. False when the link is closed or broken (*error says why).
