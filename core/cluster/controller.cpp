@@ -260,9 +260,15 @@ void Controller::serve(Conn* conn) {
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
 
-  std::vector<OwnedEvent> batch;
+  struct Item {
+    uint64_t seq;
+    bool good;  // a frame that decoded; a bad one is journaled, not published
+    OwnedEvent event;
+    std::vector<unsigned char> frame;
+  };
+  std::vector<Item> batch;
   std::vector<unsigned char> scratch;
-  uint64_t pending = applied;  // applied once the batch is journaled
+  uint64_t pending = applied;  // the highest sequence taken into the batch
   int64_t last_hb = 0, last_rx = now_ms();
   bool broken = false;
   while (!quit_.load() && !conn->kicked.load() && !broken) {
@@ -291,21 +297,16 @@ void Controller::serve(Conn* conn) {
                           "node " + node + ": sequence " + std::to_string(m.number) + " follows " +
                               std::to_string(pending) + " (the agent lost its spool?)");
               }
-              OwnedEvent ev;
+              Item item{m.number, true, {}, {m.body, m.body + m.body_size}};
               size_t used = 0;
               std::string why;
-              if (decode_frame(m.body, m.body_size, &ev, &used, &why) != BALLAST_OK) {
+              if (decode_frame(m.body, m.body_size, &item.event, &used, &why) != BALLAST_OK) {
                 bad_frames_.fetch_add(1);
+                item.good = false;
                 host_.log(BALLAST_LOG_WARN, "cluster",
                           "node " + node + " sequence " + std::to_string(m.number) + ": bad frame skipped: " + why);
-              } else {
-                batch.push_back(std::move(ev));
               }
-              ballast_event wrapped = wrap_spooled(node.c_str(), m.number, m.body, m.body_size, &scratch);
-              if (ingest_.append(wrapped) != BALLAST_OK) {
-                error = std::string("ingest journal: ") + last_error();
-                return false;
-              }
+              batch.push_back(std::move(item));
               pending = m.number;
               return true;
             }
@@ -347,30 +348,54 @@ void Controller::serve(Conn* conn) {
     uint64_t v;
     ssize_t n = read(conn->wake_fd, &v, sizeof v);
     (void)n;
-    if (!batch.empty() || pending > applied) {
+    if (!batch.empty()) {
+      // Apply: publish, journal, flush, (HA) commit the cursor in a fenced
+      // transaction, acknowledge. What is not published is not journaled nor
+      // acknowledged, so the agent resends it (to this or the next leader).
+      uint64_t done = applied;
+      bool stopped = false;
+      for (auto& item : batch) {
+        if (item.good) {
+          const ballast_event& ev = item.event.view();
+          if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
+            host_.log(BALLAST_LOG_WARN, "cluster",
+                      "node " + node + ": sequence " + std::to_string(item.seq) + " and later not applied (" +
+                          last_error() + "); the agent resends them");
+            stopped = true;
+            break;
+          }
+        }
+        ballast_event wrapped = wrap_spooled(node.c_str(), item.seq, item.frame.data(), item.frame.size(), &scratch);
+        if (ingest_.append(wrapped) != BALLAST_OK) {
+          host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
+          stopped = true;
+          break;
+        }
+        done = item.seq;
+      }
       if (ingest_.flush(options_.durable) != BALLAST_OK) {
         host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal flush: ") + last_error());
-        break;  // not acknowledged: the agent resends
+        break;  // not acknowledged: the agent resends (and this controller dedups what it journaled)
       }
-      if (leadership_ && pending > applied && leadership_->commit_cursor(node, pending) != BALLAST_OK) {
-        // Deposed (or etcd unreachable): neither published nor acknowledged;
-        // the agent resends them to the leader.
+      if (leadership_ && done > applied && leadership_->commit_cursor(node, done) != BALLAST_OK) {
+        // Deposed: not acknowledged; the agent resends to the leader, which
+        // applies these again (one batch, at least once across a failover).
         host_.log(BALLAST_LOG_WARN, "cluster", "node " + node + ": cursor not committed: " + last_error());
         break;
       }
-      for (auto& ev : batch) {
-        const char* plugin = ev.view().source.plugin ? ev.view().source.plugin : "cluster";
-        if (host_.publish(ev.view(), plugin) != BALLAST_OK)
-          host_.log(BALLAST_LOG_WARN, "cluster", std::string("publish: ") + last_error());
-      }
-      applied_events_.fetch_add(batch.size(), std::memory_order_relaxed);
+      applied_events_.fetch_add(done - applied, std::memory_order_relaxed);
       batch.clear();
       {
         std::lock_guard lock(mutex_);
-        nodes_[node].applied = pending;
+        nodes_[node].applied = done;
       }
-      applied = pending;
+      applied = done;
       link->send(MsgType::ack, applied);
+      if (stopped) {
+        std::string ignored;
+        link->pump(0, -1, [](const Message&) { return true; }, &ignored);
+        break;
+      }
     }
     {
       std::lock_guard lock(mutex_);

@@ -2,12 +2,15 @@
 // applies each node's events once, in order, and sends actions back.
 //
 // Applying an event (node, seq): seq <= the node's last applied -> a
-// duplicate, acknowledged and dropped; otherwise it is appended to the ingest
-// journal (core/journal, wrapped as in wire.hpp), the journal flushed
-// (fdatasync when `durable`), the event published on this host's bus under
-// its original source, and the sequence acknowledged. The ingest journal is
-// also the dedup state: a restarted controller reads the last sequence of
-// each node from it. A node with no message for silent_after_ms becomes
+// duplicate, acknowledged and dropped; otherwise it is published on this
+// host's bus under its original source, appended to the ingest journal
+// (core/journal, wrapped as in wire.hpp), the journal flushed (fdatasync when
+// `durable`), with a Leadership the node's cursor committed in a fenced
+// transaction, and the sequence acknowledged. What could not be published
+// (the bus stopping) is neither journaled nor acknowledged: the agent resends
+// it. The ingest journal is the record of what was applied and the dedup
+// state: a restarted controller reads each node's last sequence from it.
+// A node with no message for silent_after_ms becomes
 // `node.silent` (a fault report, kind "silent", detector "cluster"); liveness
 // comes from these heartbeats, never from the resource manager.
 // Actions: a recovery.action whose subject is a node goes to that node's agent

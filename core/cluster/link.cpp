@@ -17,7 +17,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 
 namespace ballast::cluster {
 
@@ -29,6 +31,13 @@ int64_t now_ms() {
 }
 
 void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// OpenSSL writes with write(): a peer gone would raise SIGPIPE and end the
+// process. The link reports the broken connection instead.
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] { signal(SIGPIPE, SIG_IGN); });
+}
 
 }  // namespace
 
@@ -79,6 +88,7 @@ Link::~Link() {
 
 int Link::connect(const TlsConfig& tls, const std::string& address, int timeout_ms, std::unique_ptr<Link>* out,
                   std::string* error) {
+  ignore_sigpipe();
   std::string host;
   uint16_t port = 0;
   if (!split_host_port(address, &host, &port, error)) return BALLAST_EINVAL;
@@ -137,6 +147,7 @@ int Link::connect(const TlsConfig& tls, const std::string& address, int timeout_
 
 int Link::accept(const TlsConfig& tls, int fd, const std::string& peer_address, int timeout_ms,
                  std::unique_ptr<Link>* out, std::string* error) {
+  ignore_sigpipe();
   auto link = std::unique_ptr<Link>(new Link);
   link->fd_ = fd;
   link->peer_address_ = peer_address;
