@@ -377,8 +377,11 @@ void bench_agent(const std::string& dir) {
     a.wait();
     c.stop();
     auto j = nlohmann::json::parse(read_file(d + "/a1.out"), nullptr, false);
-    if (run == 0 && !j.is_discarded())
-      emit("agent", "events_forwarded_in_run", j.value("cluster.forwarded", 0.0), "events");
+    double forwarded = j.is_discarded() ? 0 : j.value("cluster.forwarded", 0.0);
+    if (forwarded == 0)
+      std::fprintf(stderr, "agent: nothing forwarded: were ballast-collect, -hang and -startup built? see %s/a1.err\n",
+                   d.c_str());
+    if (run == 0) emit("agent", "events_forwarded_in_run", forwarded, "events");
   }
   emit("agent", "cpu", median(cpus) * 100, "% of a core");
   emit("agent", "cpu_target_ratio", median(cpus) * 100 / 2.0, "x of 2%");
