@@ -139,7 +139,7 @@ Controller start_controller(const std::string& dir, const std::string& certs, in
   if (durable) text.replace(text.find("durable = false"), 15, "durable = true");
   text.replace(text.find("journal = \""), 0, "log_level = \"warn\", ");
   // Emulated nodes connect one after another: give the first ones time.
-  text.replace(text.find("heartbeat_ms = 200, silent_after_ms = 1000"), 42, "heartbeat_ms = 1000, silent_after_ms = 30000");
+  text.replace(text.find("heartbeat_ms = 250, silent_after_ms = 2000"), 42, "heartbeat_ms = 1000, silent_after_ms = 30000");
   write_file(cfg, text);
   Controller c{spawn({BALLAST_EXE, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
   // Ready when it accepts TCP connections (a loaded machine can take seconds).

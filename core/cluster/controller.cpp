@@ -352,6 +352,21 @@ void Controller::serve(Conn* conn) {
       // Apply: publish, journal, flush, (HA) commit the cursor in a fenced
       // transaction, acknowledge. What is not published is not journaled nor
       // acknowledged, so the agent resends it (to this or the next leader).
+      NodeState* ns_ptr;
+      {
+        std::lock_guard lock(mutex_);
+        ns_ptr = &nodes_[node];  // map nodes are never erased: the pointer stays valid
+      }
+      std::unique_lock apply_lock(ns_ptr->apply_mutex);
+      {
+        std::lock_guard lock(mutex_);
+        applied = std::max(applied, ns_ptr->applied);  // another connection of this node may have gone on
+      }
+      std::erase_if(batch, [&](const Item& item) {
+        if (item.seq > applied) return false;
+        duplicates_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      });
       uint64_t done = applied;
       bool stopped = false;
       for (auto& item : batch) {

@@ -92,7 +92,10 @@ class Controller {
 
  private:
   struct NodeState {
-    uint64_t applied = 0;
+    // Held while a batch of this node is applied: a reconnecting agent can
+    // have two connections for a moment, and only one may apply a sequence.
+    std::mutex apply_mutex;
+    uint64_t applied = 0;  // under apply_mutex and mutex_ (read under either)
     int64_t last_heard_ms = 0;
     bool silent = false;
     uint64_t overflow = 0;

@@ -120,7 +120,7 @@ std::string agent_config(const std::string& node, const std::string& certs, cons
          "  cluster = { controller = { " + list + "},\n"
          "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + node + ".crt\", key = \"" + certs + "/" +
          node + ".key\" },\n"
-         "    spool = { dir = \"" + spool + "\" }, heartbeat_ms = 200, silent_after_ms = 1000 } }\n";
+         "    spool = { dir = \"" + spool + "\" }, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
 
 std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
@@ -134,7 +134,7 @@ std::string controller_config(const std::string& listen, const std::string& cert
          "  cluster = { listen = \"" + listen + "\",\n"
          "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/controller.crt\", key = \"" + certs +
          "/controller.key\" },\n" + etcd +
-         "    ingest_journal = \"" + prefix + "-ingest.journal\", durable = false, heartbeat_ms = 200, silent_after_ms = 1000 } }\n";
+         "    ingest_journal = \"" + prefix + "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
 
 }  // namespace cluster_test

@@ -151,8 +151,9 @@ TEST_CASE("an agent's link cut: node.silent, then everything delivered once afte
   INFO(read_file(w.dir + "/n1.err"));
   REQUIRE(done);
   check_exactly_once(ingest_counts(w.dir + "/ctl-ingest.journal"), {"n1"}, count);
-  // The controller noticed the silence from its own heartbeats.
-  CHECK(bus_count(w.dir + "/ctl-bus.journal", "node.silent", "n1") == 1);
+  // The controller noticed the silence from its own heartbeats (once for
+  // the cut; a machine loaded enough to stall the agent may add some).
+  CHECK(bus_count(w.dir + "/ctl-bus.journal", "node.silent", "n1") >= 1);
   auto n1 = last_json(w.dir + "/n1.out");
   CHECK(n1["cluster.connects"].get<int>() >= 2);
 }
