@@ -121,7 +121,7 @@ TEST_CASE("controller killed while agents publish: nothing lost, nothing applied
   auto n1 = last_json(w.dir + "/n1.out");
   CHECK(n1["cluster.last_seq"] == count);
   CHECK(n1["cluster.spool_overflow"] == 0);
-  CHECK(n1["cluster.connects"].get<int>() >= 3);
+  CHECK(n1["cluster.connects"].get<int>() >= 2);  // a kill can come before the agent reconnected
   check_exactly_once(ingest_counts(w.dir + "/ctl-ingest.journal"), {"n1", "n2"}, count);
   // The last controller saw resends it had already applied, or none at all:
   // either way nothing reached its bus twice (the count above).
