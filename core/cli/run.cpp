@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "role.hpp"
 #include "run_job.hpp"
 
 #include <cstdio>
@@ -46,13 +47,27 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    // The cluster role (agent or controller), when the config has a cluster table.
+    std::unique_ptr<cluster::Role> role;
+    if (cluster::Role::from_config(config, base, *host, &role) != BALLAST_OK) {
+      std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
+      set_exit_code(1);
+      return;
+    }
     Host* h = host.get();
     JobWatch watch;
     if (has_job) watch.attach(*h);
-    auto ready = [h, has_job, &watch] {
+    bool role_failed = false;
+    auto ready = [h, has_job, &watch, &role, &role_failed] {
       if (has_job && !watch.started()) {
         std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
         set_exit_code(1);
+        h->request_stop();
+        return;
+      }
+      if (role && role->start() != BALLAST_OK) {
+        std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
+        role_failed = true;
         h->request_stop();
         return;
       }
@@ -65,8 +80,12 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    if (role) role->stop();
     nlohmann::json counters = host->counters();
+    if (role) counters.update(role->counters());
+    role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
+    if (role_failed) set_exit_code(1);
     if (has_job && watch.started()) {
       set_exit_code(watch.exit_code());
       if (json) {
