@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "run_job.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -14,9 +15,16 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/default.lua)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
       ->required();
-  cmd->add_flag("--json", json, "On exit, print the counters as one JSON object");
+  cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
+  static JobFlags job_flags;
+  cmd->add_option("--inject", job_flags.inject,
+                  "Inject a fault into the job (repeatable): hang|crash|skip:rank=R@T, slow:rank=R,factor=F@T, "
+                  "machine:node=N,kind=cpu|mem@T, nan@STEP, usererror@STEP");
+  cmd->add_option("--inject-schedule", job_flags.inject_schedule,
+                  "Inject the faults of a JSON-lines schedule (or the InfiniteHBD trace)");
+  cmd->add_option("--timeline", job_flags.timeline, "Write the job's timeline as a Chrome/Perfetto trace");
   cmd->callback([] {
     nlohmann::json config;
     if (eval_lua_table(config_path, false, &config) != BALLAST_OK) {
@@ -25,6 +33,13 @@ void add_run(CLI::App& app) {
       return;
     }
     std::string base = std::filesystem::absolute(config_path).parent_path().string();
+    job_flags.json = json;
+    bool has_job = false;
+    if (std::string why; !hand_job_to_runner(config, base, job_flags, &has_job, &why)) {
+      std::fprintf(stderr, "ballast run: %s\n", why.c_str());
+      set_exit_code(2);
+      return;
+    }
     std::unique_ptr<Host> host;
     if (Host::from_config(config, base, &host) != BALLAST_OK) {
       std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
@@ -32,7 +47,15 @@ void add_run(CLI::App& app) {
       return;
     }
     Host* h = host.get();
-    auto ready = [h] {
+    JobWatch watch;
+    if (has_job) watch.attach(*h);
+    auto ready = [h, has_job, &watch] {
+      if (has_job && !watch.started()) {
+        std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
+        set_exit_code(1);
+        h->request_stop();
+        return;
+      }
       h->log(BALLAST_LOG_INFO, "host",
              "running on node " + h->node() + " with " + std::to_string(h->plugin_count()) +
                  " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy");
@@ -44,11 +67,20 @@ void add_run(CLI::App& app) {
     }
     nlohmann::json counters = host->counters();
     host.reset();  // destroy plugins in reverse order before reporting
+    if (has_job && watch.started()) {
+      set_exit_code(watch.exit_code());
+      if (json) {
+        nlohmann::json report = watch.report();
+        report["counters"] = counters;
+        std::printf("%s\n", report.dump().c_str());
+        return;
+      }
+    }
     if (json) {
-      std::printf("%s\n", counters.dump().c_str());
+      std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::fprintf(stderr, "ballast run: stopped cleanly;");
-      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump().c_str());
+      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }
   });
