@@ -480,8 +480,10 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
     if (!r.object(*desc, p != nullptr ? *p : nlohmann::json::object(), "payload", base)) return fail_format();
     ev.payload = base;
     ev.payload_size = desc->size;
-  } else if (ev.schema == BALLAST_SCHEMA_NONE) {
-    if (p != nullptr) return r.bad("payload", "schema \"none\" has no payload"), fail_format();
+  } else if (ev.schema == BALLAST_SCHEMA_NONE && p != nullptr && !(p->is_object() && p->contains("bytes_hex"))) {
+    // Bytes published with schema none are written as bytes_hex (event_to_json):
+    // read back as such, so that journal -> JSON lines -> events round-trips.
+    return r.bad("payload", "schema \"none\" carries raw bytes only ({\"bytes_hex\": ...})"), fail_format();
   } else if (ev.schema == BALLAST_SCHEMA_JSON) {
     if (p != nullptr) {
       const char* text = b.keep(p->dump());
@@ -491,7 +493,7 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
   } else if (p != nullptr) {
     auto bytes = p->is_object() ? p->find("bytes_hex") : p->end();
     if (!p->is_object() || bytes == p->end() || !bytes->is_string())
-      return r.bad("payload.bytes_hex", "expected a hex string for a custom schema"), fail_format();
+      return r.bad("payload.bytes_hex", "expected a hex string for schema none or a custom schema"), fail_format();
     std::string raw;
     if (!r.hex(bytes->get<std::string>(), "payload.bytes_hex", &raw)) return fail_format();
     const char* kept = b.keep(std::move(raw));

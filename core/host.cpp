@@ -369,6 +369,7 @@ nlohmann::json Host::counters() const {
   out["bus.handler_failures"] = s.handler_failures;
   out["bus.subscriptions"] = s.subscriptions;
   out["bus.topics"] = s.topics;
+  if (journal_) out["journal.failed"] = journal_failures_.load();
   std::lock_guard lock(counters_mutex_);
   for (auto& [n, v] : counters_) out[n] = v->load(std::memory_order_relaxed);
   return out;
@@ -422,7 +423,17 @@ int Host::open_journal(const std::string& path) {
 
 int Host::journal_handler(void* user, const ballast_event* event) {
   auto* host = static_cast<Host*>(user);
-  return host->journal_->append(*event);
+  int rc = host->journal_->append(*event);
+  if (rc != BALLAST_OK) host->journal_failed(last_error());
+  return rc;
+}
+
+// Counted (journal.failed), logged at the first failure and every 1000th.
+void Host::journal_failed(const std::string& why) {
+  uint64_t n = journal_failures_.fetch_add(1) + 1;
+  if (n == 1 || n % 1000 == 0) {
+    log(BALLAST_LOG_ERROR, "host", "journal: " + std::to_string(n) + " event(s) not written so far: " + why);
+  }
 }
 
 // ---- policy ---------------------------------------------------------------
@@ -729,7 +740,7 @@ void Host::stop() {
                                       " queued event(s) not handled: the host stopped");
   }
   outbox_.reset();
-  if (journal_) journal_->flush(true);
+  if (journal_ && journal_->flush(true) != BALLAST_OK) journal_failed(last_error());
 }
 
 // ---- configuration ------------------------------------------------------------

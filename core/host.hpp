@@ -108,6 +108,7 @@ class Host {
   void counter_add(const std::string& name, int64_t delta);
   static int policy_handler(void* user, const ballast_event* event);
   static int journal_handler(void* user, const ballast_event* event);
+  void journal_failed(const std::string& why);
 
   std::string node_;
   int log_level_;
@@ -120,6 +121,7 @@ class Host {
   std::vector<uint64_t> policy_subscriptions_;
   std::unique_ptr<class JournalWriter> journal_;
   uint64_t journal_subscription_ = 0;
+  std::atomic<uint64_t> journal_failures_{0};  // appends and the final flush that failed
   mutable std::mutex counters_mutex_;
   std::vector<std::pair<std::string, std::unique_ptr<std::atomic<int64_t>>>> counters_;
   std::mutex log_mutex_;

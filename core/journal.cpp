@@ -46,12 +46,20 @@ int JournalWriter::append(const ballast_event& event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   // O_APPEND: each write lands at the end of the file. A regular file takes
   // the frame in one write; the loop only finishes a short write (disk full).
+  // A frame that cannot be written whole is cut off again, so that the file
+  // ends with whole frames (the failure is the caller's to count).
+  const off_t end = ::lseek(impl_->fd, 0, SEEK_END);
   size_t done = 0;
   while (done < frame.size()) {
     const ssize_t n = ::write(impl_->fd, frame.data() + done, frame.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(errno));
+      const int err = errno;
+      if (done > 0 && end >= 0 && ::ftruncate(impl_->fd, end) != 0) {
+        return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(err) +
+                                     "; a partial frame is left at byte " + std::to_string(end));
+      }
+      return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(err));
     }
     done += static_cast<size_t>(n);
   }

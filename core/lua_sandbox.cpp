@@ -161,6 +161,20 @@ int sb_collectgarbage(lua_State* L) {
   return 1;
 }
 
+struct ChunkReader {
+  const char* next;
+  size_t left;
+  static const char* read(lua_State* L, void* ud, size_t* size) {
+    auto* r = static_cast<ChunkReader*>(ud);
+    LuaSandbox::check_deadline(L, "load");
+    *size = std::min<size_t>(r->left, 64 << 10);
+    const char* piece = r->next;
+    r->next += *size;
+    r->left -= *size;
+    return *size > 0 ? piece : nullptr;
+  }
+};
+
 // load(chunk [, chunkname [, mode [, env]]]): text strings only; the
 // default environment is the script's global table.
 int sb_load(lua_State* L) {
@@ -175,7 +189,10 @@ int sb_load(lua_State* L) {
     return 2;
   }
   bool has_env = !lua_isnone(L, 4);
-  if (luaL_loadbufferx(L, chunk, len, name, "t") != LUA_OK) {
+  // Fed to the parser in pieces, with the deadline checked between them: a
+  // chunk as large as the memory cap allows takes seconds to compile in C.
+  ChunkReader reader{chunk, len};
+  if (lua_load(L, ChunkReader::read, &reader, name, "t") != LUA_OK) {
     lua_pushnil(L);
     lua_insert(L, -2);
     return 2;

@@ -86,8 +86,11 @@ void add_run(CLI::App& app) {
     role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
     if (role_failed) set_exit_code(1);
+    // Events the journal could not write (a full disk): not a clean stop.
+    const uint64_t journal_failed = counters.value("journal.failed", uint64_t{0});
+    if (journal_failed > 0) set_exit_code(1);
     if (has_job && watch.started()) {
-      set_exit_code(watch.exit_code());
+      set_exit_code(watch.exit_code() == 0 && journal_failed > 0 ? 1 : watch.exit_code());
       if (json) {
         nlohmann::json report = watch.report();
         report["counters"] = counters;
@@ -98,7 +101,12 @@ void add_run(CLI::App& app) {
     if (json) {
       std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::fprintf(stderr, "ballast run: stopped cleanly;");
+      if (journal_failed > 0) {
+        std::fprintf(stderr, "ballast run: stopped; the journal lost %llu event(s) (the first error is above);",
+                     static_cast<unsigned long long>(journal_failed));
+      } else {
+        std::fprintf(stderr, "ballast run: stopped cleanly;");
+      }
       for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }
