@@ -24,9 +24,10 @@
 --    link between two ranks, is uncertain: over-evict the group it names
 --    (every cause rank and both ends of a link), one evict + replace each.
 --    A verdict is acted on once, whichever of its events comes first; one
---    that names a rank the executor reported dead, NaN or failed in the
---    last HANG_AFTER_EXIT_S is that fault seen in the rings: no action; one
---    whose single cause is a process that is gone is a crash: rung 6.
+--    that names a rank (of any cause) the executor reported dead, NaN or
+--    failed in the last HANG_AFTER_EXIT_S is that fault seen in the rings:
+--    no action; one whose causes are all processes that are gone (kind
+--    "crashed") is a crash: rung 6.
 -- 3. Fail-slow: straggler.report of kind "worker". The rank that the
 --    analysis blames most, summed over STRAGGLER_REPORTS reports in a row of
 --    at least STRAGGLER_SLOWDOWN, is evicted and replaced. A report under the
@@ -124,16 +125,27 @@ local function on_hang(ev, f, why)
   if verdict.communicator ~= nil and hang_verdicts[key] then
     return nil  -- another cause of a verdict already acted on
   end
-  local ended = f.rank and rank_ended[f.rank]
-  if ended and event_time(ev) - ended < HANG_AFTER_EXIT_S then
-    ballast.log("info", string.format("hang verdict on rank %d: the rank already ended; its exit is being handled", f.rank))
-    return nil
+  local causes = type(verdict.root_cause) == "table" and verdict.root_cause or {}
+  -- Any rank of the verdict that the executor saw end: the verdict is that
+  -- exit seen in the rings, whichever of its events comes first.
+  local ranks = {f.rank}
+  for _, c in ipairs(causes) do ranks[#ranks + 1] = c.rank end
+  for _, r in ipairs(ranks) do
+    local ended = type(r) == "number" and rank_ended[r]
+    if ended and event_time(ev) - ended < HANG_AFTER_EXIT_S then
+      if verdict.communicator ~= nil then hang_verdicts[key] = true end
+      ballast.log("info", string.format("hang verdict naming rank %d: the rank already ended; its exit is being handled", r))
+      return nil
+    end
   end
   if verdict.communicator ~= nil then hang_verdicts[key] = true end
-  -- A cause whose process is gone is a crash seen from the rings, reported
-  -- before the executor's: not the machine's fault (rung 6).
-  local causes = type(verdict.root_cause) == "table" and verdict.root_cause or {}
-  if #causes == 1 and type(causes[1].evidence) == "string" and causes[1].evidence:find("is gone", 1, true) then
+  -- Causes whose processes are all gone are crashes seen from the rings,
+  -- reported before the executor's: not the machines' fault (rung 6).
+  local gone = #causes > 0
+  for _, c in ipairs(causes) do
+    gone = gone and (c.kind == "crashed" or (type(c.evidence) == "string" and c.evidence:find("is gone", 1, true) ~= nil))
+  end
+  if gone then
     return restart_or_escalate(ev, f.subject, why .. ": the process is gone")
   end
   -- The group the verdict names: each cause's rank, and both ends of a link.

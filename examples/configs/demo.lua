@@ -15,7 +15,7 @@ return {
     -- The executor, first: the hang detector finds the job's trace rings
     -- through the BALLAST_TRACE_DIR it sets.
     { path = "runner", config = {
-        inject = { "crash:rank=1@step150", "hang:rank=2@step400", "nan@650", "machine:node=3,kind=cpu@step800" },
+        inject = { "crash:rank=1@step2000", "hang:rank=2@step4500", "nan@6500", "machine:node=3,kind=cpu@step8000" },
     } },
     { path = "collect", config = { period = 1 } },
     "machine",
@@ -26,10 +26,10 @@ return {
     "scheduler",
   },
   job = {
-    command = { "ballast-trainer", "--steps", "1200", "--checkpoint-every", "50", "--log-every", "100" },
+    command = { "ballast-trainer", "--steps", "10000", "--checkpoint-every", "20", "--log-every", "1000" },
     ranks = 4,
     standby = 1,
-    steps = 1200,
+    steps = 10000,
   },
   policy = { script = "default.lua", fallback = "escalate", deadline_ms = 100, memory_mb = 64 },
   bus = { dispatcher_threads = 1, queue_capacity = 4096 },

@@ -603,6 +603,16 @@ void Executor::on_fault(const Message& m) {
   const int64_t since = m.since_ns > 0 ? m.since_ns : m.detected_ns;
   const bool fresh = since >= last_restart_ns_ || m.detector == "executor";
   if (!fresh) return;
+  // The executor reaps every rank, so it is the authority on their exits:
+  // another detector's `crashed` about a rank is that exit (which the
+  // executor reports itself) or the ring of a process of an attempt that is
+  // already over (the hang detector reads a rank's old ring until its new
+  // process writes one). Neither is a new fault.
+  if (m.detector != "executor" && m.fault_kind == "crashed" && m.rank >= 0 && m.rank < cfg_.ranks) {
+    log(BALLAST_LOG_INFO, m.detector + " reports " + m.subject + " crashed: the executor reports its ranks' exits " +
+                              "itself; not a new fault");
+    return;
+  }
   if (m.topic == "fault.confirmed") {
     last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
     // The kind alone: which rank of a job that fails the same way each time
@@ -677,11 +687,23 @@ void Executor::handle_message(Message& m) {
   const bool fault_caused = a.cause.rfind("fault.", 0) == 0 || a.cause.rfind("node.", 0) == 0;
   if (restarts_job(a.name) && fault_caused && last_restart_ns_ != 0 && last_fresh_fault_ns_ < last_restart_ns_ &&
       a.name != "replace") {
+    if (a.name == "evict") superseded_evict_ = a.subject;
     InFlight f;
     f.action = a;
     f.start_ns = now();
     journal("end", f, "superseded", "no new fault since the restart at " +
                                         std::to_string(double(last_restart_ns_ - first_start_ns_) / 1e9) + " s");
+    return;
+  }
+  // The replace the policy pairs with an evict goes with it. (A replace is
+  // exempt from the rule above: the evict before it restarts the job.)
+  if (a.name == "evict") superseded_evict_.clear();
+  if (a.name == "replace" && fault_caused && !superseded_evict_.empty() && a.subject == superseded_evict_) {
+    superseded_evict_.clear();
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the evict of " + a.subject + " it goes with was superseded");
     return;
   }
   uint64_t into = 0;

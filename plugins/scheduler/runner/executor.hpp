@@ -148,6 +148,7 @@ class Executor {
   uint64_t next_action_id_ = 1;
   std::string last_fault_signature_;
   int64_t nan_step_ = -1;
+  std::string superseded_evict_;  // subject of the last fault-caused evict, when it was superseded
   bool silent_outside_ = false;  // the last node.silent named a node outside the job
   std::vector<bool> fired_;
   std::map<int64_t, double> kept_s_;      // step -> seconds it took (rank 0), the final lineage

@@ -159,3 +159,22 @@ TEST_CASE("ladder: a hang verdict whose rank's process is gone, before the execu
   CHECK(a[0].action == "restart");
   CHECK(a[0].reason.find("the process is gone") != std::string::npos);
 }
+
+TEST_CASE("ladder: a verdict naming a crashed rank among others is that crash, whichever cause's event comes first") {
+  auto p = ladder();
+  REQUIRE(handle(*p, {"rank:1", "crashed", "executor", R"({"pid":42,"step":30})", 1, 1000}).size() == 1);
+  const std::string ev = verdict(R"([{"rank":1,"kind":"crashed","evidence":"process pid 42 is gone"},)"
+                                 R"({"rank":3,"kind":"crashed","evidence":"process pid 44 is gone"}])");
+  CHECK(handle(*p, {"rank:3", "crashed", "hang", ev, 3, 1003}).empty());
+  CHECK(handle(*p, {"rank:1", "crashed", "hang", ev, 1, 1003}).empty());
+}
+
+TEST_CASE("ladder: a verdict whose causes are all gone processes restarts, it does not over-evict") {
+  auto p = ladder();
+  const std::string ev = verdict(R"([{"rank":1,"kind":"crashed","evidence":"process pid 42 is gone"},)"
+                                 R"({"rank":3,"kind":"crashed","evidence":"process pid 44 is gone"}])");
+  auto a = handle(*p, {"rank:1", "crashed", "hang", ev, 1});
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == "restart");
+  CHECK(handle(*p, {"rank:3", "crashed", "hang", ev, 3}).empty());
+}
