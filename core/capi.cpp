@@ -148,7 +148,7 @@ BALLAST_EXPORT int64_t ballast_event_to_json(const ballast_event* event, char* b
     return ballast::fail(BALLAST_EINVAL, "ballast_event_to_json: NULL argument");
   int64_t needed = -1;
   int rc = guarded("ballast_event_to_json", [&]() -> int {
-    std::string text = ballast::event_to_json(*event).dump();
+    std::string text = ballast::event_to_json(*event).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     needed = static_cast<int64_t>(text.size());
     if (cap > 0) {
       size_t n = std::min<uint64_t>(text.size(), cap - 1);

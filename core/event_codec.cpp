@@ -3,6 +3,7 @@
 #include "bus.hpp"
 #include "codec_flat.hpp"
 #include "codec_schema.hpp"
+#include "json_depth.hpp"
 
 #include <cereal/archives/portable_binary.hpp>
 
@@ -170,6 +171,8 @@ nlohmann::json number_to_json(double v) {
 }
 
 nlohmann::json json_text_to_json(const char* text, size_t size) {
+  // Too deep to print safely: kept as text, like text that is not JSON.
+  if (!json_depth_within(std::string_view(text, size))) return utf8(text, size);
   nlohmann::json parsed = nlohmann::json::parse(text, text + size, nullptr, false);
   if (parsed.is_discarded()) return utf8(text, size);  // not JSON: kept as text
   return parsed;
@@ -651,6 +654,27 @@ struct FrameError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The fewest bytes one struct takes in a frame body (a string takes its
+// marker byte, an array its count): what bounds an element count by the body.
+size_t min_encoded_size(const StructDesc& desc) {
+  size_t n = 0;
+  for (uint32_t i = 0; i < desc.field_count; ++i) {
+    switch (desc.fields[i].type) {
+      case FieldType::size:
+      case FieldType::count: break;
+      case FieldType::u32:
+      case FieldType::i32:
+      case FieldType::array: n += 4; break;
+      case FieldType::u64:
+      case FieldType::i64:
+      case FieldType::f64: n += 8; break;
+      case FieldType::str:
+      case FieldType::json_str: n += 1; break;
+    }
+  }
+  return n > 0 ? n : 1;
+}
+
 struct BodyReader {
   InArchive& ar;
   SpanSource& src;
@@ -690,8 +714,9 @@ struct BodyReader {
         case FieldType::array: {
           uint32_t n = 0;
           ar(n);
-          // Every element takes at least one byte: bounds the allocation by the body.
-          if (n > src.remaining())
+          // Every element takes at least min_encoded_size bytes: the
+          // allocation stays within a small multiple of the body.
+          if (uint64_t{n} * min_encoded_size(*f.elem) > src.remaining())
             throw FrameError(std::string(f.name) + ": " + std::to_string(n) + " entries cannot fit in the body");
           void* elems = n > 0 ? b.block(size_t{n} * f.elem->size) : nullptr;
           for (uint32_t k = 0; k < n; ++k)

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -27,6 +29,10 @@ namespace fs = std::filesystem;
 namespace ballast {
 
 namespace {
+
+// SIGINT or SIGTERM arrived (set by the signal handler, for waits that
+// cannot read the wake pipe).
+std::atomic<bool> g_stop_signal{false};
 
 int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -461,7 +467,8 @@ class BusSink : public PolicySink {
   void on_log(int level, const std::string& message) override { host_.log(level, "policy " + policy_, message); }
   void on_error(const std::string& message) override {
     host_.log(BALLAST_LOG_ERROR, "policy " + policy_, message);
-    push_json("policy.error", nlohmann::json{{"policy", policy_}, {"message", message}}.dump());
+    push_json("policy.error", nlohmann::json{{"policy", policy_}, {"message", message}}
+                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
 
  private:
@@ -545,7 +552,14 @@ int Host::load_policy(const std::string& path, PolicyOptions options) {
 int Host::reload_policy() {
   int rc;
   {
-    std::lock_guard lock(policy_mutex_);
+    // A handler may run until its deadline (up to an hour): SIGINT and
+    // SIGTERM still stop the host meanwhile.
+    std::unique_lock lock(policy_mutex_, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(100))) {
+      if (stop_requested_.load() || g_stop_signal.load()) {
+        return fail(BALLAST_ESTATE, "policy reload abandoned: the host is stopping");
+      }
+    }
     if (!policy_) return fail(BALLAST_ESTATE, "no policy loaded");
     rc = policy_->reload();
   }
@@ -618,6 +632,7 @@ std::atomic<bool> g_hup{false};
 
 void on_signal(int sig) {
   if (sig == SIGHUP) g_hup.store(true);
+  if (sig == SIGINT || sig == SIGTERM) g_stop_signal.store(true);
   int fd = g_signal_fd.load();
   if (fd >= 0) {
     char c = static_cast<char>(sig);
@@ -642,6 +657,7 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   }
   struct sigaction old_int{}, old_term{}, old_hup{};
   if (handle_signals) {
+    g_stop_signal.store(false);
     g_signal_host.store(this);
     g_signal_fd.store(wake_pipe_[1]);
     struct sigaction sa{};
@@ -702,9 +718,16 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is queued (policy, journal); what the policy answers during
-  // this drain is logged as not published, since the bus no longer accepts.
+  // Deliver what is queued to the journal. The policy's handler call in
+  // progress is interrupted and the events still queued for it are skipped
+  // (counted): what it answered would not be published any more, and a
+  // stuck handler must not hold the host for its deadline.
+  if (policy_) policy_->stop();
   bus_.shutdown();
+  if (policy_ && policy_->skipped() > 0) {
+    log(BALLAST_LOG_WARN, "host", "policy " + policy_->name() + ": " + std::to_string(policy_->skipped()) +
+                                      " queued event(s) not handled: the host stopped");
+  }
   outbox_.reset();
   if (journal_) journal_->flush(true);
 }
@@ -724,15 +747,25 @@ std::string script_search(const std::string& reference, const std::string& base_
   return (fs::path(base_dir) / p).string();
 }
 
-int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t* out) {
+// A whole number in [0, max] (an integer, or a float with no fraction):
+// anything else is refused, never wrapped or truncated.
+int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, uint64_t max, uint64_t* out) {
   const nlohmann::json* v = config_lookup(config, key);
   if (v == nullptr) {
     *out = fallback;
     return BALLAST_OK;
   }
-  if (!v->is_number() || v->get<double>() < 0)
-    return fail(BALLAST_EINVAL, std::string("config field '") + key + "': expected a non-negative number");
-  *out = v->get<uint64_t>();
+  const std::string range = "': expected a whole number from 0 to " + std::to_string(max);
+  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
+    *out = v->get<uint64_t>();
+  } else if (v->is_number_float() && v->get<double>() >= 0 && v->get<double>() <= double(max) &&
+             v->get<double>() == std::floor(v->get<double>())) {
+    *out = uint64_t(v->get<double>());
+  } else {
+    return fail(BALLAST_EINVAL, std::string("config field '") + key + range);
+  }
+  if (*out > max)
+    return fail(BALLAST_EINVAL, std::string("config field '") + key + range + ", not " + std::to_string(*out));
   return BALLAST_OK;
 }
 
@@ -757,8 +790,8 @@ int Host::from_config(const nlohmann::json& config, const std::string& base_dir,
     if (!ok) return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
   }
   uint64_t threads = 0, capacity = 0;
-  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, &threads); rc != BALLAST_OK) return rc;
-  if (int rc = as_uint(config, "bus.queue_capacity", 4096, &capacity); rc != BALLAST_OK) return rc;
+  if (int rc = as_uint(config, "bus.dispatcher_threads", 1, 1024, &threads); rc != BALLAST_OK) return rc;
+  if (int rc = as_uint(config, "bus.queue_capacity", 4096, uint64_t{1} << 30, &capacity); rc != BALLAST_OK) return rc;
   if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
   if (capacity == 0 || capacity > (1u << 20))
     return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
@@ -814,8 +847,8 @@ int Host::from_config(const nlohmann::json& config, const std::string& base_dir,
         popts.fallback_action = f->get<std::string>();
       }
       uint64_t deadline = 0, memory = 0;
-      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, &deadline); rc != BALLAST_OK) return rc;
-      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, &memory); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, 3600000, &deadline); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, uint64_t{1} << 20, &memory); rc != BALLAST_OK) return rc;
       popts.call_deadline_ms = static_cast<uint32_t>(deadline);
       popts.memory_limit_bytes = memory << 20;
     } else {
@@ -833,63 +866,80 @@ int Host::from_config(const nlohmann::json& config, const std::string& base_dir,
 
 // ---- plugin subcommands -----------------------------------------------------------
 
-namespace {
-
-// Every loadable plugin file offering "ballast.command" in the search path,
-// first occurrence of a name winning.
-std::vector<PluginFile> command_plugins() {
-  std::vector<PluginFile> found;
-  for (const auto& dir : plugin_search_path()) {
-    for (const auto& path : plugin_files_in(dir)) {
-      PluginFile f;
-      if (load_plugin_file(path, &f) != BALLAST_OK) continue;
-      if (!f.offers(BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION)) continue;
-      bool dup = false;
-      for (const auto& g : found) dup = dup || g.name == f.name;
-      if (!dup) found.push_back(f);
-    }
+bool Host::commands_in(const PluginFile& f, std::string* error,
+                       const std::function<bool(void*, const ballast_command&)>& visit) {
+  HostOptions o;
+  o.log_level = BALLAST_LOG_WARN;
+  Host host(o);
+  if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) {
+    *error = last_error();
+    return false;
   }
-  return found;
-}
-
-}  // namespace
-
-// Create each command plugin in a host of its own (not started) and call
-// visit(state, command) for each of its commands until visit returns true.
-// Returns whether some call did.
-bool Host::visit_commands(const std::function<bool(void*, const ballast_command&)>& visit) {
-  for (const auto& f : command_plugins()) {
-    HostOptions o;
-    o.log_level = BALLAST_LOG_WARN;
-    Host host(o);
-    if (host.load_plugin(f.path, nlohmann::json::object()) != BALLAST_OK) continue;
-    Plugin& p = *host.plugins_.back();
-    auto* table = static_cast<const ballast_command_table*>(
-        f.get_interface(p.state, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION));
-    if (table == nullptr || table->size < sizeof(ballast_command_table)) continue;
-    for (uint32_t i = 0; i < table->count; ++i)
-      if (table->commands[i].name && visit(p.state, table->commands[i])) return true;
+  Plugin& p = *host.plugins_.back();
+  auto* table = static_cast<const ballast_command_table*>(
+      f.get_interface(p.state, BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION));
+  const std::string who = "plugin " + f.path + " (" + f.name + "): ";
+  if (table == nullptr || table->size < sizeof(ballast_command_table)) {
+    *error = who + "offers ballast.command but returns no valid command table";
+    return false;
+  }
+  if (table->count > 256 || (table->count > 0 && table->commands == nullptr)) {
+    *error = who + "command table claims " + std::to_string(table->count) + " command(s) at " +
+             (table->commands ? "an address" : "NULL") + " (at most 256 allowed)";
+    return false;
+  }
+  for (uint32_t i = 0; i < table->count; ++i) {
+    const ballast_command& c = table->commands[i];
+    if (c.name == nullptr || strnlen(c.name, 65) > 64 || (c.summary && strnlen(c.summary, 257) > 256)) {
+      *error = who + "command " + std::to_string(i) + " has no name or a name or summary too long";
+      return false;
+    }
+    if (visit(p.state, c)) return true;
   }
   return false;
 }
 
-std::vector<std::pair<std::string, std::string>> Host::list_commands() {
+std::vector<PluginProbe> Host::command_probes() {
+  std::vector<std::string> files;
+  for (const auto& dir : plugin_search_path())
+    for (const auto& path : plugin_files_in(dir)) files.push_back(path);
+  return probe_plugin_files(files, true);
+}
+
+std::vector<std::pair<std::string, std::string>> Host::list_commands(const std::vector<PluginProbe>& probes) {
   std::vector<std::pair<std::string, std::string>> out;
-  visit_commands([&](void*, const ballast_command& c) {
-    out.emplace_back(c.name, c.summary ? c.summary : "");
-    return false;
-  });
+  for (const auto& p : probes)
+    for (const auto& c : p.commands) {
+      bool dup = false;
+      for (const auto& o : out) dup = dup || o.first == c.first;
+      if (!dup) out.push_back(c);
+    }
   return out;
 }
 
-int Host::run_command(const std::string& name, int argc, char** argv) {
-  int rc = -1;
-  visit_commands([&](void* state, const ballast_command& c) {
-    if (name != c.name || c.run == nullptr) return false;
-    rc = c.run(state, argc, argv);
-    return true;
-  });
-  return rc;
+int Host::run_command(const std::string& name, const std::vector<PluginProbe>& probes, int argc, char** argv) {
+  for (const auto& probe : probes) {
+    bool offers = false;
+    for (const auto& c : probe.commands) offers = offers || c.first == name;
+    if (!offers) continue;
+    // Only the plugin that offers the command is loaded in this process.
+    PluginFile f;
+    std::string error;
+    int rc = -1;
+    if (load_plugin_file(probe.path, &f) != BALLAST_OK) {
+      error = last_error();
+    } else {
+      commands_in(f, &error, [&](void* state, const ballast_command& c) {
+        if (name != c.name || c.run == nullptr) return false;
+        rc = c.run(state, argc, argv);
+        return true;
+      });
+    }
+    if (rc >= 0) return rc;
+    std::fprintf(stderr, "ballast %s: %s\n", name.c_str(), error.empty() ? "the command has no run()" : error.c_str());
+    return 1;
+  }
+  return -1;
 }
 
 }  // namespace ballast

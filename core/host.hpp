@@ -11,6 +11,7 @@
 
 #include "bus.hpp"
 #include "loader.hpp"
+#include "plugin_probe.hpp"
 #include "policy.hpp"
 
 #include <ballast/command.h>
@@ -76,13 +77,21 @@ class Host {
   int64_t counter(const std::string& name) const;  // 0 when unknown
   nlohmann::json counters() const;                 // every counter, bus ones included
 
-  // Run the plugin subcommand `name` (interface "ballast.command") found in
-  // the plugin search path. Returns the exit code, or -1 when no plugin
-  // offers `name`.
-  static int run_command(const std::string& name, int argc, char** argv);
-  // Every plugin subcommand: name -> summary.
-  static std::vector<std::pair<std::string, std::string>> list_commands();
-  static bool visit_commands(const std::function<bool(void*, const ballast_command&)>& visit);
+  // Every plugin file in the search path, inspected in child processes
+  // (plugin_probe.hpp) with the subcommands it offers ("ballast.command").
+  static std::vector<PluginProbe> command_probes();
+  // Run the plugin subcommand `name` of the first probe offering it: only
+  // that plugin is loaded in this process. Returns the exit code, or -1
+  // when no plugin offers `name`.
+  static int run_command(const std::string& name, const std::vector<PluginProbe>& probes, int argc, char** argv);
+  // Every plugin subcommand: name -> summary, the first offer of a name winning.
+  static std::vector<std::pair<std::string, std::string>> list_commands(const std::vector<PluginProbe>& probes);
+  // Create the plugin of `f` in a host of its own (not started) and call
+  // visit(state, command) for each of its commands, bounds-checked, until
+  // visit returns true. Returns whether some call did; *error says why a
+  // plugin or its table was refused.
+  static bool commands_in(const PluginFile& f, std::string* error,
+                          const std::function<bool(void*, const ballast_command&)>& visit);
 
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }
@@ -106,7 +115,7 @@ class Host {
   std::unique_ptr<Timers> timers_;
   std::unique_ptr<Outbox> outbox_;  // what the policy publishes (see host.cpp)
   std::vector<std::unique_ptr<Plugin>> plugins_;
-  std::mutex policy_mutex_;
+  std::timed_mutex policy_mutex_;  // timed: a reload gives up when the host stops
   std::unique_ptr<Policy> policy_;
   std::vector<uint64_t> policy_subscriptions_;
   std::unique_ptr<class JournalWriter> journal_;

@@ -5,10 +5,12 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <dlfcn.h>
+#include <link.h>
 #include <elf.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,7 +61,49 @@ bool read_string(const char* s, std::string* out) {
   return true;
 }
 
+// The address ranges of loaded plugins, for plugin_containing: fixed
+// arrays, appended to under the registry's mutex, read by a signal handler.
+constexpr size_t kMaxRanges = 256;
+struct Range {
+  uintptr_t lo, hi;
+  char path[512];
+};
+Range g_ranges[kMaxRanges];
+std::atomic<size_t> g_range_count{0};
+
+void record_ranges(const std::string& path) {
+  struct Ctx {
+    const std::string* path;
+  } ctx{&path};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) -> int {
+        const std::string& want = *static_cast<Ctx*>(data)->path;
+        std::error_code ec;
+        if (info->dlpi_name == nullptr || *info->dlpi_name == '\0' || fs::canonical(info->dlpi_name, ec) != want)
+          return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          const size_t n = g_range_count.load(std::memory_order_relaxed);
+          if (ph.p_type != PT_LOAD || n == kMaxRanges) continue;
+          Range& r = g_ranges[n];
+          r.lo = info->dlpi_addr + ph.p_vaddr;
+          r.hi = r.lo + ph.p_memsz;
+          std::snprintf(r.path, sizeof r.path, "%s", want.c_str());
+          g_range_count.store(n + 1, std::memory_order_release);
+        }
+        return 1;
+      },
+      &ctx);
+}
+
 }  // namespace
+
+const char* plugin_containing(uintptr_t address) {
+  const size_t n = g_range_count.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i)
+    if (address >= g_ranges[i].lo && address < g_ranges[i].hi) return g_ranges[i].path;
+  return nullptr;
+}
 
 bool PluginFile::offers(const char* interface_name, uint32_t version) const {
   for (const auto& i : interfaces)
@@ -145,6 +189,7 @@ int load_plugin_file(const std::string& path_in, PluginFile* out) {
       }
       library = lib;
       registry().libraries.emplace(path, lib);
+      record_ranges(path);
     }
   }
 

@@ -12,6 +12,7 @@
 
 #include <ballast/plugin.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ std::vector<std::string> plugin_files_in(const std::string& dir);
 // `base_dir` when relative), or a name ("hello" or "ballast-hello") looked up
 // in the search path. Status; the message lists where it looked.
 int resolve_plugin(const std::string& reference, const std::string& base_dir, std::string* path);
+
+// The file of the loaded plugin whose code or data holds `address`, or NULL.
+// Async-signal-safe (a crash handler names the plugin with it).
+const char* plugin_containing(uintptr_t address);
 
 // <prefix> of the running libballast (the folder above bin/ or lib/).
 std::string install_prefix();

@@ -2,6 +2,7 @@
 
 #include "error.hpp"
 #include "journal.hpp"
+#include "json_depth.hpp"
 
 #include <cstring>
 #include <fstream>
@@ -30,6 +31,9 @@ int read_event_file(const std::string& path, const std::function<void(const Owne
   std::string line;
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (!json_depth_within(line))
+      return fail(BALLAST_EFORMAT, path + ":" + std::to_string(number) + ": JSON nested deeper than " +
+                                       std::to_string(kMaxJsonDepth) + " levels");
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       return fail(BALLAST_EFORMAT, path + ":" + std::to_string(number) + ": not a JSON object");

@@ -9,6 +9,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 
 namespace {
@@ -17,27 +19,34 @@ bool is_builtin(const std::string& name) {
   return name == "run" || name == "plugins" || name == "policy" || name == "journal";
 }
 
+// The plugin files, inspected once (in child processes) when first needed.
+const std::vector<ballast::PluginProbe>& probes() {
+  static const std::vector<ballast::PluginProbe> p = ballast::Host::command_probes();
+  return p;
+}
+
 std::string plugin_commands_footer() {
   std::string text = "\nCommands from plugins:\n";
-  auto commands = ballast::Host::list_commands();
-  if (commands.empty()) return text + "  (none found; set BALLAST_PLUGIN_PATH)\n";
+  auto commands = ballast::Host::list_commands(probes());
+  if (commands.empty()) text += "  (none found; set BALLAST_PLUGIN_PATH)\n";
   for (const auto& [name, summary] : commands) {
     char line[256];
     std::snprintf(line, sizeof line, "  %-12s %s\n", name.c_str(), summary.c_str());
     text += line;
   }
-  return text + "\nRun `ballast COMMAND --help` for a command's options.\n";
+  for (const auto& p : probes())
+    if (!p.error.empty()) text += "  (" + p.error + ")\n";
+  return commands.empty() ? text : text + "\nRun `ballast COMMAND --help` for a command's options.\n";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
+  ballast::cli::install_crash_report();
   // A plugin subcommand: hand it the arguments after its name.
   if (argc >= 2 && argv[1][0] != '-' && !is_builtin(argv[1])) {
     std::string name = argv[1];
     std::string argv0 = std::string("ballast ") + name;
     argv[1] = argv0.data();
-    int rc = ballast::Host::run_command(name, argc - 1, argv + 1);
+    int rc = ballast::Host::run_command(name, probes(), argc - 1, argv + 1);
     if (rc >= 0) return rc;
     std::fprintf(stderr, "ballast: unknown command '%s' (no built-in and no plugin offers it)\n", name.c_str());
     std::fputs(plugin_commands_footer().c_str(), stderr);
@@ -57,4 +66,21 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   return ballast::cli::exit_code();
+}
+
+}  // namespace
+
+// Every command ends here: an exception no command caught (a library's,
+// std::bad_alloc) becomes a clear error and exit 1, never an abort.
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ballast: out of memory (the input asks for more than this machine has)\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ballast: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ballast: internal error: an unknown exception\n");
+  }
+  return 1;
 }

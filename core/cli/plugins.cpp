@@ -2,7 +2,7 @@
 #include "commands.hpp"
 
 #include "error.hpp"
-#include "loader.hpp"
+#include "plugin_probe.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -29,12 +29,13 @@ void add_plugins(CLI::App& app) {
       }
     }
     nlohmann::json listed = nlohmann::json::array(), refused = nlohmann::json::array();
-    for (const auto& f : files) {
-      PluginFile pf;
-      if (load_plugin_file(f, &pf) != BALLAST_OK) {
-        refused.push_back({{"file", f}, {"reason", last_error()}});
+    // Inspected in child processes: listing a file never runs it here.
+    for (const auto& probe : probe_plugin_files(files, false)) {
+      if (!probe.error.empty()) {
+        refused.push_back({{"file", probe.path}, {"reason", probe.error}});
         continue;
       }
+      const PluginFile& pf = probe.info;
       nlohmann::json interfaces = nlohmann::json::array();
       for (auto& i : pf.interfaces) interfaces.push_back({{"name", i.name}, {"version", i.version}});
       listed.push_back({{"file", pf.path},
@@ -46,7 +47,7 @@ void add_plugins(CLI::App& app) {
                         {"interfaces", interfaces}});
     }
     if (json) {
-      std::printf("%s\n", nlohmann::json{{"plugins", listed}, {"refused", refused}}.dump().c_str());
+      std::printf("%s\n", nlohmann::json{{"plugins", listed}, {"refused", refused}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       if (files.empty()) std::printf("no plugin files in %zu folder(s)\n", roots.size());
       for (auto& p : listed) {

@@ -31,7 +31,7 @@ class PrintSink : public PolicySink {
                           {"reason", a.reason},
                           {"args", args.is_discarded() ? nlohmann::json(a.args_json) : args},
                           {"fallback", a.fallback}};
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("%-28s -> %s%s %s%s%s\n", a.cause_topic.c_str(), a.fallback ? "(fallback) " : "",
                   a.action.c_str(), a.subject.empty() ? "(job)" : a.subject.c_str(),
@@ -39,9 +39,11 @@ class PrintSink : public PolicySink {
     }
   }
   void on_publish(const std::string& topic, const std::string& payload) override {
+    nlohmann::json parsed = nlohmann::json::parse(payload, nullptr, false);
+    if (parsed.is_discarded()) parsed = payload;  // not JSON: kept as text
     if (json_)
-      std::printf("%s\n", nlohmann::json{{"publish", topic}, {"payload", nlohmann::json::parse(payload, nullptr, false)}}
-                              .dump()
+      std::printf("%s\n", nlohmann::json{{"publish", topic}, {"payload", std::move(parsed)}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                               .c_str());
     else
       std::printf("%-28s publishes %s %s\n", current && current->topic ? current->topic : "", topic.c_str(),

@@ -5,6 +5,7 @@
 #include "error.hpp"
 #include "host.hpp"
 #include "role.hpp"
+#include "run_job.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -15,9 +16,16 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/default.lua)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
       ->required();
-  cmd->add_flag("--json", json, "On exit, print the counters as one JSON object");
+  cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
+  static JobFlags job_flags;
+  cmd->add_option("--inject", job_flags.inject,
+                  "Inject a fault into the job (repeatable): hang|crash|skip:rank=R@T, slow:rank=R,factor=F@T, "
+                  "machine:node=N,kind=cpu|mem@T, nan@STEP, usererror@STEP");
+  cmd->add_option("--inject-schedule", job_flags.inject_schedule,
+                  "Inject the faults of a JSON-lines schedule (or the InfiniteHBD trace)");
+  cmd->add_option("--timeline", job_flags.timeline, "Write the job's timeline as a Chrome/Perfetto trace");
   cmd->callback([] {
     nlohmann::json config;
     if (eval_lua_table(config_path, false, &config) != BALLAST_OK) {
@@ -26,6 +34,13 @@ void add_run(CLI::App& app) {
       return;
     }
     std::string base = std::filesystem::absolute(config_path).parent_path().string();
+    job_flags.json = json;
+    bool has_job = false;
+    if (std::string why; !hand_job_to_runner(config, base, job_flags, &has_job, &why)) {
+      std::fprintf(stderr, "ballast run: %s\n", why.c_str());
+      set_exit_code(2);
+      return;
+    }
     std::unique_ptr<Host> host;
     if (Host::from_config(config, base, &host) != BALLAST_OK) {
       std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
@@ -41,10 +56,18 @@ void add_run(CLI::App& app) {
     }
     Host* h = host.get();
     bool role_failed = false;
-    auto ready = [h, &role, &role_failed] {
+    JobWatch watch;
+    if (has_job) watch.attach(*h);
+    auto ready = [h, has_job, &watch, &role, &role_failed] {
       if (role && role->start() != BALLAST_OK) {
         std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
         role_failed = true;
+        h->request_stop();
+        return;
+      }
+      if (has_job && !watch.started()) {
+        std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
+        set_exit_code(1);
         h->request_stop();
         return;
       }
@@ -63,11 +86,20 @@ void add_run(CLI::App& app) {
     role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
     if (role_failed) set_exit_code(1);
+    if (has_job && watch.started()) {
+      set_exit_code(watch.exit_code());
+      if (json) {
+        nlohmann::json report = watch.report();
+        report["counters"] = counters;
+        std::printf("%s\n", report.dump().c_str());
+        return;
+      }
+    }
     if (json) {
-      std::printf("%s\n", counters.dump().c_str());
+      std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::fprintf(stderr, "ballast run: stopped cleanly;");
-      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump().c_str());
+      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }
   });

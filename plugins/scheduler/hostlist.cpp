@@ -1,12 +1,11 @@
 #include "hostlist.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 
 namespace ballast::sched {
 namespace {
-
-constexpr size_t kMaxNames = 10'000'000;
 
 // Split at commas that are outside brackets.
 std::vector<std::string> split_top(const std::string& s) {
@@ -48,7 +47,7 @@ std::string pad(unsigned long long v, size_t width) {
 }
 
 // Values of one bracket body "001-003,7".
-std::vector<std::string> bracket_values(const std::string& body, const std::string& expr) {
+std::vector<std::string> bracket_values(const std::string& body, const std::string& expr, size_t limit) {
   std::vector<std::string> out;
   if (body.empty()) throw InputError("empty brackets in hostlist \"" + expr + "\"");
   size_t start = 0;
@@ -63,7 +62,11 @@ std::vector<std::string> bracket_values(const std::string& body, const std::stri
     if (lo.size() > 18 || hi.size() > 18) throw InputError("number too long in hostlist \"" + expr + "\"");
     unsigned long long a = std::stoull(lo), b = std::stoull(hi);
     if (b < a) throw InputError("reversed range \"" + item + "\" in hostlist \"" + expr + "\"");
-    if (b - a >= kMaxNames) throw InputError("range \"" + item + "\" too large in hostlist \"" + expr + "\"");
+    if (b - a >= limit || out.size() + (b - a + 1) > limit)
+      throw InputError("hostlist \"" + expr + "\" expands to more than " + std::to_string(limit) + " names" +
+                       (limit < kMaxHostlistNames ? " (what is left of the file's " +
+                                                        std::to_string(kMaxHostlistNames) + ")"
+                                                  : ""));
     for (unsigned long long v = a; v <= b; ++v) out.push_back(pad(v, lo.size()));
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -72,7 +75,7 @@ std::vector<std::string> bracket_values(const std::string& body, const std::stri
 }
 
 // Expand one comma-free-at-top-level term: literal text and bracket groups.
-void expand_term(const std::string& term, const std::string& expr, std::vector<std::string>& out) {
+void expand_term(const std::string& term, const std::string& expr, size_t limit, std::vector<std::string>& out) {
   std::vector<std::string> acc{""};
   size_t i = 0;
   while (i < term.size()) {
@@ -84,8 +87,9 @@ void expand_term(const std::string& term, const std::string& expr, std::vector<s
     for (auto& a : acc) a += lit;
     if (open == std::string::npos) break;
     size_t close = term.find(']', open);  // split_top guarantees it exists
-    auto vals = bracket_values(term.substr(open + 1, close - open - 1), expr);
-    if (acc.size() * vals.size() > kMaxNames) throw InputError("hostlist \"" + expr + "\" expands to too many names");
+    auto vals = bracket_values(term.substr(open + 1, close - open - 1), expr, limit);
+    if (acc.size() * vals.size() > limit - std::min(limit, out.size()))
+      throw InputError("hostlist \"" + expr + "\" expands to more than " + std::to_string(limit) + " names");
     std::vector<std::string> next;
     next.reserve(acc.size() * vals.size());
     for (auto& a : acc)
@@ -98,15 +102,20 @@ void expand_term(const std::string& term, const std::string& expr, std::vector<s
 
 }  // namespace
 
-std::vector<std::string> expand_hostlist(const std::string& expr) {
+std::vector<std::string> expand_hostlist(const std::string& expr, size_t* budget) {
   std::vector<std::string> out;
   if (expr.empty()) return out;
   for (const auto& term : split_top(expr)) {
     if (term.empty()) throw InputError("empty name in hostlist \"" + expr + "\" (stray comma)");
-    expand_term(term, expr, out);
-    if (out.size() > kMaxNames) throw InputError("hostlist \"" + expr + "\" expands to too many names");
+    expand_term(term, expr, *budget, out);
   }
+  *budget -= out.size();
   return out;
+}
+
+std::vector<std::string> expand_hostlist(const std::string& expr) {
+  size_t budget = kMaxHostlistNames;
+  return expand_hostlist(expr, &budget);
 }
 
 std::string compress_hostlist(const std::vector<std::string>& names) {

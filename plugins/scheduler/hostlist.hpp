@@ -16,8 +16,16 @@ struct InputError : std::runtime_error {
 // the width of each range's first bound ("001-010" gives 001..010). Throws
 // InputError (message without a location: callers prefix it) on unbalanced
 // or nested brackets, empty or reversed ranges, non-digits in a range, or an
-// expansion of more than 10 million names.
+// expansion of more than kMaxHostlistNames names.
 std::vector<std::string> expand_hostlist(const std::string& expr);
+
+// The most names one input (a file, a request) may expand to, all its
+// hostlists together: a few bytes of hostlist must not cost gigabytes.
+inline constexpr size_t kMaxHostlistNames = 1'000'000;
+
+// The same, counting against *budget (names left for the whole input) and
+// taking the names from it; throws once it would go below zero.
+std::vector<std::string> expand_hostlist(const std::string& expr, size_t* budget);
 
 // Fold a list of names into a hostlist: consecutive numbers after the same
 // prefix become ranges ("gpu[001-003,007]"), each range printed at the width

@@ -59,7 +59,7 @@ void write_hostfile(const std::string& path, const Plan& p, const Topology& topo
 
 void print_plan(const nlohmann::json& j, bool json) {
   if (json) {
-    std::cout << j.dump() << "\n";
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
   std::cout << "job " << j["job"].get<std::string>() << ": " << j["rows"] << " rows x " << j["stages"]
@@ -111,7 +111,7 @@ int run_replace(const Args& a) {
   j["changed_nodes"] = r.replaced.size();
   if (!a.hostfile.empty()) write_hostfile(a.hostfile, r.plan, topo, lp.job);
   if (a.json) {
-    std::cout << j.dump() << "\n";
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     for (const auto& x : r.replaced)
       std::cout << "replace " << x.failed << " -> " << x.spare << " (pp_stage " << x.cell / r.plan.shape.R
@@ -129,7 +129,7 @@ int run_standby(const Args& a) {
                    {"traced_nodes", r.traced_nodes}, {"trace_days", r.days},  {"fleet_mean_down", r.mean_down},
                    {"fleet_max_down", r.max_down}};
   if (a.json) {
-    std::cout << j.dump() << "\n";
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "standby for " << a.nodes << " nodes: " << r.spares << " spares (p" << a.percentile;
     if (a.window > 0) std::cout << ", failing within " << a.window << " h";

@@ -42,7 +42,7 @@ std::unique_ptr<OwnedPlan> own(const Plan& p, const Topology& topo, const Job& j
   o->algorithm = p.algorithm;
   nlohmann::json j = plan_to_json(p, topo, job);
   for (auto& [k, v] : extra.items()) j[k] = v;
-  o->json = j.dump();
+  o->json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   o->names.reserve(p.nodes.size());
   for (int id : p.nodes) o->names.push_back(topo.nodes[id]);
   for (size_t r = 0; r < p.nodes.size(); ++r)
@@ -153,7 +153,7 @@ void api_free_plan(void* state, ballast_placement_plan* plan) {
 void publish_error(Service* s, const std::string& msg) {
   s->host->log(s->host, BALLAST_LOG_ERROR, msg.c_str());
   s->host->counter_add(s->host, "errors", 1);
-  std::string body = nlohmann::json{{"error", msg}}.dump();
+  std::string body = nlohmann::json{{"error", msg}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   ballast_event ev{};
   ev.size = sizeof ev;
   ev.schema = BALLAST_SCHEMA_JSON;
@@ -183,7 +183,7 @@ int on_request(void* user, const ballast_event* ev) {
     return o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
   };
   std::string topo = str(j, "topology"), algorithm = str(j, "algorithm");
-  std::string state = j.contains("state") ? j["state"].dump() : std::string();
+  std::string state = j.contains("state") ? j["state"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
   ballast_placement_plan* plan = nullptr;
   int rc;
   if (j.contains("replace") && j["replace"].is_object()) {
@@ -192,14 +192,14 @@ int on_request(void* user, const ballast_event* ev) {
     // rendered as JSON (nodes only; "alpha" may then come with the request).
     nlohmann::json plan_obj = r.contains("plan") ? r["plan"] : nlohmann::json();
     if (plan_obj.is_object() && r.contains("alpha")) plan_obj["alpha"] = r["alpha"];
-    std::string plan_json = plan_obj.is_null() ? std::string() : plan_obj.dump();
+    std::string plan_json = plan_obj.is_null() ? std::string() : plan_obj.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string failed = str(r, "failed"), spares = str(r, "spares");
     ballast_replacement_request rr{sizeof rr, 0, topo.c_str(), state.empty() ? nullptr : state.c_str(),
                                    plan_json.empty() ? nullptr : plan_json.c_str(), failed.empty() ? nullptr : failed.c_str(),
                                    spares.empty() ? nullptr : spares.c_str()};
     rc = api_replace(s, &rr, &plan);
   } else {
-    std::string job = j.contains("job") ? j["job"].dump() : std::string();
+    std::string job = j.contains("job") ? j["job"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
     uint64_t seed = j.contains("seed") && j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : 0;
     ballast_placement_request pr{sizeof pr, 0, topo.c_str(), job.empty() ? nullptr : job.c_str(),
                                  state.empty() ? nullptr : state.c_str(), algorithm.empty() ? nullptr : algorithm.c_str(),

@@ -25,9 +25,9 @@ std::string lower(std::string s) {
 }
 
 // Expand a hostlist, turning a syntax error into "SOURCE:LINE: ...".
-std::vector<std::string> expand_at(const std::string& expr, const std::string& source, int line) {
+std::vector<std::string> expand_at(const std::string& expr, const std::string& source, int line, size_t* budget) {
   try {
-    return expand_hostlist(expr);
+    return expand_hostlist(expr, budget);
   } catch (const InputError& e) {
     fail(source, line, e.what());
   }
@@ -79,18 +79,28 @@ Topology build_tree(const std::vector<SwitchDecl>& sw, const std::string& source
       parent[it->second] = static_cast<int>(i);
     }
   }
-  // Depth by walking up; a walk longer than the switch count is a cycle.
-  std::vector<int> depth(sw.size(), -1), top(sw.size(), -1);
+  // Depth by walking up, each switch once: a walk stops at a switch whose
+  // depth is known; meeting a switch of the current walk again is a cycle.
+  // Linear in the switch count (a 200,000-switch chain is one walk).
+  std::vector<int> depth(sw.size(), -1), walk_of(sw.size(), -1), path;
   for (size_t i = 0; i < sw.size(); ++i) {
-    int d = 0, s = static_cast<int>(i);
-    while (parent[s] >= 0) {
-      s = parent[s];
-      if (++d > static_cast<int>(sw.size()))
+    path.clear();
+    int s = static_cast<int>(i);
+    while (depth[s] < 0 && parent[s] >= 0) {
+      if (walk_of[s] == static_cast<int>(i))
         fail(source, sw[i].line, "cycle in the switch hierarchy through switch " + sw[i].name);
+      walk_of[s] = static_cast<int>(i);
+      path.push_back(s);
+      s = parent[s];
     }
-    depth[i] = d;
-    top[i] = s;
+    if (depth[s] < 0) depth[s] = 0;  // a root
+    for (size_t k = path.size(); k-- > 0;) depth[path[k]] = depth[parent[path[k]]] + 1;
   }
+  // Each switch's ancestor at the minipod level, by increasing depth.
+  std::vector<int> order(sw.size()), minipod_switch(sw.size());
+  for (size_t i = 0; i < sw.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return depth[a] < depth[b]; });
+  for (int s : order) minipod_switch[s] = depth[s] <= opt.minipod_level ? s : minipod_switch[parent[s]];
   Topology t;
   t.source = source;
   t.kind = "tree";
@@ -98,8 +108,7 @@ Topology build_tree(const std::vector<SwitchDecl>& sw, const std::string& source
   std::vector<int> node_line;
   for (size_t i = 0; i < sw.size(); ++i) {
     if (sw[i].nodes.empty()) continue;
-    int s = static_cast<int>(i);
-    while (depth[s] > opt.minipod_level) s = parent[s];
+    const int s = minipod_switch[i];
     auto [it, inserted] = minipod_of_switch.emplace(s, static_cast<int>(t.minipods.size()));
     if (inserted) t.minipods.push_back(sw[s].name);
     int leaf = static_cast<int>(t.leaves.size());
@@ -162,6 +171,7 @@ Topology parse_topology_conf(const std::string& text, const std::string& source,
   std::vector<BlockDecl> bl;
   std::vector<int> sizes;
   int sizes_line = 0;
+  size_t budget = kMaxHostlistNames;  // for the whole file
   std::istringstream in(text);
   std::string raw;
   int line = 0;
@@ -186,8 +196,8 @@ Topology parse_topology_conf(const std::string& text, const std::string& source,
       SwitchDecl d{kv["switchname"], line, {}, {}};
       if (d.name.empty()) fail(source, line, "SwitchName is empty");
       for (auto& [k, v] : kv) {
-        if (k == "switches") d.children = expand_at(v, source, line);
-        else if (k == "nodes") d.nodes = expand_at(v, source, line);
+        if (k == "switches") d.children = expand_at(v, source, line, &budget);
+        else if (k == "nodes") d.nodes = expand_at(v, source, line, &budget);
         else if (k != "switchname" && k != "linkspeed") fail(source, line, "unknown key " + k + " for SwitchName");
       }
       sw.push_back(std::move(d));
@@ -195,7 +205,7 @@ Topology parse_topology_conf(const std::string& text, const std::string& source,
       BlockDecl d{kv["blockname"], line, {}};
       if (d.name.empty()) fail(source, line, "BlockName is empty");
       for (auto& [k, v] : kv) {
-        if (k == "nodes") d.nodes = expand_at(v, source, line);
+        if (k == "nodes") d.nodes = expand_at(v, source, line, &budget);
         else if (k != "blockname") fail(source, line, "unknown key " + k + " for BlockName");
       }
       bl.push_back(std::move(d));
@@ -250,9 +260,12 @@ struct YamlParser {
            std::string("YAML syntax: ") + (p.problem ? p.problem : "error") +
                (p.context ? std::string(" ") + p.context : ""));
   }
-  YNode node(yaml_event_t& ev) {
+  // Nesting is bounded: the tree is built and destroyed recursively.
+  static constexpr int kMaxDepth = 64;
+  YNode node(yaml_event_t& ev, int depth) {
     YNode n;
     n.line = static_cast<int>(ev.start_mark.line) + 1;
+    if (depth > kMaxDepth) fail(source, n.line, "YAML nested deeper than " + std::to_string(kMaxDepth) + " levels");
     switch (ev.type) {
       case YAML_SCALAR_EVENT:
         n.value.assign(reinterpret_cast<const char*>(ev.data.scalar.value), ev.data.scalar.length);
@@ -263,7 +276,7 @@ struct YamlParser {
           yaml_event_t e;
           next(e);
           if (e.type == YAML_SEQUENCE_END_EVENT) { yaml_event_delete(&e); break; }
-          n.items.push_back(guarded(e));
+          n.items.push_back(guarded(e, depth + 1));
         }
         return n;
       case YAML_MAPPING_START_EVENT:
@@ -272,10 +285,10 @@ struct YamlParser {
           yaml_event_t e;
           next(e);
           if (e.type == YAML_MAPPING_END_EVENT) { yaml_event_delete(&e); break; }
-          YNode k = guarded(e);
+          YNode k = guarded(e, depth + 1);
           yaml_event_t v;
           next(v);
-          n.pairs.emplace_back(std::move(k), guarded(v));
+          n.pairs.emplace_back(std::move(k), guarded(v, depth + 1));
         }
         return n;
       case YAML_ALIAS_EVENT:
@@ -284,9 +297,9 @@ struct YamlParser {
         fail(source, n.line, "unexpected YAML event");
     }
   }
-  YNode guarded(yaml_event_t& ev) {
+  YNode guarded(yaml_event_t& ev, int depth) {
     std::unique_ptr<yaml_event_t, void (*)(yaml_event_t*)> hold(&ev, yaml_event_delete);
-    return node(ev);
+    return node(ev, depth);
   }
   YNode document() {
     yaml_event_t e;
@@ -294,7 +307,7 @@ struct YamlParser {
       next(e);
       if (e.type == YAML_STREAM_END_EVENT) { yaml_event_delete(&e); fail(source, 1, "empty YAML document"); }
       if (e.type == YAML_STREAM_START_EVENT || e.type == YAML_DOCUMENT_START_EVENT) { yaml_event_delete(&e); continue; }
-      return guarded(e);
+      return guarded(e, 0);
     }
   }
 };
@@ -306,13 +319,13 @@ const YNode& need(const YNode& map, const std::string& key, const std::string& s
 }
 
 // A hostlist given as one string or as a list of strings.
-std::vector<std::string> yaml_hostlist(const YNode& n, const std::string& source) {
-  if (n.kind == YNode::Scalar) return expand_at(n.value, source, n.line);
+std::vector<std::string> yaml_hostlist(const YNode& n, const std::string& source, size_t* budget) {
+  if (n.kind == YNode::Scalar) return expand_at(n.value, source, n.line, budget);
   if (n.kind != YNode::Seq) fail(source, n.line, "expected a hostlist string or a list of them");
   std::vector<std::string> out;
   for (const auto& item : n.items) {
     if (item.kind != YNode::Scalar) fail(source, item.line, "expected a hostlist string");
-    for (auto& s : expand_at(item.value, source, item.line)) out.push_back(std::move(s));
+    for (auto& s : expand_at(item.value, source, item.line, budget)) out.push_back(std::move(s));
   }
   return out;
 }
@@ -330,6 +343,7 @@ void check_keys(const YNode& map, std::initializer_list<const char*> allowed, co
 Topology parse_topology_yaml(const std::string& text, const std::string& source, const TopologyOptions& opt) {
   YamlParser yp(text, source);
   YNode root = yp.document();
+  size_t budget = kMaxHostlistNames;  // for the whole file
   if (root.kind != YNode::Seq || root.items.empty())
     fail(source, root.line, "expected a list of topologies (\"- topology: NAME\")");
   const YNode* chosen = nullptr;
@@ -360,8 +374,8 @@ Topology parse_topology_yaml(const std::string& text, const std::string& source,
       const YNode& n = need(s, "switch", source);
       if (n.kind != YNode::Scalar || n.value.empty()) fail(source, n.line, "switch name must be a non-empty string");
       SwitchDecl d{n.value, s.line, {}, {}};
-      if (const YNode* c = s.get("children")) d.children = yaml_hostlist(*c, source);
-      if (const YNode* c = s.get("nodes")) d.nodes = yaml_hostlist(*c, source);
+      if (const YNode* c = s.get("children")) d.children = yaml_hostlist(*c, source, &budget);
+      if (const YNode* c = s.get("nodes")) d.nodes = yaml_hostlist(*c, source, &budget);
       sw.push_back(std::move(d));
     }
     return build_tree(sw, source, opt);
@@ -390,7 +404,7 @@ Topology parse_topology_yaml(const std::string& text, const std::string& source,
       if (b.kind != YNode::Map) fail(source, b.line, "each block must be a mapping");
       check_keys(b, {"block", "nodes"}, source);
       const YNode& n = need(b, "block", source);
-      bl.push_back({n.value, b.line, yaml_hostlist(need(b, "nodes", source), source)});
+      bl.push_back({n.value, b.line, yaml_hostlist(need(b, "nodes", source), source, &budget)});
     }
     return build_block(bl, sizes, sizes_line, source);
   }
@@ -439,6 +453,7 @@ std::vector<NodeState> parse_state(const Topology& topo, const std::string& text
   }
   if (!j.is_object()) throw InputError(source + ": expected an object {\"busy\": [...], \"faulty\": [...]}");
   std::vector<NodeState> st(topo.nodes.size(), kFree);
+  size_t budget = kMaxHostlistNames;  // for the whole file
   for (auto& [key, val] : j.items()) {
     NodeState s;
     if (key == "busy") s = kBusy;
@@ -449,7 +464,7 @@ std::vector<NodeState> parse_state(const Topology& topo, const std::string& text
       if (!val[i].is_string()) throw InputError(source + ": " + key + "[" + std::to_string(i) + "] is not a string");
       std::vector<std::string> names;
       try {
-        names = expand_hostlist(val[i].get<std::string>());
+        names = expand_hostlist(val[i].get<std::string>(), &budget);
       } catch (const InputError& e) {
         throw InputError(source + ": " + key + "[" + std::to_string(i) + "]: " + e.what());
       }

@@ -129,6 +129,15 @@ std::shared_ptr<World> make_world(const ballast_comm_config* cfg, std::string* e
   // ranks over tcp, 1 MiB allreduce 390-530 -> 300-350 us, 4 MiB 2.1 -> 1.6-1.8 ms.
   // Through the environment, not ucp_config_modify, which does not reach the
   // transports' settings in UCX 1.13; a value the user set is kept.
+  // UCX's tcp transport listens on every network interface: a local job
+  // (MASTER_ADDR loopback) keeps it to lo, a job over tcp alone to the
+  // interface that reaches MASTER_ADDR. Other jobs keep every device (the
+  // list would also hide InfiniBand ones). A user's UCX_NET_DEVICES wins.
+  if (!std::getenv("UCX_NET_DEVICES") && may_use_tcp(std::getenv("UCX_TLS"))) {
+    std::string ierr;
+    const std::string dev = interface_towards(addr, &ierr);
+    if (dev == "lo" || (tcp && !dev.empty())) setenv("UCX_NET_DEVICES", dev.c_str(), 0);
+  }
   if (may_use_tcp(std::getenv("UCX_TLS"))) {  // else UCX warns of unused variables
     setenv("UCX_TCP_SNDBUF", "4M", 0);
     setenv("UCX_TCP_RCVBUF", "4M", 0);

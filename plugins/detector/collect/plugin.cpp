@@ -131,10 +131,15 @@ int create(const ballast_host_api* host, void** state) {
   if (get("scrape_timeout_ms", &v)) timeout_ms = std::atoi(v.c_str());
   std::string prefix;
   if (get("scrape_prefix", &v)) prefix = v;
+  bool map_names = true;
+  if (get("scrape_map", &v)) {
+    if (v != "true" && v != "false") return bad("config key 'scrape_map': expected true or false, got '" + v + "'");
+    map_names = v == "true";
+  }
   if (get("scrape", &v)) {
     for (const auto& url : list_of(v)) {
       if (url.rfind("http://", 0) != 0) return bad("config key 'scrape': only http:// URLs, got '" + url + "'");
-      s->scrapers.push_back(std::make_unique<Scraper>(url, prefix, timeout_ms));
+      s->scrapers.push_back(std::make_unique<Scraper>(url, prefix, timeout_ms, map_names));
       s->scrape_errors.emplace_back();
     }
   }

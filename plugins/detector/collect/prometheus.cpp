@@ -277,6 +277,15 @@ bool Scraper::scrape(int64_t ts, std::vector<Sample>* out, std::string* error) {
     return false;
   }
   for (const PromSample& s : series) {
+    int64_t at = s.ts_ms ? s.ts_ms * 1000000 : ts;
+    if (map_names_) {
+      detector_names::Mapping m;
+      if (detector_names::map_series(s.name, s.labels, &m)) {
+        if (std::isfinite(s.value)) names_.add("", series_name(s), s.name, s.labels, at, s.value);
+        else out->push_back(Sample{m.name, 0.0, static_cast<uint32_t>(BALLAST_SAMPLE_INVALID) | (m.counter ? static_cast<uint32_t>(BALLAST_SAMPLE_COUNTER) : 0u)});
+        continue;
+      }
+    }
     std::string name = prefix_ + series_name(s);
     bool cumulative = s.type == "counter" ||
                       ((s.type == "histogram" || s.type == "summary") &&
@@ -286,10 +295,13 @@ bool Scraper::scrape(int64_t ts, std::vector<Sample>* out, std::string* error) {
     } else if (!std::isfinite(s.value)) {
       out->push_back(Sample{name, 0.0, BALLAST_SAMPLE_COUNTER | BALLAST_SAMPLE_INVALID});
     } else {
-      rates_.add(out, name, s.value, s.ts_ms ? s.ts_ms * 1000000 : ts);
+      rates_.add(out, name, s.value, at);
     }
   }
   rates_.sweep();
+  std::vector<detector_names::Normaliser::Out> mapped;
+  names_.flush(&mapped);
+  for (const auto& m : mapped) add_gauge(out, m.metric, m.value);
   return true;
 }
 

@@ -3,6 +3,7 @@
 // turning series into collector samples.
 #pragma once
 
+#include "metric_names.hpp"
 #include "samples.hpp"
 
 #include <string>
@@ -33,18 +34,26 @@ bool http_get(const std::string& url, int timeout_ms, std::string* body, std::st
 // Scrapes one endpoint each round: counters (and the _sum/_count/_bucket of
 // histograms and summaries) become per-second rates, gauges stay values;
 // NaN/Inf are flagged BALLAST_SAMPLE_INVALID, counters going backwards
-// BALLAST_SAMPLE_COUNTER_RESET. Metric names are `PREFIX` + series_name().
+// BALLAST_SAMPLE_COUNTER_RESET. Metric names are `PREFIX` + series_name(),
+// except, with map_names, for series the detectors' name table knows
+// (plugins/detector/common: DCGM exporter, node-exporter, plain names):
+// those get the detector's name (`gpu0.util`, `net.eth0.tx_bytes`, `cpu.user`),
+// in its unit, combined as the table says, without the prefix.
 class Scraper {
  public:
-  explicit Scraper(std::string url, std::string prefix = "", int timeout_ms = 500)
-      : url_(std::move(url)), prefix_(std::move(prefix)), timeout_ms_(timeout_ms) {}
+  explicit Scraper(std::string url, std::string prefix = "", int timeout_ms = 500,
+                   bool map_names = false)
+      : url_(std::move(url)), prefix_(std::move(prefix)), timeout_ms_(timeout_ms),
+        map_names_(map_names) {}
   bool scrape(int64_t ts_ns, std::vector<Sample>* out, std::string* error);
   const std::string& url() const { return url_; }
 
  private:
   std::string url_, prefix_;
   int timeout_ms_;
+  bool map_names_;
   Rates rates_;
+  detector_names::Normaliser names_;
 };
 
 }  // namespace ballast::collect

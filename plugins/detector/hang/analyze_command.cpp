@@ -1,5 +1,9 @@
 #include "analysis.hpp"
 #include "commands.hpp"
+#include "heartbeat.hpp"
+#include "launch_record.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -34,13 +38,24 @@ int analyze_main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> errors;
-  const auto rings = read_dir(dir, &errors);
-  if (rings.empty()) {
+  auto rings = read_dir(dir, &errors);
+  // A job `ballast launch` stopped: the ranks it ended itself are analysed
+  // in the state it found them in when it gave its verdict, not as the
+  // processes it killed afterwards.
+  LaunchRecord launch;
+  std::string launch_err;
+  const bool launched = read_launch_record(dir, &launch, &launch_err);
+  if (!launch_err.empty()) errors.push_back(launch_err);
+  const auto states = launched ? states_at_verdict(launch) : std::map<int, ProcState>{};
+  for (auto& r : rings)
+    if (const auto it = states.find(r.header.rank); it != states.end()) r.state = it->second;
+  const auto beats = rings.empty() ? read_heartbeats(dir, &errors) : std::vector<Heartbeat>{};
+  if (rings.empty() && beats.empty()) {
     for (const auto& e : errors) std::fprintf(stderr, "%s: %s\n", argv[0], e.c_str());
-    std::fprintf(stderr, "%s: no readable trace ring (*.btrace) in %s\n", argv[0], dir.c_str());
+    std::fprintf(stderr, "%s: no readable trace ring (*.btrace) or heartbeat (*.heartbeat) in %s\n", argv[0], dir.c_str());
     return 2;
   }
-  Verdict v = analyze(rings, opt);
+  Verdict v = !rings.empty() ? analyze(rings, opt) : analyze_heartbeats(beats, states);
   for (const auto& e : errors) v.warnings.push_back(e);
   if (!chrome.empty()) {
     std::ofstream f(chrome);
@@ -50,7 +65,13 @@ int analyze_main(int argc, char** argv) {
       return 2;
     }
   }
-  std::fputs(json ? (v.to_json() + "\n").c_str() : v.to_text().c_str(), stdout);
+  if (json) {
+    auto j = nlohmann::json::parse(v.to_json());
+    if (launched) j["launch"] = nlohmann::json::parse(launch_summary_json(launch));
+    std::fputs((j.dump() + "\n").c_str(), stdout);
+  } else {
+    std::fputs(((launched ? launch_summary(launch) : "") + v.to_text()).c_str(), stdout);
+  }
   return v.verdict == "healthy" ? 0 : 1;
 }
 

@@ -1,10 +1,11 @@
 #include "analysis.hpp"
 #include "commands.hpp"
+#include "heartbeat.hpp"
+#include "launch_env.hpp"
+#include "launch_record.hpp"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,8 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iterator>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,40 +23,6 @@
 namespace ballast::hang {
 
 namespace {
-
-// Whether a TCP socket can listen on the loopback's `port` now.
-bool port_free(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the bootstrap's master does
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sa.sin_port = htons(uint16_t(port));
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && listen(fd, 1) == 0;
-  close(fd);
-  return ok;
-}
-
-// A MASTER_PORT for the job: free now, and outside the range the kernel
-// takes ports from for connections and bind(0) (ip_local_port_range), so
-// that no connection of another process takes it as its source port before
-// rank 0 listens on it (a port from bind(0), closed again, goes back to that
-// pool). 0 when none was found.
-int free_port() {
-  int lo = 32768, hi = 60999;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-    std::fclose(f);
-  }
-  std::mt19937 pick(std::random_device{}() ^ uint32_t(getpid()));
-  for (int tries = 0; tries < 200; ++tries) {
-    const int port = 10000 + int(pick() % 55536);  // 10000-65535
-    if ((port < lo || port > hi) && port_free(port)) return port;
-  }
-  return 0;
-}
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -137,6 +104,21 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
   }
 }
 
+int64_t wall_now() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// A job with neither is unwatched: said this long after the start.
+constexpr double kUnwatchedWarnSeconds = 3;
+
+std::string ended_words(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "";
+}
+
 int usage(const char* prog, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n",
@@ -186,11 +168,17 @@ int launch_main(int argc, char** argv) {
   } else {
     mkdir(dir.c_str(), 0755);
   }
-  if (port == 0) port = free_port();
+  if (port == 0) port = launch::free_port();
   if (port == 0) {
     std::fprintf(stderr, "%s: found no free port for MASTER_PORT outside ip_local_port_range: give one with --port\n",
                  argv[0]);
     return 2;
+  }
+
+  const std::string secret = launch::bootstrap_secret();
+  if (secret.empty()) {
+    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+    return 1;
   }
 
   const StopSignals stop_signals;
@@ -210,14 +198,8 @@ int launch_main(int argc, char** argv) {
       // ranks: the kernel does, and a rank whose launcher is already gone ends.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
-      const std::string rs = std::to_string(r), ns = std::to_string(n), ps = std::to_string(port);
-      setenv("RANK", rs.c_str(), 1);
-      setenv("LOCAL_RANK", rs.c_str(), 1);
-      setenv("GROUP_RANK", "0", 1);
-      setenv("WORLD_SIZE", ns.c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", ns.c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", ps.c_str(), 1);
+      for (const auto& [k, v] : launch::torchrun_env({r, n, r, n, 0}, port)) setenv(k.c_str(), v.c_str(), 1);
+      setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
       setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
       execvp(argv[i], argv + i);
       std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));
@@ -235,7 +217,10 @@ int launch_main(int argc, char** argv) {
   int running = n, failed_rank = -1;
   std::string why;
   auto next_scan = t0;
+  bool watched = false, warned = false;
   while (running > 0 && !g_stop_signal) {
+    // Of the ranks that failed since the last look, the one killed by a
+    // signal: the others most likely exited on the error its death caused.
     for (int r = 0; r < n; ++r) {
       if (codes[size_t(r)] != -1) continue;
       int st = 0;
@@ -243,7 +228,8 @@ int launch_main(int argc, char** argv) {
       codes[size_t(r)] = st;
       --running;
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && failed_rank < 0) {
+      const bool first_signal = failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(failed_rank)]);
+      if (!ok && (failed_rank < 0 || first_signal)) {
         failed_rank = r;
         why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
                             : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
@@ -254,12 +240,31 @@ int launch_main(int argc, char** argv) {
       next_scan = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       std::vector<std::string> errors;
       const auto rings = read_dir(dir, &errors);
-      const uint64_t sig = progress_signature(rings);
+      // Ranks that write no trace ring (no Ballast comm plugin) may still
+      // say how far they are through heartbeat files.
+      const auto beats = rings.empty() ? read_heartbeats(dir, &errors) : std::vector<Heartbeat>{};
+      if (!rings.empty() || !beats.empty()) {
+        if (warned && !watched)
+          std::fprintf(stderr, "ballast launch: %s appeared in %s: hang detection is on\n",
+                       rings.empty() ? "heartbeats" : "trace rings", dir.c_str());
+        watched = true;
+      } else if (!watched && !warned && since(t0) >= kUnwatchedWarnSeconds) {
+        warned = true;
+        std::fprintf(stderr,
+                     "ballast launch: warning: no trace ring and no heartbeat in %s after %.0f s: hang detection is "
+                     "off for this job (ranks exiting are still watched). Run collectives through a Ballast comm "
+                     "plugin, or write a heartbeat (Python: ballast.Heartbeat; the format: "
+                     "plugins/detector/hang/README.md)\n",
+                     dir.c_str(), kUnwatchedWarnSeconds);
+      }
+      const uint64_t sig = rings.empty() ? heartbeat_signature(beats) : progress_signature(rings);
+      const bool waiting = rings.empty() ? heartbeats_running(beats) : in_flight(rings);
       if (sig != signature) {
         signature = sig;
         last_change = std::chrono::steady_clock::now();
-      } else if (in_flight(rings) && since(last_change) >= stall_s) {
-        why = "no collective progress for " + std::to_string(int(since(last_change))) + " s";
+      } else if (waiting && since(last_change) >= stall_s) {
+        why = "no " + std::string(rings.empty() ? "heartbeat" : "collective progress") + " for " +
+              std::to_string(int(since(last_change))) + " s";
         break;
       }
     }
@@ -277,24 +282,59 @@ int launch_main(int argc, char** argv) {
   // they were, then stop the job.
   std::vector<std::string> errors;
   const auto rings = read_dir(dir, &errors);
-  Verdict v = analyze(rings, Options{});
-  if (failed_rank >= 0)
-    std::fprintf(stderr, "ballast launch: rank %d (pid %d) %s\n", failed_rank, int(pids[size_t(failed_rank)]), why.c_str());
-  else
-    std::fprintf(stderr, "ballast launch: the job hangs: %s\n", why.c_str());
+  const auto beats = read_heartbeats(dir, &errors);
+  Verdict v = !rings.empty() ? analyze(rings, Options{}) : analyze_heartbeats(beats);
+  LaunchRecord record;
+  record.failed_rank = failed_rank;
+  record.verdict_ns = wall_now();
+  record.verdict_json = v.to_json();
+  if (failed_rank >= 0) {
+    record.reason = "rank " + std::to_string(failed_rank) + " (pid " + std::to_string(pids[size_t(failed_rank)]) + ") " + why;
+    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+  } else {
+    record.reason = "the job hangs: " + why;
+    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+  }
   for (const auto& e : errors) std::fprintf(stderr, "ballast launch: warning: %s\n", e.c_str());
   if (json) {
     std::printf("%s\n", v.to_json().c_str());
+    std::fflush(stdout);
   } else {
     std::fputs(v.to_text().c_str(), stderr);
     // "healthy" beside a failed rank reads as a contradiction: it speaks of
     // the collectives only.
     if (v.verdict == "healthy" && failed_rank >= 0)
-      std::fprintf(stderr, rings.empty() ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin\n"
-                                         : "  the collective traces in %s show no hang or mismatch: the failure is the rank's own\n",
+      std::fprintf(stderr, rings.empty() && beats.empty()
+                               ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none wrote a heartbeat)\n"
+                               : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
                    dir.c_str());
   }
+  // What each rank's process was when the verdict was given: the launcher
+  // ends the others next, and a later `ballast analyze` must see them as
+  // they were.
+  char me[256] = {0};
+  gethostname(me, sizeof me - 1);
+  for (int r = 0; r < n; ++r) {
+    LaunchRank k;
+    k.rank = r;
+    k.pid = pids[size_t(r)];
+    k.state = codes[size_t(r)] != -1 ? ProcState::gone : probe(k.pid, me);
+    k.ended = codes[size_t(r)] != -1 ? ended_words(codes[size_t(r)]) : "";
+    k.stopped_by_launcher = codes[size_t(r)] == -1;
+    record.ranks.push_back(k);
+  }
+  // The Python stacks of the ranks that can give them (after the verdict:
+  // it does not wait for them).
+  for (const auto& [rank, stack] : collect_stacks(dir, beats, 1000))
+    std::fprintf(stderr, "ballast launch: rank %d's Python stacks:\n%s%s", rank, stack.c_str(),
+                 !stack.empty() && stack.back() == '\n' ? "" : "\n");
+  std::string err;
+  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   stop_ranks(pids, codes);
+  record.stopped_ns = wall_now();
+  for (auto& k : record.ranks)
+    if (k.stopped_by_launcher) k.ended = ended_words(codes[size_t(k.rank)]) + ", stopped by the launcher";
+  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());
   return 1;
 }

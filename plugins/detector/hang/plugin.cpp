@@ -3,10 +3,15 @@
 // `ballast analyze` and `ballast launch`.
 #include "analysis.hpp"
 #include "commands.hpp"
+#include "heartbeat.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <ballast/command.h>
 #include <ballast/events.h>
 #include <ballast/plugin.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <ctime>
@@ -36,20 +41,40 @@ struct State {
   uint64_t signature = 0;
   int64_t last_change_ns = 0;
   std::set<std::pair<uint64_t, uint64_t>> reported;  // (comm, seq) already published
+  bool paused = false;    // the executor stopped the job on purpose (job.state "paused")
+  uint64_t sub_state = 0;
+  bool subscribed = false;
 };
 
-void publish(State* s, const Verdict& v, int64_t since_ns) {
+// A job the executor paused makes no progress on purpose: it is not hung.
+// The stall clock starts again when it resumes.
+int on_job_state(void* user, const ballast_event* ev) {
+  auto* s = static_cast<State*>(user);
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+  const auto* text = static_cast<const char*>(ev->payload);
+  const auto body = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
+  if (!body.is_object()) return BALLAST_OK;
+  const auto state = body.find("state");
+  const bool paused = state != body.end() && *state == "paused";
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->paused && !paused) s->last_change_ns = wall_now();
+  s->paused = paused;
+  return BALLAST_OK;
+}
+
+// evidence: the verdict's JSON, or that with more (the ranks' stacks).
+void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric, const std::string& evidence_json = "") {
   const int64_t now = wall_now();
   for (const auto& c : v.causes) {
     const std::string subject = "rank:" + std::to_string(c.rank);
-    const std::string evidence = v.to_json();
+    const std::string evidence = evidence_json.empty() ? v.to_json() : evidence_json;
     ballast_fault_report f{};
     f.size = sizeof f;
     f.stage = BALLAST_FAULT_CONFIRMED;
     f.subject = subject.c_str();
     f.rank = c.rank;
     f.kind = c.kind.c_str();
-    f.metric = "collective.progress";
+    f.metric = metric;
     f.score = double(now - since_ns) / 1e9;  // seconds without progress when detected
     f.confidence = 1.0;
     f.since_ns = since_ns;
@@ -67,13 +92,39 @@ void publish(State* s, const Verdict& v, int64_t since_ns) {
   }
 }
 
+// Ranks that write no trace ring (no Ballast comm plugin) are watched
+// through their heartbeat files: a stall of every heartbeat is a hang.
+void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
+  const uint64_t sig = heartbeat_signature(beats);
+  if (sig != s->signature) {
+    s->signature = sig;
+    s->last_change_ns = now;
+    return;
+  }
+  if (!heartbeats_running(beats) || double(now - s->last_change_ns) / 1e9 < s->stall_s) return;
+  const Verdict v = analyze_heartbeats(beats);
+  // One report per stall: keyed by the stalled signature.
+  if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({0, sig}).second) return;
+  // The evidence carries each live rank's Python stacks (those that offer a
+  // stack signal), as `ballast launch` prints them.
+  auto evidence = nlohmann::json::parse(v.to_json());
+  evidence["stacks"] = nlohmann::json::object();
+  for (const auto& [rank, stack] : collect_stacks(s->dir, beats, 1000)) evidence["stacks"][std::to_string(rank)] = stack;
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat", evidence.dump());
+}
+
 void on_tick(void* user) {
   auto* s = static_cast<State*>(user);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->paused) return;
   std::vector<std::string> errors;
   const auto rings = read_dir(s->dir, &errors);
-  const uint64_t sig = progress_signature(rings);
   const int64_t now = wall_now();
+  if (rings.empty()) {
+    on_heartbeats(s, read_heartbeats(s->dir, &errors), now);
+    return;
+  }
+  const uint64_t sig = progress_signature(rings);
   if (sig != s->signature) {
     s->signature = sig;
     s->last_change_ns = now;
@@ -83,7 +134,7 @@ void on_tick(void* user) {
   if (!stalled && !any_failed(rings)) return;
   const Verdict v = analyze(rings, Options{});
   if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({v.comm_id, v.seq}).second) return;
-  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns);
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "collective.progress");
 }
 
 int create(const ballast_host_api* host, void** state) {
@@ -108,6 +159,7 @@ int create(const ballast_host_api* host, void** state) {
 int start(void* state) {
   auto* s = static_cast<State*>(state);
   s->last_change_ns = wall_now();
+  s->subscribed = s->host->subscribe(s->host, "job.state", nullptr, on_job_state, s, &s->sub_state) == BALLAST_OK;
   const int rc = s->host->timer_start(s->host, uint64_t(s->period_s * 1e9), on_tick, s, &s->timer);
   s->timing = rc == BALLAST_OK;
   return rc;
@@ -116,7 +168,8 @@ int start(void* state) {
 void stop(void* state) {
   auto* s = static_cast<State*>(state);
   if (s->timing) s->host->timer_cancel(s->host, s->timer);
-  s->timing = false;
+  if (s->subscribed) s->host->unsubscribe(s->host, s->sub_state);
+  s->timing = s->subscribed = false;
 }
 
 void destroy(void* state) { delete static_cast<State*>(state); }

@@ -65,10 +65,35 @@ ProcState probe(int32_t pid, const char* host) {
 }
 
 std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window) {
+  std::vector<int32_t> pids;
+  for (const RankRing* r : rings)
+    if (on_this_host(r->header.host) && r->header.pid > 0) pids.push_back(r->header.pid);
+  return activity_of(pids, window);
+}
+
+namespace {
+
+// Where a sleeping process waits in the kernel (/proc/PID/wchan: the
+// function, "futex_wait_queue", "do_epoll_wait", "hrtimer_nanosleep"), or "".
+std::string wchan(int32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/wchan", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return "";
+  char buf[128] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  std::string w(buf, n);
+  return w == "0" ? "" : w;
+}
+
+}  // namespace
+
+std::map<int32_t, std::string> activity_of(const std::vector<int32_t>& pids, std::chrono::milliseconds window) {
   std::map<int32_t, uint64_t> before;
-  for (const RankRing* r : rings) {
+  for (const int32_t pid : pids) {
     uint64_t ticks = 0;
-    if (on_this_host(r->header.host) && r->header.pid > 0 && read_stat(r->header.pid, &ticks)) before[r->header.pid] = ticks;
+    if (pid > 0 && read_stat(pid, &ticks)) before[pid] = ticks;
   }
   std::map<int32_t, std::string> out;
   if (before.empty()) return out;
@@ -83,7 +108,10 @@ std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& ring
     if (st == 0 || st == 'Z' || st == 'X') out[pid] = "gone";
     else if (st == 'T' || st == 't') out[pid] = "stopped";
     else if (ticks > ticks0) out[pid] = "busy (" + std::to_string((ticks - ticks0) * 1000 / uint64_t(hz)) + " ms of CPU" + last + ")";
-    else out[pid] = "sleeping (no CPU" + last + ")";
+    else {
+      const std::string w = wchan(pid);
+      out[pid] = "sleeping (no CPU" + last + (w.empty() ? "" : ", waiting in the kernel at " + w) + ")";
+    }
   }
   return out;
 }

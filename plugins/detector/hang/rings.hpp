@@ -49,5 +49,8 @@ ProcState probe(int32_t pid, const char* host);
 // sleeps that long, once): "busy (N ms of CPU in the last M ms)" when their
 // CPU time grew, "sleeping (no CPU ...)", "stopped" or "gone"; keyed by pid.
 std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window);
+// The same for processes of this host by pid; a sleeping one's evidence
+// says where it waits in the kernel (/proc/PID/wchan) when known.
+std::map<int32_t, std::string> activity_of(const std::vector<int32_t>& pids, std::chrono::milliseconds window);
 
 }  // namespace ballast::hang

@@ -17,7 +17,7 @@ class LuaSubset {
   bool parse(ConfigText* out, std::string* error) {
     skip();
     if (word("return")) skip();
-    if (!table("", out)) return fail(error);
+    if (!table("", out, 0)) return fail(error);
     skip();
     if (pos_ < s_.size()) {
       err_ = "unexpected text after the table";
@@ -95,6 +95,10 @@ class LuaSubset {
       return false;
     }
     ++pos_;
+    if (!valid_utf8(*v)) {
+      err_ = "string is not valid UTF-8";
+      return false;
+    }
     return true;
   }
 
@@ -125,9 +129,16 @@ class LuaSubset {
     return true;
   }
 
-  bool table(const std::string& prefix, ConfigText* out) {
+  // A configuration needs two levels; deeper input is refused, not recursed into.
+  static constexpr int kMaxDepth = 16;
+
+  bool table(const std::string& prefix, ConfigText* out, int depth) {
     if (pos_ >= s_.size() || s_[pos_] != '{') {
       err_ = "expected '{'";
+      return false;
+    }
+    if (depth >= kMaxDepth) {
+      err_ = "tables nested deeper than " + std::to_string(kMaxDepth) + " levels";
       return false;
     }
     ++pos_;
@@ -176,7 +187,7 @@ class LuaSubset {
         skip();
         std::string full = prefix.empty() ? key : prefix + "." + key;
         if (pos_ < s_.size() && s_[pos_] == '{') {
-          if (!table(full, out)) return false;
+          if (!table(full, out, depth + 1)) return false;
         } else {
           std::string v;
           bool is_string;
@@ -238,9 +249,9 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
-      "period", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
+      "period", "lateness", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
       "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "hold_peers", "max_metrics",
-      "metrics", "min_deviation"};
+      "metrics", "min_deviation", "rel_floors"};
   return keys;
 }
 
@@ -254,6 +265,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
   double continuity = c->continuity, min_nodes = c->min_nodes, warmup = c->warmup;
   double max_metrics = static_cast<double>(c->max_metrics);
   Num nums[] = {{"period", &c->period_s, 1e-3},
+                {"lateness", &c->lateness_s, 0},
                 {"window", &c->window_s, 1e-3},
                 {"threshold", &c->threshold, 0},
                 {"continuity", &continuity, 1},
@@ -306,26 +318,28 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
     }
     c->metrics = std::move(list);
   }
-  if (get("min_deviation", &text)) {
-    // A table { ["pattern"] = value, ... }, JSON text from the host.
+  // Tables { ["pattern"] = value, ... }, JSON text from the host; the
+  // user's patterns are matched before the defaults.
+  for (auto [key, list] : {std::pair{"min_deviation", &c->min_deviation}, std::pair{"rel_floors", &c->rel_floors}}) {
+    if (!get(key, &text)) continue;
     nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (!j.is_object()) {
-      *error = "config key 'min_deviation': expected a table of pattern = number, got '" + text + "'";
+      *error = std::string("config key '") + key + "': expected a table of pattern = number, got '" + text + "'";
       return false;
     }
-    std::vector<std::pair<std::string, double>> list;
+    std::vector<std::pair<std::string, double>> mine;
     for (const auto& [pattern, v] : j.items()) {
       double d = 0;
       if (v.is_number()) d = v.get<double>();
       else if (!v.is_string() || !to_number(v.get<std::string>(), &d)) d = -1;
-      if (!(d >= 0)) {
-        *error = "config key 'min_deviation." + pattern + "': expected a number >= 0, got " + v.dump();
+      if (!(d >= 0) || !std::isfinite(d)) {
+        *error = std::string("config key '") + key + "." + pattern + "': expected a number >= 0, got " +
+                 v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
         return false;
       }
-      list.emplace_back(pattern, d);
+      mine.emplace_back(pattern, d);
     }
-    // The user's patterns are matched before the defaults.
-    c->min_deviation.insert(c->min_deviation.begin(), list.begin(), list.end());
+    list->insert(list->begin(), mine.begin(), mine.end());
   }
   return true;
 }

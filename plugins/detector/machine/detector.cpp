@@ -1,10 +1,10 @@
 #include "detector.hpp"
 
 #include <ballast/events.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 namespace ballast::machine {
 
@@ -18,24 +18,33 @@ std::vector<std::string> default_metrics() {
       "gpu*.util", "gpu*.power", "gpu*.sm_clock", "gpu*.nvlink.*", "gpu*.pcie.*",
       // The job's CPU: throttling and stalls first, then busy time and
       // wake-ups (a stopped process stops waking up while its peers poll).
-      "cgroup.cpu.throttled", "cgroup.cpu.pressure", "proc.cpu", "cgroup.cpu.usage",
-      "proc.ctxt_voluntary", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
+      "cgroup.cpu.throttled", "cgroup.cpu.pressure", "psi.cpu", "proc.cpu", "cgroup.cpu.usage",
+      "proc.ctxt_voluntary", "cpu.util", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
       // Network: retransmits, drops and errors, then throughput.
-      "net.tcp.retrans", "net.*_drops", "net.*_errors", "net.*.rx_bytes", "net.*.tx_bytes",
+      "net.tcp.retrans", "net.*_drops", "net.*_errors", "net.*.carrier_changes", "net.*_pause",
+      "net.*.rx_bytes",
+      "net.*.tx_bytes",
       // Disk and memory last: healthy machines legitimately differ there
       // (a checkpoint writer, a cache), so they decide only when nothing else does.
-      "cgroup.io.pressure", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
-      "cgroup.memory.pressure", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
+      "cgroup.io.pressure", "psi.io", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
+      "cgroup.memory.pressure", "psi.memory", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
 }
 
 std::vector<std::pair<std::string, double>> default_min_deviation() {
   return {{"gpu*.xid", 1},           {"gpu*.ecc.*", 1},
           {"net.tcp.retrans", 20},   {"net.*_drops", 20},           {"net.*_errors", 20},
-          {"cgroup.cpu.throttled", 0.01}, {"cgroup.*.pressure", 0.05},
+          {"cgroup.cpu.throttled", 0.01}, {"cgroup.*.pressure", 0.05},  {"psi.*", 0.05},
+          {"net.*.carrier_changes", 0.5}, {"net.*_pause", 1000},
           {"proc.cpu", 0.05},        {"cgroup.cpu.*", 0.05},        {"proc.ctxt_*", 50},
           {"proc.write_bytes", 1e6}, {"proc.read_bytes", 1e6},      {"cgroup.io.*_bytes", 1e6},
           {"disk.*_bytes", 1e6},     {"cgroup.io.*_ops", 50},       {"disk.*_ops", 50},
           {"net.*_bytes", 1e6},      {"net.*_packets", 1000}};
+}
+
+std::vector<std::pair<std::string, double>> default_rel_floors() {
+  // A GPU's clocks are steady and alike across healthy GPUs (within a
+  // percent, busy or not); a capped or slowed GPU's are 20-40% lower.
+  return {{"gpu*.sm_clock", 0.02}, {"gpu*.mem_clock", 0.02}};
 }
 
 bool glob_match(std::string_view p, std::string_view t) {
@@ -58,6 +67,27 @@ bool glob_match(std::string_view p, std::string_view t) {
   return pi == p.size();
 }
 
+bool valid_utf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (!len || i + len > n || (len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) return false;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    if (len == 3) {
+      unsigned char d = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d >= 0xA0)) return false;  // overlong, surrogate
+    }
+    if (len == 4) {
+      unsigned char d = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xF0 && d < 0x90) || (c == 0xF4 && d >= 0x90)) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 namespace {
 
 // Median of v (reordered). v must not be empty.
@@ -70,33 +100,62 @@ double median_of(std::vector<double>& v) {
   return lo + (hi - lo) / 2;
 }
 
-std::string json_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // Finite stand-in for JSON (a garbage machine may produce 1e308 - (-1e308)).
 double finite(double x) { return std::isfinite(x) ? x : (x > 0 ? 1e300 : -1e300); }
+
+// Metric names come from the bus or a file: invalid UTF-8 is replaced, never
+// thrown, so the evidence is always valid JSON.
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The score from a z-score ring: the median of its finite entries, and with
+// an even count the middle one closer to 0, or 0 when they straddle it (not
+// their mean: a window with one round missing and one odd round must not
+// look half odd). False with fewer
+// than `need` finite entries.
+bool ring_score(const std::vector<double>& z, size_t need, std::vector<double>* scratch, double* out) {
+  scratch->clear();
+  for (double v : z)
+    if (!std::isnan(v)) scratch->push_back(v);
+  if (scratch->empty() || scratch->size() < need) return false;
+  std::sort(scratch->begin(), scratch->end());
+  size_t n = scratch->size();
+  double hi = (*scratch)[n / 2];
+  if (n % 2) {
+    *out = hi;
+  } else {
+    double lo = (*scratch)[n / 2 - 1];
+    *out = lo < 0 && hi > 0 ? 0 : std::fabs(lo) < std::fabs(hi) ? lo : hi;
+  }
+  return true;
+}
 
 }  // namespace
 
 Detector::Detector(DetectorConfig config) : config_(std::move(config)) {
   if (config_.metrics.empty()) config_.metrics = default_metrics();
   for (auto& d : default_min_deviation()) config_.min_deviation.push_back(std::move(d));
+  for (auto& d : default_rel_floors()) config_.rel_floors.push_back(std::move(d));
   if (config_.continuity < 1) config_.continuity = 1;
   if (config_.min_nodes < 3) config_.min_nodes = 3;
+  double rounds = config_.period_s > 0 ? config_.window_s / config_.period_s : 1;
+  rounds_ = std::isfinite(rounds) && rounds > 1 ? static_cast<size_t>(std::min(std::lround(rounds), 1000L)) : 1;
+}
+
+MetricCounts Detector::metric_counts(size_t max_names) const {
+  MetricCounts c;
+  for (const Metric& m : metrics_) {
+    if (m.rank >= 0) {
+      ++c.checked_metrics;
+      c.checked_series += m.seen_series;
+    } else {
+      ++c.ignored_metrics;
+      c.ignored_series += m.seen_series;
+      if (c.ignored_names.size() < max_names) c.ignored_names.push_back(m.name);
+    }
+  }
+  return c;
 }
 
 uint32_t Detector::node_id(std::string_view name) {
@@ -127,7 +186,19 @@ int Detector::metric_id(std::string_view name) {
     }
   }
   uint32_t id = static_cast<uint32_t>(metrics_.size());
-  metrics_.push_back(Metric{std::string(name), rank, floor, 0, 0, 0, 0, {}});
+  double rel_floor = config_.rel_floor;
+  for (const auto& [pattern, f] : config_.rel_floors) {
+    if (glob_match(pattern, name)) {
+      rel_floor = f;
+      break;
+    }
+  }
+  Metric met;
+  met.rel_floor = rel_floor;
+  met.name = std::string(name);
+  met.rank = rank;
+  met.floor = floor;
+  metrics_.push_back(std::move(met));
   metric_index_.emplace(std::string(name), id);
   if (rank >= 0) order_dirty_ = true;
   return static_cast<int>(id);
@@ -164,14 +235,23 @@ bool Detector::add(std::string_view node, std::string_view metric, int64_t ts_ns
     return false;
   }
   Metric& met = metrics_[static_cast<size_t>(m)];
+  uint32_t id = node_index_.find(std::string(node))->second;
+  if (met.series.size() <= id) met.series.resize(nodes_.size());
+  Series& s = met.series[id];
+  if (!s.seen) {
+    s.seen = true;
+    ++met.seen_series;
+  }
   if (met.rank < 0) {
     ++counters_.ignored;
     return false;
   }
-  uint32_t id = node_index_.find(std::string(node))->second;
-  if (met.series.size() <= id) met.series.resize(nodes_.size());
-  auto& pts = met.series[id].points;
-  // Keep time order; a late sample (older than the newest) is dropped.
+  // A sample of a round already judged, or out of time order, is not data.
+  if (ts_ns <= last_eval_ns_) {
+    ++counters_.late;
+    return false;
+  }
+  auto& pts = s.points;
   if (!pts.empty() && ts_ns < pts.back().ts_ns) {
     ++counters_.flagged;
     return false;
@@ -215,58 +295,81 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
   cand_mad_.assign(nn, 0);
   cand_since_.assign(nn, 0);
   outlier_now_.assign(nn, 0);
-  int64_t horizon = now_ns - static_cast<int64_t>(config_.window_s * 1e9);
+  const int64_t round_start = last_eval_ns_;
+  if (now_ns > last_eval_ns_) last_eval_ns_ = now_ns;
+  const size_t need = rounds_ / 2 + 1;  // a majority of the window's rounds
 
   for (uint32_t mi : order_) {
     Metric& met = metrics_[mi];
+    // 1. Each machine's value in this round: its samples in (round_start, now].
     values_.clear();
     value_node_.clear();
     for (uint32_t i = 0; i < met.series.size(); ++i) {
       Series& s = met.series[i];
       ++work_;
-      size_t old = 0;
-      while (old < s.points.size() && s.points[old].ts_ns <= horizon) ++old;
-      if (old) s.points.erase(s.points.begin(), s.points.begin() + static_cast<long>(old));
-      window_.clear();
-      for (const Point& p : s.points)
-        if (p.ts_ns <= now_ns) window_.push_back(p.value);
-      if (window_.empty()) {
-        s.streak = 0;
-        continue;
+      if (s.z.size() != rounds_) s.z.assign(rounds_, std::nan(""));
+      s.z[s.z_next] = std::nan("");  // until this round scores it
+      round_.clear();
+      size_t used = 0;
+      for (const Point& p : s.points) {
+        if (p.ts_ns > now_ns) break;
+        ++used;
+        if (p.ts_ns > round_start) round_.push_back(p.value);
       }
-      values_.push_back(median_of(window_));
+      if (used) s.points.erase(s.points.begin(), s.points.begin() + static_cast<long>(used));
+      if (round_.empty()) continue;
+      s.last_value = median_of(round_);
+      values_.push_back(s.last_value);
       value_node_.push_back(i);
     }
+    // 2. Score the round against the machines of the same round.
     size_t n = values_.size();
-    if (n < static_cast<size_t>(config_.min_nodes)) {
-      for (uint32_t i : value_node_) met.series[i].streak = 0;
-      continue;
+    if (n >= static_cast<size_t>(config_.min_nodes)) {
+      scratch_.assign(values_.begin(), values_.end());
+      double med = median_of(scratch_);
+      for (size_t k = 0; k < n; ++k) scratch_[k] = std::fabs(values_[k] - med);
+      double mad = median_of(scratch_);
+      double robust = 1.4826 * mad, level = std::fabs(med);
+      ++met.evaluations;
+      if (level > config_.abs_floor) {  // a metric that is usually 0 has no relative spread
+        ++met.usual_updates;
+        met.usual += (robust / level - met.usual) / std::min<double>(met.usual_updates, config_.spread_memory);
+      }
+      met.usual_abs += (robust - met.usual_abs) / std::min<double>(met.evaluations, config_.spread_memory);
+      double scale =
+          std::max({robust, met.usual * level, met.usual_abs, met.rel_floor * level, met.floor});
+      met.round_median = med;
+      met.round_mad = mad;
+      // Several machines apart in one round: the job changed phase while it
+      // was being sampled (lock-step machines caught on both sides of a
+      // compute/communication boundary), which says nothing about any one
+      // machine. The round is no evidence for anyone.
+      size_t apart = 0;
+      for (size_t k = 0; k < n; ++k) apart += std::fabs(values_[k] - med) > config_.threshold * scale;
+      if (apart <= std::max<size_t>(1, n / 20)) {
+        for (size_t k = 0; k < n; ++k) {
+          Series& s = met.series[value_node_[k]];
+          s.z[s.z_next] = finite((values_[k] - med) / scale);
+        }
+      }
     }
-    scratch_.assign(values_.begin(), values_.end());
-    double med = median_of(scratch_);
-    for (size_t k = 0; k < n; ++k) scratch_[k] = std::fabs(values_[k] - med);
-    double mad = median_of(scratch_);
-    double robust = 1.4826 * mad, level = std::fabs(med);
-    ++met.evaluations;
-    if (level > config_.abs_floor) {  // a metric that is usually 0 has no relative spread
-      ++met.usual_updates;
-      met.usual += (robust / level - met.usual) / std::min<double>(met.usual_updates, config_.spread_memory);
-    }
-    met.usual_abs += (robust - met.usual_abs) / std::min<double>(met.evaluations, config_.spread_memory);
+    // 3. Each machine's score: the median of its z-scores over the window.
     bool warm = met.evaluations > config_.warmup;
-    double scale =
-        std::max({robust, met.usual * level, met.usual_abs, config_.rel_floor * level, met.floor});
-    size_t outliers = 0;
-    for (size_t k = 0; k < n; ++k)
-      if (std::fabs(values_[k] - med) > config_.threshold * scale) ++outliers;
+    size_t scored = 0, outliers = 0;
+    for (Series& s : met.series) {
+      s.score_ok = warm && ring_score(s.z, need, &scratch_, &s.score);
+      if (!s.score_ok) continue;
+      ++scored;
+      if (std::fabs(s.score) > config_.threshold) ++outliers;
+    }
     // Many machines apart at once is a split of the job (or a job-wide change
     // caught half-way), not one faulty machine.
-    bool split = static_cast<double>(outliers) > config_.max_outlier_fraction * static_cast<double>(n);
-    for (size_t k = 0; k < n; ++k) {
-      uint32_t i = value_node_[k];
+    bool split = static_cast<double>(outliers) > config_.max_outlier_fraction * static_cast<double>(scored);
+    // 4. Continuity.
+    for (uint32_t i = 0; i < met.series.size(); ++i) {
       Series& s = met.series[i];
-      double z = finite((values_[k] - med) / scale);
-      if (!warm || split || std::fabs(z) <= config_.threshold) {
+      if (!s.z.empty()) s.z_next = (s.z_next + 1) % s.z.size();
+      if (!s.score_ok || split || std::fabs(s.score) <= config_.threshold) {
         s.streak = 0;
         continue;
       }
@@ -275,11 +378,11 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       outlier_now_[i] = 1;
       if (s.streak >= config_.continuity && candidate_[i] < 0) {
         candidate_[i] = static_cast<int>(mi);
-        cand_score_[i] = std::fabs(z);
-        cand_z_[i] = z;
-        cand_value_[i] = values_[k];
-        cand_median_[i] = med;
-        cand_mad_[i] = mad;
+        cand_score_[i] = std::fabs(s.score);
+        cand_z_[i] = s.score;
+        cand_value_[i] = s.last_value;
+        cand_median_[i] = met.round_median;
+        cand_mad_[i] = met.round_mad;
         cand_since_[i] = s.since_ns;
       }
     }
@@ -298,10 +401,8 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       a.score = static_cast<double>(now_ns - node.last_seen_ns) / 1e9;
       a.ts_ns = now_ns;
       a.since_ns = node.last_seen_ns;
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "{\"last_seen_s\":%.3f,\"silent_after_s\":%g}",
-                    static_cast<double>(node.last_seen_ns) / 1e9, config_.silent_after_s);
-      a.evidence = buf;
+      a.evidence = dump({{"last_seen_s", static_cast<double>(node.last_seen_ns) / 1e9},
+                         {"silent_after_s", config_.silent_after_s}});
       out->push_back(std::move(a));
     }
     if (candidate_[i] >= 0 && !node.alerted) {
@@ -316,14 +417,14 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       a.score = cand_score_[i];
       a.ts_ns = now_ns;
       a.since_ns = cand_since_[i];
-      char buf[512];
-      std::snprintf(buf, sizeof buf,
-                    "{\"metric\":\"%s\",\"value\":%.17g,\"median\":%.17g,\"mad\":%.17g,\"z\":%.6g,"
-                    "\"threshold\":%g,\"window_s\":%g,\"continuity\":%d}",
-                    json_escape(met.name).c_str(), finite(cand_value_[i]), finite(cand_median_[i]),
-                    finite(cand_mad_[i]), cand_z_[i], config_.threshold, config_.window_s,
-                    config_.continuity);
-      a.evidence = buf;
+      a.evidence = dump({{"metric", met.name},
+                         {"value", finite(cand_value_[i])},
+                         {"median", finite(cand_median_[i])},
+                         {"mad", finite(cand_mad_[i])},
+                         {"z", cand_z_[i]},
+                         {"threshold", config_.threshold},
+                         {"window_s", config_.window_s},
+                         {"continuity", config_.continuity}});
       out->push_back(std::move(a));
     } else if (node.alerted) {
       // Re-arm after the machine has looked normal for `continuity` evaluations.

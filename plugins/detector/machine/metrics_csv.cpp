@@ -1,5 +1,7 @@
 #include "metrics_csv.hpp"
 
+#include "detector.hpp"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -24,17 +26,54 @@ std::string trim(const std::string& s, size_t b, size_t e) {
   return s.substr(b, e - b);
 }
 
-void split(const std::string& line, std::vector<std::string>* fields) {
+// One CSV record (RFC 4180): fields separated by ',', a field in double
+// quotes may hold commas, and "" inside it is one quote. Spaces around a
+// field are trimmed. False with *what and *column (1-based) on a bad field.
+bool split(const std::string& line, std::vector<std::string>* fields, std::string* what,
+           size_t* column) {
   fields->clear();
-  size_t b = 0;
+  size_t i = 0, n = line.size();
+  if (n && line[n - 1] == '\r') --n;
   for (;;) {
-    size_t e = line.find(',', b);
-    if (e == std::string::npos) {
-      fields->push_back(trim(line, b, line.size()));
-      return;
+    *column = fields->size() + 1;
+    size_t b = i;
+    while (b < n && (line[b] == ' ' || line[b] == '\t')) ++b;
+    if (b < n && line[b] == '"') {
+      std::string f;
+      size_t k = b + 1;
+      for (;;) {
+        if (k >= n) {
+          *what = "unterminated quoted field (a line break inside quotes is not accepted)";
+          return false;
+        }
+        if (line[k] == '"') {
+          if (k + 1 < n && line[k + 1] == '"') {
+            f += '"';
+            k += 2;
+            continue;
+          }
+          ++k;
+          break;
+        }
+        f += line[k++];
+      }
+      while (k < n && (line[k] == ' ' || line[k] == '\t')) ++k;
+      if (k < n && line[k] != ',') {
+        *what = "unexpected text after a closing quote";
+        return false;
+      }
+      fields->push_back(std::move(f));
+      if (k >= n) return true;
+      i = k + 1;
+    } else {
+      size_t e = line.find(',', b);
+      if (e == std::string::npos || e > n) {
+        fields->push_back(trim(line, b, n));
+        return true;
+      }
+      fields->push_back(trim(line, b, e));
+      i = e + 1;
     }
-    fields->push_back(trim(line, b, e));
-    b = e + 1;
   }
 }
 
@@ -86,7 +125,12 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     ++lineno;
   } while (trim(line, 0, line.size()).empty());
   std::vector<std::string> fields;
-  split(line, &fields);
+  std::string what;
+  size_t bad_column = 0;
+  if (!split(line, &fields, &what, &bad_column)) {
+    *error = path + ":" + std::to_string(lineno) + ": column " + std::to_string(bad_column) + ": " + what;
+    return false;
+  }
   const char* names[4] = {"ts", "node", "metric", "value"};
   size_t col[4];
   for (int k = 0; k < 4; ++k) {
@@ -114,8 +158,11 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
   while (next_line(f.get(), &line, &failed)) {
     ++lineno;
     if (trim(line, 0, line.size()).empty()) continue;
-    split(line, &fields);
     std::string where = path + ":" + std::to_string(lineno) + ": ";
+    if (!split(line, &fields, &what, &bad_column)) {
+      *error = where + "column " + std::to_string(bad_column) + ": " + what;
+      return false;
+    }
     if (fields.size() < header_columns) {
       *error = where + "expected " + std::to_string(header_columns) + " columns, found " +
                std::to_string(fields.size());
@@ -142,6 +189,10 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     for (int k : {1, 2}) {
       if (fields[col[k]].empty()) {
         *error = column(k) + "empty";
+        return false;
+      }
+      if (!valid_utf8(fields[col[k]])) {
+        *error = column(k) + "not valid UTF-8";
         return false;
       }
     }

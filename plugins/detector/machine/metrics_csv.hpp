@@ -1,7 +1,9 @@
 // Reading a metrics CSV for `ballast detect`: a header naming the columns
 // ts,node,metric,value (any order, other columns ignored), then one sample
-// per line: ts in seconds (any epoch), node and metric names without commas
-// (no quoting), a finite value. Plain or gzip-compressed (by content).
+// per line: ts in seconds (any epoch), node and metric names (valid UTF-8;
+// RFC 4180 quoting, so that a labelled series `name{a="x",b="y"}` is one
+// field: `"name{a=""x"",b=""y""}"`), a finite value. Plain or
+// gzip-compressed (by content).
 #pragma once
 
 #include <cstdint>

@@ -3,8 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 namespace ballast::straggler {
+
+std::optional<OpType> timer_optype(std::string_view name) {
+  if (auto t = parse_optype(name)) return t;
+  struct Alias {
+    std::string_view word;
+    OpType type;
+  };
+  static constexpr Alias kAliases[] = {
+      {"forward", OpType::forward_compute},           {"backward", OpType::backward_compute},
+      {"allreduce", OpType::separate_grads_all_reduce}, {"all-reduce", OpType::separate_grads_all_reduce},
+      {"grad-sync", OpType::separate_grads_all_reduce}, {"optimizer-step", OpType::optimizer},
+      {"optim", OpType::optimizer},
+  };
+  for (const auto& a : kAliases)
+    if (a.word == name) return a.type;
+  return std::nullopt;
+}
 
 OnlineDetector::OnlineDetector(OnlineConfig config) : config_(std::move(config)) {
   config_.window_steps = std::max<size_t>(config_.window_steps, 1);
@@ -12,10 +30,26 @@ OnlineDetector::OnlineDetector(OnlineConfig config) : config_(std::move(config))
 }
 
 void OnlineDetector::add(const ballast_op_timing* ops, size_t count) {
+  std::set<int32_t> seen;  // ranks of this batch
   for (size_t i = 0; i < count; ++i) {
     const ballast_op_timing& o = ops[i];
-    if (o.optype && std::strcmp(o.optype, "step") == 0) continue;
-    auto type = o.optype ? parse_optype(o.optype) : std::nullopt;
+    // A rank's first op of a batch for a step it already reported: the rank
+    // restarted from a checkpoint and runs those steps again. Its rows from
+    // there on are the old attempt's: dropped, and the window analysed again
+    // from there.
+    const bool first_of_rank = seen.insert(o.rank).second;
+    if (const auto at = latest_.find(o.rank); first_of_rank && at != latest_.end() && o.step <= at->second) {
+      for (auto it = steps_.lower_bound(o.step); it != steps_.end(); ++it)
+        std::erase_if(it->second, [&](const TraceRow& r) { return r.rank == o.rank; });
+      at->second = o.step - 1;
+      last_analysed_ = std::min(last_analysed_, o.step - 1);
+      ++counters_.restarts;
+    }
+    if (o.optype && std::strcmp(o.optype, "step") == 0) {
+      ++counters_.step_rows;
+      continue;
+    }
+    auto type = o.optype ? timer_optype(o.optype) : std::nullopt;
     if (!type || !std::isfinite(o.start_s) || !std::isfinite(o.duration_s) || o.duration_s < 0 || o.dp_rank < 0 ||
         o.stage < 0 || o.rank < 0 || o.seq_id < 0) {
       ++counters_.rejected;

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "whatif.hpp"
@@ -24,19 +25,31 @@ struct OnlineConfig {
 };
 
 struct OnlineCounters {
-  uint64_t ops = 0;       // accepted
-  uint64_t rejected = 0;  // unknown op type, NaN, negative duration or index
+  uint64_t ops = 0;        // accepted
+  uint64_t rejected = 0;   // unknown op type, NaN, negative duration or index
+  uint64_t step_rows = 0;  // whole-step rows (optype "step"): no schedule, not analysed
+  uint64_t restarts = 0;   // a rank reporting a step again (restarted from a checkpoint)
   uint64_t analyses = 0;
   uint64_t failures = 0;  // windows that could not be analysed
 };
+
+// The op type of a trainer's phase name: the trace's own names, and the
+// usual words of step timers ("forward", "backward", "allreduce",
+// "all-reduce", "grad-sync", "optimizer-step", "optim") for data-parallel
+// training: forward and backward compute, the gradients' all-reduce across
+// DP ranks (separate-grads-all-reduce), the optimizer. Nothing else.
+std::optional<OpType> timer_optype(std::string_view name);
 
 class OnlineDetector {
  public:
   explicit OnlineDetector(OnlineConfig config);
 
   // Copies the valid ops of a batch; garbage from one rank is counted and
-  // skipped, never fatal. Ops with optype "step" (whole-step timings) carry
-  // no schedule and are ignored.
+  // skipped, never fatal. Besides the trace's op types, the phase names a
+  // trainer's step timer uses are understood (timer_optype). Ops with optype
+  // "step" (whole-step timings) carry no schedule: counted in step_rows and
+  // ignored. A batch whose step a rank already reported (it restarted from a
+  // checkpoint) replaces that rank's rows from that step on.
   void add(const ballast_op_timing* ops, size_t count);
 
   // When enough steps have completed: analyses the window. Returns the

@@ -96,17 +96,26 @@ int on_step_timing(void* user, const ballast_event* ev) {
   try {
     std::optional<WhatIfResult> result;
     std::string error;
-    uint64_t rejected = 0;
+    uint64_t rejected = 0, step_rows = 0;
+    bool first_step_rows = false;
     {
       std::lock_guard lock(st.mu);
-      uint64_t before = st.detector.counters().rejected;
+      uint64_t before = st.detector.counters().rejected, steps_before = st.detector.counters().step_rows;
       st.detector.add(batch->ops, batch->count);
       rejected = st.detector.counters().rejected - before;
+      step_rows = st.detector.counters().step_rows - steps_before;
+      first_step_rows = steps_before == 0 && step_rows > 0;
       uint64_t failures = st.detector.counters().failures;
       result = st.detector.poll();
       if (st.detector.counters().failures != failures) error = st.detector.last_error();
     }
     if (rejected && st.host->counter_add) st.host->counter_add(st.host, "rejected_ops", static_cast<int64_t>(rejected));
+    if (step_rows && st.host->counter_add) st.host->counter_add(st.host, "step_rows", static_cast<int64_t>(step_rows));
+    if (first_step_rows)
+      log(st.host, BALLAST_LOG_WARN,
+          "step.timing carries whole-step rows (optype \"step\"): they say how long a step took, not which rank "
+          "held it up, and are not analysed; time the step's phases (forward, backward, all-reduce, optimizer) "
+          "for an attribution (plugins/detector/straggler/README.md)");
     if (!error.empty()) log(st.host, BALLAST_LOG_WARN, "window not analysed: " + error);
     if (result) {
       if (st.host->counter_add) st.host->counter_add(st.host, "reports", 1);

@@ -98,7 +98,7 @@ int cmd_report(const std::vector<std::string>& args) {
   if (int rc = parse(app, args); rc >= 0) return rc;
   nlohmann::json rep = stage_report(read_stages(file));
   rep["file"] = file;
-  std::fputs(json ? (rep.dump() + "\n").c_str() : stage_report_text(rep).c_str(), stdout);
+  std::fputs(json ? (rep.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n").c_str() : stage_report_text(rep).c_str(), stdout);
   return 0;
 }
 
@@ -183,7 +183,7 @@ int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& a
                         {"errors", s.errors},          {"stopped_early", s.stopped_early},
                         {"seconds", double(wall_ns() - t0) / 1e9}, {"messages", s.messages}};
     if (!cmd.empty()) j["exit_code"] = rc;
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::fprintf(stderr, "ballast startup prefetch: %s of %s prefetched from %zu files (%zu skipped)%s\n",
                  human_bytes(double(s.done_bytes)).c_str(), human_bytes(double(s.planned_bytes)).c_str(), s.files_ok,
@@ -225,7 +225,7 @@ int cmd_env(const ballast_host_api* host, const std::vector<std::string>& args, 
                                          {"exit_code", r.exit_code},
                                          {"seconds", double(wall_ns() - t0) / 1e9},
                                          {"messages", r.messages}})
-                            .dump()
+                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                             .c_str());
   else
     std::fprintf(stderr, "ballast startup env: %s (%s)\n", r.action.c_str(), r.key.c_str());
@@ -269,7 +269,7 @@ int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args)
                             {"direct", f.direct},    {"mapped", f.mapped},      {"shared", f.shared},
                             {"read_here", f.read_here},
                             {"verified", f.verified}, {"tensors", f.header.tensors.size()}};
-        std::printf("%s\n", j.dump().c_str());
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
         std::printf("%s: %s in %.3f s (%.2f GB/s), %zu tensors, crc32c/chunks %08x%s%s%s%s\n", path.c_str(),
                     human_bytes(double(f.size)).c_str(), f.seconds, gbs, f.header.tensors.size(), f.checksum,

@@ -117,7 +117,7 @@ void write_profile(const std::string& path, const HotProfile& p) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump() << "\n";
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     out.close();
     if (!out) {
       std::remove(tmp.c_str());

@@ -235,7 +235,7 @@ void write_sums(const LoadedFile& f) {
                       {"checksum", f.checksum}, {"chunks", f.chunk_crcs}};
   std::string p = sums_path(f.path), tmp = p + ".tmp." + std::to_string(::getpid());
   std::ofstream out(tmp, std::ios::trunc);
-  out << j.dump() << "\n";
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   out.close();
   if (!out || std::rename(tmp.c_str(), p.c_str()) != 0) {
     std::remove(tmp.c_str());

@@ -21,7 +21,7 @@ std::string stage_to_json_line(const StageRecord& r) {
                       {"start_ns", r.start_ns}, {"end_ns", r.end_ns}, {"bytes", r.bytes},
                       {"status", r.status}};
   if (!r.detail.empty()) j["detail"] = r.detail;
-  return j.dump() + "\n";
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::vector<StageRecord> read_stages(const std::string& path) {

@@ -232,11 +232,21 @@ TEST_CASE("a rank killed during the job is named crashed") {
   expect_cause(verdict(r), "hang", 1, "crashed");
 }
 
-TEST_CASE("a stopped rank is named stuck, found by the stall watch") {
-  const auto r = launch(fresh_dir("stop"), {"--fault", "stop", "--fault-rank", "2", "--fault-iter", "100"});
+TEST_CASE("a stopped rank is named stuck, found by the stall watch; analyze agrees after the launcher killed all") {
+  const std::string dir = fresh_dir("stop");
+  const auto r = launch(dir, {"--fault", "stop", "--fault-rank", "2", "--fault-iter", "100"});
   CHECK(r.code == 1);
   CHECK(r.err.find("no collective progress") != std::string::npos);
   expect_cause(verdict(r), "hang", 2, "stuck");
+  // Every rank is gone now (the launcher ended them): the post-mortem reads
+  // the launcher's record and names rank 2 stuck, not rank 0 crashed.
+  const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json"}); });
+  CHECK(a.code == 1);
+  const auto v = verdict(a);
+  expect_cause(v, "hang", 2, "stuck");
+  CHECK(v["launch"]["stopped_ranks"] == nlohmann::json::array({0, 1, 2}));
+  const auto text = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir}); });
+  CHECK(text.out.find("ballast launch stopped this job") != std::string::npos);
 }
 
 TEST_CASE("a rank that skips a collective is named not_joined") {

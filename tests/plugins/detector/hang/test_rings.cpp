@@ -54,8 +54,10 @@ TraceRing* make_ring(const std::string& path, int rank) {
 }
 
 // A finished (or, with done false, running) allreduce of `comm`, whose
-// members are `nranks` (0: not said), this one `rank`.
-void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done, int32_t rank = 0, int32_t nranks = 0) {
+// members are `nranks` (0: not said), this one `rank`; at this moment on a
+// ring whose clock set_header moved `behind_ns` back.
+void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done, int32_t rank = 0, int32_t nranks = 0,
+         int64_t behind_ns = 0) {
   uint64_t i = 0;
   ballast_trace_slot* s = r->claim(&i);
   if (!s) FAIL("every slot of the ring holds a record in flight");
@@ -65,7 +67,7 @@ void add(TraceRing* r, uint64_t comm, uint64_t seq, bool done, int32_t rank = 0,
   s->seq = seq;
   s->op = BALLAST_OP_ALLREDUCE;
   s->peer = -1;
-  s->issue_tick = s->start_tick = ballast::comm::trace_tick();
+  s->issue_tick = s->start_tick = ballast::comm::trace_tick() + uint64_t(behind_ns);
   s->end_tick = done ? s->start_tick + 1000 : 0;
   s->state = done ? BALLAST_TRACE_DONE : BALLAST_TRACE_STARTED;
   TraceRing::publish(s, i);
@@ -294,14 +296,20 @@ pid_t ended_pid() {
 }
 
 // Rewrite the header of the ring at `path`: its process `pid`, its last
-// heartbeat `ago_ns` before the ring was made, and, when given, its host.
+// heartbeat `ago_ns` before now, and, when given, its host. The ring's clock
+// is moved, not its ticks: the heartbeat stays at the tick it was made, and
+// that tick is said to be `ago_ns` earlier on the wall clock, so that no
+// tick is computed by going back from a monotonic reading (a machine booted
+// less than `ago_ns` ago has no such tick). Records made after this carry
+// ticks of that earlier timeline: make them with add(..., ago_ns).
 void set_header(const std::string& path, int32_t pid, int64_t ago_ns, const char* host = nullptr) {
   const int fd = open(path.c_str(), O_RDWR);
   REQUIRE(fd >= 0);
   ballast_trace_header h{};
   REQUIRE(pread(fd, &h, sizeof h, 0) == ssize_t(sizeof h));
   h.pid = pid;
-  h.heartbeat_tick = h.clock_tick - uint64_t(ago_ns);
+  h.heartbeat_tick = h.clock_tick;
+  h.clock_wall_ns -= ago_ns;
   if (host) std::snprintf(h.host, sizeof h.host, "%s", host);
   REQUIRE(pwrite(fd, &h, sizeof h, 0) == ssize_t(sizeof h));
   close(fd);
@@ -328,7 +336,7 @@ TEST_CASE("rings of processes ended and idle 10 minutes are removed beyond the n
   const std::string busy = ring_path(dir, 5, dead, "ucx");  // no heartbeat for an hour, a record just now
   TraceRing* b = make_ring(busy, 5);
   set_header(busy, dead, 60 * kMinute);
-  add(b, 0x1, 1, true);
+  add(b, 0x1, 1, true, 0, 0, 60 * kMinute);
   const std::string live = ring_path(dir, 6, int(getpid()), "ucx");  // its process runs
   make_ring(live, 6);
   set_header(live, int32_t(getpid()), 60 * kMinute);

@@ -1,0 +1,308 @@
+// bench_detect_lockstep: the faulty-machine detector on generated metrics of
+// a lock-step data-parallel job, independent of bench_detect's emulated job
+// (which the detector was tuned on).
+//
+//   bench_detect_lockstep [--seed N | --fresh] [--per-fault N] [--clean N]
+//                         [--seconds S] [--style exporter|plain] [--config F.lua]
+//                         [--out DIR]
+//
+// Each scenario is a job of 8-64 machines x 4 GPUs in lock-step: steps of
+// 3-8 s, 70% compute then 30% communication; checkpoints every 25-40 s;
+// job-wide slowdowns and pauses (which must not alert); every machine
+// sampled once a second with 0-200 ms jitter, about 1% of samples lost;
+// metrics named as the DCGM exporter and node-exporter name them (counters
+// cumulative), or with plain names (--style plain). One fault on one machine
+// from a random onset to the end, or none. Samples are replayed exactly as
+// `ballast detect` replays a CSV (exporter names mapped, counters turned into
+// rates, one evaluation per round); --out DIR also writes each scenario as a
+// CSV that `ballast detect --metrics` reads (labelled series quoted).
+#include "detect_command.hpp"
+#include "detector.hpp"
+#include "lockstep_job.hpp"
+#include "metrics_csv.hpp"
+#include "config.hpp"
+#include "fusion.hpp"
+
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace bench_lockstep;
+using ballast::machine::Alert;
+using ballast::machine::Detector;
+using ballast::machine::DetectorConfig;
+
+namespace {
+
+void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit,
+          nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json j = {{"bench", "detect_lockstep"}, {"case", cs}, {"metric", metric}, {"value", value}, {"unit", unit}};
+  for (auto& [k, v] : extra.items()) j[k] = v;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+struct Verdict {
+  bool found = false;
+  double latency = -1;
+  int false_alerts = 0;
+  std::string metric;
+  nlohmann::json false_detail = nlohmann::json::array();  // metric, seconds from the start
+};
+
+Verdict judge(const Scenario& sc, const std::vector<Alert>& alerts) {
+  Verdict v;
+  std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
+  for (const Alert& a : alerts) {
+    double ts = static_cast<double>(a.ts_ns) / 1e9;
+    if (!target.empty() && a.node == target && ts >= sc.onset_s) {
+      if (!v.found) {
+        v.found = true;
+        v.latency = ts - sc.onset_s;
+        v.metric = a.metric;
+      }
+    } else {
+      ++v.false_alerts;
+      v.false_detail.push_back({{"node", a.node}, {"metric", a.metric}, {"t_s", std::round((ts - 1.8e9) * 10) / 10}});
+    }
+  }
+  return v;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  double idx = p * static_cast<double>(v.size() - 1);
+  size_t lo = static_cast<size_t>(idx), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+// The same alerts through the suspect fusion (plugins/detector/fusion), as
+// the machine plugin publishes them: does the final ranking name the faulty
+// machine first, and which other machines ever reach "alerting"?
+struct Fused {
+  bool top_right = false;     // the final ranking's first suspect is the faulty machine
+  bool top_alerting = false;  // ... and its score reaches min_score
+  int false_alerting = 0;
+};
+
+Fused fuse(const Scenario& sc, const std::vector<Alert>& alerts, double threshold) {
+  ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
+  std::set<std::string> wrong;
+  std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
+  int64_t last = 0;
+  for (const Alert& a : alerts) {
+    ballast::fusion::Suspicion s;
+    s.detector = "machine";
+    s.subject = a.node;
+    s.kind = a.kind;
+    s.metric = a.metric;
+    s.score = a.score;
+    s.confirmed = a.kind == "silent";
+    s.confidence = s.confirmed ? 1.0 : std::min(1.0, a.score / (2 * threshold));
+    s.since_ns = a.since_ns;
+    s.at_ns = last = a.ts_ns;
+    f.add(std::move(s));
+    for (const auto& x : f.ranking(a.ts_ns))
+      if (x.alerting && !(x.node == target && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s)) wrong.insert(x.node);
+  }
+  Fused out;
+  auto r = f.ranking(last);
+  out.top_right = !target.empty() && !r.empty() && r[0].node == target;
+  out.top_alerting = out.top_right && r[0].alerting;
+  out.false_alerting = static_cast<int>(wrong.size());
+  return out;
+}
+
+struct Tally {
+  int tp = 0, fp = 0, fn = 0, clean = 0, clean_with_alert = 0;
+  std::vector<double> latency;
+};
+
+void write_csv(const std::string& path, const ballast::machine::MetricsTable& t) {
+  gzFile f = gzopen(path.c_str(), "wb6");
+  if (!f) return;
+  gzprintf(f, "ts,node,metric,value\n");
+  for (const auto& r : t.rows) {
+    std::string m = t.metrics[r.metric], quoted = "\"";
+    for (char c : m) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    quoted += '"';
+    gzprintf(f, "%.3f,%s,%s,%.9g\n", static_cast<double>(r.ts_ns) / 1e9, t.nodes[r.node].c_str(),
+             quoted.c_str(), r.value);
+  }
+  gzclose(f);
+}
+
+const char* flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return nullptr;
+}
+bool has(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+const char* kUsage =
+    "usage: bench_detect_lockstep [--seed N | --fresh] [--per-fault N] [--clean N] [--seconds S]\n"
+    "                             [--style exporter|plain] [--config FILE.lua] [--out DIR]\n"
+    "Generates lock-step job metrics with one planted fault per scenario (or none) and\n"
+    "scores the faulty-machine detector: precision, recall, F1, latency, fault-free runs\n"
+    "with an alert. JSON lines on stdout.\n";
+
+bool load_config(const char* path, DetectorConfig* config) {
+  if (!path) return true;
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ballast::machine::ConfigText text;
+  std::string error;
+  auto get = [&](const std::string& k, std::string* v) {
+    auto it = text.find(k);
+    if (it == text.end()) return false;
+    *v = it->second;
+    return true;
+  };
+  if (!ballast::machine::parse_lua_table(ss.str(), path, &text, &error) ||
+      !ballast::machine::apply_config(get, config, &error)) {
+    std::fprintf(stderr, "bench_detect_lockstep: %s\n", error.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (has(argc, argv, "--help") || has(argc, argv, "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  uint64_t seed = flag(argc, argv, "--seed") ? std::strtoull(flag(argc, argv, "--seed"), nullptr, 10) : 2027;
+  if (has(argc, argv, "--fresh")) seed = std::random_device{}();
+  int per_fault = flag(argc, argv, "--per-fault") ? std::atoi(flag(argc, argv, "--per-fault")) : 10;
+  int n_clean = flag(argc, argv, "--clean") ? std::atoi(flag(argc, argv, "--clean")) : 20;
+  double seconds = flag(argc, argv, "--seconds") ? std::atof(flag(argc, argv, "--seconds")) : 90;
+  std::string style = flag(argc, argv, "--style") ? flag(argc, argv, "--style") : "exporter";
+  const char* out_dir = flag(argc, argv, "--out");
+  if (style != "exporter" && style != "plain") {
+    std::fprintf(stderr, "bench_detect_lockstep: --style: expected exporter or plain\n%s", kUsage);
+    return 2;
+  }
+  DetectorConfig config;
+  if (!load_config(flag(argc, argv, "--config"), &config)) return 1;
+  if (out_dir) mkdir(out_dir, 0755);
+  emit("setup", "seed", static_cast<double>(seed), "", {{"style", style}, {"seconds", seconds}});
+
+  std::mt19937_64 rng(seed);
+  std::vector<Scenario> plan;
+  int index = 0;
+  for (int k = 0; k < per_fault; ++k)
+    for (Fault f : all_faults()) plan.push_back(make_scenario(index++, f, seconds, rng));
+  for (int k = 0; k < n_clean; ++k) plan.push_back(make_scenario(index++, Fault::none, seconds, rng));
+
+  Tally all;
+  int detector_first = 0, fused_first = 0, fused_alerting = 0, faulty_runs = 0, fused_false = 0, detector_false = 0;
+  std::vector<Tally> by_fault(all_faults().size() + 1);
+  std::vector<std::vector<std::string>> metrics_by_fault(by_fault.size());
+  for (const Scenario& sc : plan) {
+    ballast::machine::MetricsTable table = generate(sc, style == "plain");
+    if (out_dir) {
+      char name[96];
+      std::snprintf(name, sizeof name, "/s%03d-%s.csv.gz", sc.index, fault_name(sc.fault));
+      write_csv(out_dir + std::string(name), table);
+    }
+    ballast::machine::map_exporter_names(&table);
+    Detector d(config);
+    std::vector<Alert> alerts = ballast::machine::replay(table, &d);
+    Verdict v = judge(sc, alerts);
+    Fused fu = fuse(sc, alerts, d.config().threshold);
+    if (sc.fault != Fault::none) {
+      ++faulty_runs;
+      // The detector names the faulty machine first: its first alert after
+      // the onset is on it and no other machine was alerted before.
+      bool first = v.found;
+      for (const Alert& a : alerts)
+        if (static_cast<double>(a.ts_ns) / 1e9 <= sc.onset_s + v.latency && a.node != machine_name(sc.faulty)) first = false;
+      detector_first += first;
+      fused_first += fu.top_right;
+      fused_alerting += fu.top_alerting;
+    }
+    std::set<std::string> wrong_nodes;
+    for (const Alert& a : alerts)
+      if (!(sc.faulty >= 0 && a.node == machine_name(sc.faulty) && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s))
+        wrong_nodes.insert(a.node);
+    detector_false += static_cast<int>(wrong_nodes.size());
+    fused_false += fu.false_alerting;
+    size_t fi = static_cast<size_t>(sc.fault);
+    for (Tally* t : {&all, &by_fault[fi]}) {
+      t->fp += v.false_alerts;
+      if (sc.fault == Fault::none) {
+        ++t->clean;
+        t->clean_with_alert += v.false_alerts > 0;
+      } else if (v.found) {
+        ++t->tp;
+        t->latency.push_back(v.latency);
+      } else {
+        ++t->fn;
+      }
+    }
+    if (v.found) metrics_by_fault[fi].push_back(v.metric);
+    nlohmann::json j = {{"bench", "detect_lockstep"}, {"case", "scenario"}, {"scenario", sc.index},
+                        {"fault", fault_name(sc.fault)}, {"machines", sc.machines}, {"faulty", sc.faulty},
+                        {"onset_s", sc.onset_s}, {"found", v.found},
+                        {"latency_s", v.found ? nlohmann::json(v.latency) : nlohmann::json()},
+                        {"alert_metric", v.metric}, {"false_alerts", v.false_alerts},
+                        {"false_detail", v.false_detail}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  auto report = [&](const std::string& cs, const Tally& s) {
+    double precision = s.tp + s.fp ? static_cast<double>(s.tp) / (s.tp + s.fp) : 0;
+    double recall = s.tp + s.fn ? static_cast<double>(s.tp) / (s.tp + s.fn) : 0;
+    double f1 = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
+    double mean = 0;
+    for (double l : s.latency) mean += l;
+    mean = s.latency.empty() ? NAN : mean / static_cast<double>(s.latency.size());
+    nlohmann::json counts = {{"tp", s.tp}, {"fp", s.fp}, {"fn", s.fn}, {"clean", s.clean}, {"style", style}};
+    emit(cs, "precision", precision, "", counts);
+    emit(cs, "recall", recall, "");
+    emit(cs, "f1", f1, "");
+    emit(cs, "clean_runs_with_alert", s.clean_with_alert, "runs", {{"clean", s.clean}});
+    emit(cs, "latency_mean", mean, "s", {{"peer", "Minder (published)"}, {"peer_value", 3.6}});
+    emit(cs, "latency_p90", percentile(s.latency, 0.9), "s");
+  };
+  report("detector", all);
+  emit("fusion", "faulty_named_first", fused_first, "runs",
+       {{"of", faulty_runs}, {"machine_detector", detector_first}, {"alerting", fused_alerting}});
+  emit("fusion", "machines_falsely_alerting", fused_false, "machines", {{"machine_detector", detector_false}});
+  for (Fault f : all_faults()) {
+    size_t fi = static_cast<size_t>(f);
+    std::string top;
+    auto& ms = metrics_by_fault[fi];
+    size_t best = 0;
+    for (const auto& m : ms) {
+      size_t c = static_cast<size_t>(std::count(ms.begin(), ms.end(), m));
+      if (c > best) best = c, top = m;
+    }
+    const Tally& t = by_fault[fi];
+    double mean = 0;
+    for (double l : t.latency) mean += l;
+    emit(std::string("fault/") + fault_name(f), "detected", t.tp, "runs",
+         {{"of", t.tp + t.fn}, {"false_alerts", t.fp},
+          {"latency_mean_s", t.latency.empty() ? nlohmann::json() : nlohmann::json(mean / static_cast<double>(t.latency.size()))},
+          {"metric", top}});
+  }
+  return 0;
+}

@@ -1,0 +1,48 @@
+// A generated lock-step data-parallel job: its shared timeline (steps of
+// compute then communication, checkpoints, job-wide slowdowns and pauses),
+// one planted fault, and the metrics each machine's exporters would serve,
+// sampled once a second with jitter and loss. See lockstep_job.cpp for the
+// model and its figures.
+#pragma once
+
+#include "metrics_csv.hpp"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace bench_lockstep {
+
+enum class Fault {
+  none,
+  slow_gpu,
+  nic_flapping,
+  pfc_storm,
+  memory_leak,
+  cpu_contention,
+  gpu_power_cap,
+  degraded_network
+};
+const char* fault_name(Fault f);
+const std::vector<Fault>& all_faults();  // every fault but none
+
+struct Scenario {
+  int index = 0;
+  Fault fault = Fault::none;
+  int machines = 8;
+  int faulty = -1;        // machine index, -1 for none
+  int faulty_gpu = 0;
+  double onset_s = 0;     // absolute, same clock as the samples; 0 for none
+  double seconds = 90;
+  uint64_t seed = 0;
+};
+
+std::string machine_name(int i);
+Scenario make_scenario(int index, Fault f, double seconds, std::mt19937_64& rng);
+
+// The samples of one scenario, in file order (per machine, time order).
+// plain: gpu_util, net_tx_gbps, ... instead of the exporters' names.
+ballast::machine::MetricsTable generate(const Scenario& sc, bool plain);
+
+}  // namespace bench_lockstep

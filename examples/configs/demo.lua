@@ -1,0 +1,36 @@
+-- The demonstration `ballast run` runs by default: the bundled trainer
+-- (examples/trainer, a character-level language model trained by 4
+-- data-parallel ranks) supervised by the whole loop, with a small fault
+-- schedule: a crash, a hang, a NaN loss and a machine that goes bad. Each
+-- fault is detected, decided on by the default policy and recovered from
+-- without a person; the summary at the end lists them with ETTR.
+--
+--   build/bin/ballast run examples/configs/demo.lua [--timeline run.json]
+--
+-- Your own job: replace `job.command` (and `ranks`), drop `inject`.
+-- Paths are relative to this file, then to the installed plugin and script
+-- folders.
+return {
+  plugins = {
+    -- The executor, first: the hang detector finds the job's trace rings
+    -- through the BALLAST_TRACE_DIR it sets.
+    { path = "runner", config = {
+        inject = { "crash:rank=1@step150", "hang:rank=2@step400", "nan@650", "machine:node=3,kind=cpu@step800" },
+    } },
+    { path = "collect", config = { period = 1 } },
+    "machine",
+    -- Only a clear slowdown: a busy small machine makes step times noisy.
+    { path = "straggler", config = { window_steps = 50, report_every = 50, min_slowdown = 2 } },
+    { path = "hang", config = { stall_seconds = 3, period_seconds = 0.25 } },
+    "startup",
+    "scheduler",
+  },
+  job = {
+    command = { "ballast-trainer", "--steps", "1200", "--checkpoint-every", "50", "--log-every", "100" },
+    ranks = 4,
+    standby = 1,
+    steps = 1200,
+  },
+  policy = { script = "default.lua", fallback = "escalate", deadline_ms = 100, memory_mb = 64 },
+  bus = { dispatcher_threads = 1, queue_capacity = 4096 },
+}

@@ -1,0 +1,69 @@
+// The seam between the executor and the machines it runs ranks on. The
+// executor decides (which ranks, on which slot, when); a backend carries it
+// out. A slot is what a node is to a real cluster: the unit that is evicted
+// and replaced. The local backend runs every slot on this machine; a
+// cluster backend (Slurm) implements the same calls with srun/scontrol.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ballast::runner {
+
+// One rank to start: its global number, the command and the environment it
+// gets on top of the executor's own, and where its stdout/stderr go.
+struct RankLaunch {
+  int rank = 0;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string log_path;  // appended to; "" = inherit the executor's
+};
+
+// A rank that ended, as waitpid reports it.
+struct RankExit {
+  int rank = -1;
+  pid_t pid = -1;
+  int status = 0;  // wait status: WIFEXITED / WIFSIGNALED
+};
+
+// Every call comes from the executor's one supervising thread.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "local", "slurm", ...
+  virtual const char* name() const = 0;
+  // Make `slots` slots ready (the job's and the standbys). False with *error.
+  virtual bool prepare(int slots, std::string* error) = 0;
+  // What isolates a slot here, in words ("cgroup v2 per slot", "process groups").
+  virtual std::string isolation() const = 0;
+  // Start `ranks` on slot `slot`. On failure none of them runs (those
+  // already started are killed) and *error says why.
+  virtual bool start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) = 0;
+  // Send `sig` to a rank's process group (its children too). False when the
+  // rank does not run.
+  virtual bool signal(int rank, int sig) = 0;
+  // Stop every running rank: SIGTERM (and SIGCONT) to each group, up to
+  // grace_s for them to end, then SIGKILL; every rank reaped. Blocks.
+  // Exits reaped here are not reported by reap().
+  virtual void stop_all(double grace_s) = 0;
+  // Ranks that ended since the last call, without blocking.
+  virtual std::vector<RankExit> reap() = 0;
+  // Whether rank runs (started, not reaped).
+  virtual bool running(int rank) const = 0;
+  virtual pid_t pid(int rank) const = 0;
+  // Processes that belong to a slot now (ranks, their children, helpers),
+  // for the slot's metrics.
+  virtual std::vector<pid_t> slot_processes(int slot) const = 0;
+  // Start a helper process in a slot that runs fn() and never returns from
+  // it (fault injection: a CPU or memory hog on that "node"). Killed by
+  // stop_helpers. -1 on failure.
+  virtual pid_t spawn_helper(int slot, void (*fn)()) = 0;
+  virtual void stop_helpers(int slot) = 0;
+  // Remove what prepare made. Called once, after stop_all.
+  virtual void release() = 0;
+};
+
+}  // namespace ballast::runner

@@ -1,0 +1,169 @@
+// The executor: owns one job. It starts the job's ranks through a Backend,
+// watches them (exits, the job channel's reports), fires fault injections,
+// and carries out recovery.action events one at a time. All job state
+// belongs to one supervising thread; the bus handlers only hand events to
+// it through an inbox.
+#pragma once
+
+#include "actions.hpp"
+#include "backend.hpp"
+#include "channel.hpp"
+#include "checkpoints.hpp"
+#include "job_config.hpp"
+#include "report.hpp"
+
+#include <ballast/events.h>
+#include <ballast/plugin.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace ballast::runner {
+
+class Executor {
+ public:
+  Executor(const ballast_host_api* host, JobConfig config, std::unique_ptr<Backend> backend);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Make the job's folders, socket and slots, and start the supervising
+  // thread (which starts the ranks). False with *error.
+  bool start(std::string* error);
+  // Choose the job's BALLAST_TRACE_DIR (job.trace_dir, else the
+  // environment's, else a new folder in /dev/shm); start() calls it when it
+  // was not called before.
+  bool prepare_trace_dir(std::string* error);
+  // Stop the ranks and the thread; write the report and the timeline.
+  void stop();
+  const std::string& trace_dir() const { return trace_dir_; }
+
+  // Bus handlers, any thread: copy what they need into the inbox.
+  void post_action(const ballast_recovery_action& a, int64_t ts_ns);
+  void post_fault(const std::string& topic, const ballast_fault_report& f, int64_t ts_ns);
+  void post_plan(const ballast_placement_plan& p);
+  void post_placement_error(const std::string& message);
+
+ private:
+  enum class State { starting, running, recovering, paused, finished, escalated, stopped, interrupted };
+  struct RankState {
+    bool hello = false, done = false, running = false;
+    int64_t last_step = 0;
+    double last_end_s = 0;  // wall clock end of its last step
+    std::string error_kind, error_message;
+    int64_t error_step = -1;
+  };
+  struct SlotState {
+    std::string name;
+    enum Role { active, standby, evicted } role = standby;
+    int64_t evicted_ns = 0;
+    int64_t activated_ns = 0;  // when it last took an evicted node's place
+  };
+  struct InFlight {
+    Action action;
+    int64_t start_ns = 0;
+    enum Wait { none, hello, checkpoint, pause_end, placement } wait = none;
+    int64_t deadline_ns = 0;
+    int64_t min_step = 0;
+    int incident = -1;
+    int failed_slot = -1;
+    std::string detail;
+  };
+  struct Message {
+    enum Kind { action, fault, plan, plan_error } kind = action;
+    Action act;
+    std::string topic, subject, fault_kind, detector, evidence;
+    int rank = -1;
+    int64_t since_ns = 0, detected_ns = 0;
+    std::vector<std::string> plan_nodes;
+    std::string plan_job, text;
+  };
+
+  void loop();
+  void handle_report(const Report& r);
+  void handle_exit(const RankExit& e);
+  void handle_message(Message& m);
+  void on_fault(const Message& m);
+  void fire_injections();
+  void advance();
+  void begin(Action a);
+  void finish(const std::string& outcome, const std::string& detail);
+  bool start_attempt(const Checkpoint& from, std::string* error);
+  void stop_ranks();
+  int slot_of_subject(const std::string& subject) const;
+  void publish_fault(int rank, const std::string& kind, const std::string& evidence);
+  void publish_json(const char* topic, const nlohmann::json& j);
+  void publish_step(const Report& r);
+  void sample_metrics();
+  void set_state(State s, const std::string& reason = "");
+  void end_job(State s, const std::string& reason);
+  int open_incident(const std::string& fault, const std::string& origin, int64_t injected_ns);
+  int current_incident() const;
+  void journal(const std::string& event, const InFlight& f, const std::string& outcome, const std::string& detail);
+  void show_progress(bool force);
+  void log(int level, const std::string& msg);
+  int64_t now() const;
+  static const char* state_name(State s);
+  std::string pending_trainer_injections() const;
+  std::string fault_signature() const { return last_fault_signature_; }
+  Summary summary() const;
+
+  const ballast_host_api* host_;
+  JobConfig cfg_;
+  std::unique_ptr<Backend> backend_;
+  std::string job_dir_, trace_dir_, checkpoint_dir_, socket_path_;
+  bool made_trace_dir_ = false;
+  ReportSocket socket_;
+  ControlFile control_;
+  int wake_[2] = {-1, -1};
+
+  std::mutex inbox_mu_;
+  std::deque<Message> inbox_;
+  std::thread thread_;
+  std::atomic<bool> quit_{false};
+  std::atomic<bool> ended_{false};
+
+  // Owned by the supervising thread.
+  State state_ = State::starting;
+  bool state_published_ = false;
+  std::string end_reason_;
+  std::vector<RankState> ranks_;
+  std::vector<SlotState> slots_;
+  std::vector<int> node_slot_;  // job node -> slot
+  int attempt_ = -1;
+  int64_t first_start_ns_ = 0, attempt_start_ns_ = 0, last_restart_ns_ = 0, last_fresh_fault_ns_ = 0;
+  int64_t failed_ns_ = 0;  // when the current attempt lost a rank, 0 if it did not
+  int64_t high_water_ = 0;
+  int64_t resume_step_ = 0;
+  int master_port_ = 0;
+  ActionQueue queue_;
+  RestartLoop loop_rule_;
+  std::optional<InFlight> current_;
+  uint64_t next_action_id_ = 1;
+  std::string last_fault_signature_;
+  int64_t nan_step_ = -1;
+  bool silent_outside_ = false;  // the last node.silent named a node outside the job
+  std::vector<bool> fired_;
+  std::map<int64_t, double> kept_s_;      // step -> seconds it took (rank 0), the final lineage
+  std::map<int64_t, double> loss_;        // step -> rank 0's loss, the final lineage
+  std::vector<Incident> incidents_;
+  std::vector<Span> spans_;
+  int64_t pause_until_ns_ = 0;
+  int64_t next_metrics_ns_ = 0, next_progress_ns_ = 0;
+  std::map<pid_t, double> cpu_prev_;       // metrics: cpu seconds per process at the last sample
+  int64_t metrics_prev_ns_ = 0;
+  std::vector<std::string> pending_plan_;  // the placement plugin's answer
+  std::string placement_error_;
+  bool plan_answered_ = false;
+  bool tty_ = false;
+  Summary final_;
+  bool summarised_ = false;
+};
+
+}  // namespace ballast::runner

@@ -1,0 +1,130 @@
+// ballast-runner: the executor as a plugin. It owns the job its config
+// names, carries out recovery.action events, reports crashes, steps and
+// per-node metrics, and answers `ballast run` with a report at the end.
+#include "executor.hpp"
+#include "local_backend.hpp"
+
+#include <ballast/events.h>
+#include <ballast/plugin.h>
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+using namespace ballast::runner;
+
+struct State {
+  const ballast_host_api* host = nullptr;
+  std::unique_ptr<Executor> executor;
+  std::vector<uint64_t> subscriptions;
+};
+
+int fail(const ballast_host_api* host, int status, const std::string& msg) {
+  host->set_error(host, msg.c_str());
+  return status;
+}
+
+// A config value as JSON: tables come as JSON text, the rest as plain text.
+nlohmann::json config_json(const ballast_host_api* host, const char* key) {
+  const char* v = nullptr;
+  if (!host->config_get || host->config_get(host, key, &v) != BALLAST_OK || !v) return nullptr;
+  nlohmann::json j = nlohmann::json::parse(v, nullptr, false);
+  if (!j.is_discarded() && (j.is_object() || j.is_array())) return j;
+  return std::string(v);
+}
+
+int create(const ballast_host_api* host, void** state) {
+  auto s = std::make_unique<State>();
+  s->host = host;
+  try {
+    const nlohmann::json job = config_json(host, "job");
+    if (job.is_null()) return fail(host, BALLAST_EINVAL, "config: no job table (job = { command = {...}, ranks = N })");
+    nlohmann::json top = nlohmann::json::object();
+    for (const char* key : {"inject", "inject_schedule", "timeline", "report", "base_dir"}) {
+      nlohmann::json v = config_json(host, key);
+      if (!v.is_null()) top[key] = v;
+    }
+    if (const nlohmann::json v = config_json(host, "schedule_seconds_per_day"); v.is_string())
+      top["schedule_seconds_per_day"] = std::atof(v.get<std::string>().c_str());
+    char cwd[4096];
+    std::string base = top.contains("base_dir") && top["base_dir"].is_string() ? top["base_dir"].get<std::string>()
+                                                                              : (getcwd(cwd, sizeof cwd) ? cwd : ".");
+    JobConfig cfg = parse_job_config(job, top, base);
+    auto backend = std::make_unique<LocalBackend>(cfg.cgroups);
+    s->executor = std::make_unique<Executor>(host, std::move(cfg), std::move(backend));
+    // The hang detector, created after this plugin, finds the job's trace
+    // rings through BALLAST_TRACE_DIR.
+    std::string error;
+    if (!s->executor->prepare_trace_dir(&error)) return fail(host, BALLAST_EIO, error);
+    setenv("BALLAST_TRACE_DIR", s->executor->trace_dir().c_str(), 1);
+  } catch (const std::exception& e) {
+    return fail(host, BALLAST_EINVAL, e.what());
+  }
+  *state = s.release();
+  return BALLAST_OK;
+}
+
+int on_action(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_RECOVERY_ACTION || !ev->payload || ev->payload_size < sizeof(ballast_recovery_action))
+    return BALLAST_OK;
+  static_cast<State*>(user)->executor->post_action(*static_cast<const ballast_recovery_action*>(ev->payload), ev->ts_ns);
+  return BALLAST_OK;
+}
+
+int on_fault(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_FAULT_REPORT || !ev->payload || ev->payload_size < sizeof(ballast_fault_report))
+    return BALLAST_OK;
+  static_cast<State*>(user)->executor->post_fault(ev->topic, *static_cast<const ballast_fault_report*>(ev->payload),
+                                                 ev->ts_ns);
+  return BALLAST_OK;
+}
+
+int on_plan(void* user, const ballast_event* ev) {
+  auto* s = static_cast<State*>(user);
+  if (ev->schema == BALLAST_SCHEMA_PLACEMENT_PLAN && ev->payload && ev->payload_size >= sizeof(ballast_placement_plan))
+    s->executor->post_plan(*static_cast<const ballast_placement_plan*>(ev->payload));
+  else if (ev->schema == BALLAST_SCHEMA_JSON && ev->payload)
+    s->executor->post_placement_error(std::string(static_cast<const char*>(ev->payload), ev->payload_size));
+  return BALLAST_OK;
+}
+
+int start(void* state) {
+  auto* s = static_cast<State*>(state);
+  struct Sub {
+    const char* pattern;
+    ballast_handler handler;
+  };
+  // Inline: the handlers only copy the event into the executor's inbox.
+  for (const Sub& sub : {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
+                         Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
+    uint64_t id = 0;
+    const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);
+    if (rc != BALLAST_OK) return rc;
+    s->subscriptions.push_back(id);
+  }
+  std::string error;
+  if (!s->executor->start(&error)) return fail(s->host, BALLAST_EIO, error);
+  return BALLAST_OK;
+}
+
+void stop(void* state) {
+  auto* s = static_cast<State*>(state);
+  s->executor->stop();
+  for (uint64_t id : s->subscriptions) s->host->unsubscribe(s->host, id);
+  s->subscriptions.clear();
+}
+
+void destroy(void* state) { delete static_cast<State*>(state); }
+
+const ballast_plugin_descriptor kDescriptor = {
+    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "runner", "0.1.0", "scheduler",
+    "the executor: runs a training job's ranks, carries out recovery actions, injects faults, reports",
+    create, start, stop, destroy, nullptr, nullptr};
+
+}  // namespace
+
+extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) { return &kDescriptor; }

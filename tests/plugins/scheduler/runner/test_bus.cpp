@@ -1,0 +1,214 @@
+// The executor on a real host (libballast's C API) with real ranks: a small
+// Python process that speaks the job channel (channel_trainer.py). Crashes
+// are reported at once and restarted from the last checkpoint, actions are
+// journaled with their cause and outcome, evict + replace goes through the
+// placement plugin, pause stops and resumes the ranks, a restart loop and an
+// action that keeps failing are escalated.
+#include <doctest/doctest.h>
+
+#include <ballast/host.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+const std::string kTrainer = BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py";
+
+struct Events {
+  std::mutex mu;
+  std::vector<nlohmann::json> all;
+  static int handler(void* user, const ballast_event* ev) {
+    std::vector<char> buf(1 << 16);
+    int64_t need = ballast_event_to_json(ev, buf.data(), buf.size());
+    if (need < 0) return -1;
+    if (uint64_t(need) >= buf.size()) {
+      buf.resize(size_t(need) + 1);
+      ballast_event_to_json(ev, buf.data(), buf.size());
+    }
+    auto* e = static_cast<Events*>(user);
+    std::lock_guard<std::mutex> lock(e->mu);
+    e->all.push_back(nlohmann::json::parse(buf.data()));
+    return 0;
+  }
+  std::vector<nlohmann::json> topic(const std::string& t) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<nlohmann::json> out;
+    for (const auto& e : all)
+      if (e["topic"] == t) out.push_back(e);
+    return out;
+  }
+  // Wait, bounded, until a job.state event has `state`.
+  bool wait_state(const std::string& state, double seconds = 90) {
+    for (auto t0 = std::chrono::steady_clock::now();
+         std::chrono::steady_clock::now() - t0 < std::chrono::duration<double>(seconds);) {
+      for (const auto& e : topic("job.state"))
+        if (e["payload"]["state"] == state) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+};
+
+std::string job_dir(const std::string& name) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+std::vector<nlohmann::json> journal(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir + "/actions.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The fake trainer's weight after `steps` steps: what every run must end with.
+double reference_weight(int steps) {
+  double w = 1.0;
+  for (int s = 1; s <= steps; ++s) w = std::fmod(w * 1.0001 + s * 1e-3, 1000.0);
+  return w;
+}
+
+struct Job {
+  ballast_host* host = nullptr;
+  Events events;
+  std::string dir;
+  Job(const std::string& name, const std::string& extra_job, const std::string& extra_top, bool policy,
+      bool scheduler = false) {
+    dir = job_dir(name);
+    REQUIRE(ballast_host_create("test-node", &host) == BALLAST_OK);
+    if (scheduler)
+      REQUIRE_MESSAGE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-scheduler.so", nullptr) == BALLAST_OK,
+                      ballast_last_error());
+    // extra_job: the command's arguments, its closing brace, then the job's options.
+    const std::string cfg = "{ job = { dir = '" + dir + "', metrics_period_seconds = 0, progress = false, command = {'" +
+                            kTrainer + "', " + extra_job + " }, report = 'none', " + extra_top + " }";
+    REQUIRE_MESSAGE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-runner.so", cfg.c_str()) == BALLAST_OK,
+                    ballast_last_error());
+    if (policy)
+      REQUIRE_MESSAGE(ballast_host_load_policy(host, BALLAST_SOURCE_DIR "/scripts/default.lua", "escalate") == BALLAST_OK,
+                      ballast_last_error());
+    uint64_t id = 0;
+    for (const char* t : {"job.*", "fault.*"}) REQUIRE(ballast_host_subscribe(host, t, nullptr, Events::handler, &events, &id) == BALLAST_OK);
+    REQUIRE_MESSAGE(ballast_host_start(host) == BALLAST_OK, ballast_last_error());
+  }
+  ~Job() { ballast_host_destroy(host); }
+  void act(const std::string& json) { REQUIRE(ballast_host_publish_json(host, "recovery.action", json.c_str()) == BALLAST_OK); }
+  double final_weight() {
+    std::ifstream in(dir + "/final-weights.json");
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    return j.is_object() ? j["w"].get<double>() : -1;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a job runs to its end and says so") {
+  Job job("finish", "'--steps', '12', '--step-seconds', '0.02'}, ranks = 4, standby = 0", "", false);
+  REQUIRE(job.events.wait_state("finished"));
+  CHECK(job.final_weight() == reference_weight(12));
+  ballast_host_stop(job.host);
+}
+
+TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
+  Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4",
+          "inject = {'crash:rank=2@1.5'}", true);
+  REQUIRE(job.events.wait_state("finished", 120));
+  auto faults = job.events.topic("fault.confirmed");
+  REQUIRE(!faults.empty());
+  CHECK(faults[0]["payload"]["kind"] == "crashed");
+  CHECK(faults[0]["payload"]["detector"] == "executor");
+  CHECK(faults[0]["payload"]["subject"] == "rank:2");
+  auto j = journal(job.dir);
+  REQUIRE(j.size() >= 2);
+  CHECK(j[0]["event"] == "start");
+  CHECK(j[1]["event"] == "end");
+  CHECK(j[1]["action"] == "restart");
+  CHECK(j[1]["cause"] == "fault.confirmed");
+  CHECK(j[1]["outcome"] == "ok");
+  CHECK(j[1]["end_s"].get<double>() >= j[1]["start_s"].get<double>());
+  CHECK(job.final_weight() == reference_weight(40));  // the same, to the bit
+}
+
+TEST_CASE("evict and replace take a standby chosen by the placement plugin; pause; checkpoint_now") {
+  Job job("evict", "'--steps', '400', '--step-seconds', '0.03', '--checkpoint-every', '50'}, ranks = 2, standby = 2",
+          "", false, true);
+  REQUIRE(job.events.wait_state("running"));
+  job.act(R"({"action": "checkpoint_now", "reason": "test"})");
+  job.act(R"({"action": "evict", "subject": "node1", "reason": "test"})");
+  job.act(R"({"action": "replace", "subject": "node1", "reason": "test"})");
+  job.act(R"({"action": "pause", "reason": "test", "args": {"seconds": 0.3}})");
+  REQUIRE(job.events.wait_state("paused"));
+  for (int i = 0; i < 3000 && journal(job.dir).size() < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto j = journal(job.dir);
+  REQUIRE(j.size() == 8);
+  CHECK(j[1]["action"] == "checkpoint_now");
+  CHECK(j[1]["outcome"] == "ok");
+  CHECK(j[3]["action"] == "evict");
+  CHECK(j[3]["outcome"] == "ok");
+  CHECK(j[5]["action"] == "replace");
+  CHECK(j[5]["outcome"] == "ok");
+  CHECK(j[5]["detail"].get<std::string>().find("node1 -> node") == 0);
+  CHECK(j[5]["detail"].get<std::string>().find("the placement plugin chose") != std::string::npos);
+  CHECK(j[7]["action"] == "pause");
+  CHECK(j[7]["outcome"] == "ok");
+  ballast_host_stop(job.host);
+}
+
+TEST_CASE("the same crash after every restart is a loop, and is escalated") {
+  Job job("loop", "'--steps', '40', '--step-seconds', '0.02', '--exit-at', '3'}, ranks = 2, restart_loop_limit = 2",
+          "", true);
+  REQUIRE(job.events.wait_state("escalated", 120));
+  auto j = journal(job.dir);
+  REQUIRE(!j.empty());
+  CHECK(j.back()["outcome"] == "refused");
+  CHECK(j.back()["detail"].get<std::string>().find("restart loop") == 0);
+  int restarts = 0;
+  for (const auto& e : j) restarts += e["event"] == "end" && e["outcome"] == "ok";
+  CHECK(restarts == 2);
+}
+
+TEST_CASE("an action that keeps failing is retried with back-off, then escalated") {
+  Job job("retry", "'--steps', '400', '--step-seconds', '0.02'}, ranks = 2, hello_timeout_seconds = 0.1, "
+          "action_tries = 2, backoff_seconds = 0.1",
+          "", false);
+  REQUIRE(job.events.wait_state("running"));
+  job.act(R"({"action": "restart", "reason": "test"})");
+  REQUIRE(job.events.wait_state("escalated"));
+  auto j = journal(job.dir);
+  std::vector<std::string> outcomes;
+  for (const auto& e : j)
+    if (e["event"] == "end") outcomes.push_back(e["outcome"]);
+  REQUIRE(outcomes.size() == 2);
+  CHECK(outcomes[0] == "failed");
+  CHECK(outcomes[1] == "failed");
+  CHECK(j.back()["try"] == 2);
+}
+
+TEST_CASE("a user-code error is reported with the trainer's message") {
+  Job job("usererror", "'--steps', '40', '--step-seconds', '0.02'}, ranks = 2", "inject = {'usererror@4'}", false);
+  std::vector<nlohmann::json> faults;
+  for (int i = 0; i < 4000 && faults.empty(); ++i) {
+    faults = job.events.topic("fault.confirmed");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(!faults.empty());
+  CHECK(faults[0]["payload"]["kind"] == "user_error");
+  const auto& raw = faults[0]["payload"]["evidence"];
+  auto ev = raw.is_string() ? nlohmann::json::parse(raw.get<std::string>()) : raw;
+  CHECK(ev["message"] == "ValueError: bad batch at step 4");
+  CHECK(ev["step"] == 4);
+  job.act(R"({"action": "escalate", "reason": "user-code error"})");
+  REQUIRE(job.events.wait_state("escalated"));
+}

@@ -1,0 +1,160 @@
+// Issue 25's end-to-end check: `ballast run` with the real trainer at 4
+// ranks, the default policy and the detectors. A crash, a hang and a NaN
+// are injected into one run: the job recovers from each without a person,
+// the journal holds each action with its cause, and the final weights are
+// bit-identical to a fault-free run with the same seed and steps. A
+// user-code error stops the job with the trainer's message.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 160;
+
+std::string scratch(const std::string& name) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct Run {
+  int code = -1;
+  std::string output;
+  nlohmann::json report;
+  std::string dir;
+};
+
+// `ballast run` on a config like examples/configs/demo.lua, its job in dir.
+Run run(const std::string& name, const std::vector<std::string>& injections) {
+  Run r;
+  r.dir = scratch(name);
+  const std::string config = r.dir + "/job.lua";
+  std::ofstream(config) << "return {\n"
+                           "  plugins = { 'runner', { path = 'hang', config = { stall_seconds = 2, period_seconds = 0.2 } },\n"
+                           "              'scheduler' },\n"
+                           "  job = { command = { '" BALLAST_BINARY_DIR "/bin/ballast-trainer', '--steps', '"
+                        << kSteps
+                        << "', '--checkpoint-every', '10', '--log-every', '1000' },\n"
+                           "          ranks = 4, standby = 1, progress = false, dir = '"
+                        << r.dir + "/job"
+                        << "' },\n"
+                           "  policy = { script = '" BALLAST_SOURCE_DIR "/scripts/default.lua', fallback = 'escalate' },\n"
+                           "}\n";
+  std::string cmd = std::string(BALLAST_EXE) + " run " + config + " --json --timeline " + r.dir + "/timeline.json";
+  for (const auto& i : injections) cmd += " --inject '" + i + "'";
+  cmd += " 2>" + r.dir + "/stderr.log";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) r.output.append(buf.data(), n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.report = nlohmann::json::parse(r.output, nullptr, false);
+  std::ifstream err(r.dir + "/stderr.log");
+  r.output += std::string(std::istreambuf_iterator<char>(err), {});
+  return r;
+}
+
+// The tensors of a safetensors file: the bytes after its JSON header.
+std::string tensor_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE(all.size() >= 8);
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | uint8_t(all[size_t(i)]);
+  REQUIRE(8 + header <= all.size());
+  return all.substr(8 + header);
+}
+
+std::vector<nlohmann::json> journal(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir + "/job/actions.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::string final_checkpoint(const std::string& dir) {
+  char name[64];
+  std::snprintf(name, sizeof name, "/job/checkpoints/step-%08d.safetensors", kSteps);
+  return dir + name;
+}
+
+}  // namespace
+
+TEST_CASE("crash, hang and NaN are recovered without a person, to the same weights as a fault-free run") {
+  Run clean = run("clean", {});
+  INFO(clean.output);
+  REQUIRE(clean.code == 0);
+  REQUIRE(clean.report.is_object());
+  CHECK(clean.report["state"] == "finished");
+  CHECK(clean.report["steps"] == kSteps);
+  CHECK(clean.report["incidents"].empty());
+
+  Run faulty = run("faulty", {"crash:rank=1@step30", "hang:rank=2@step70", "nan@115"});
+  INFO(faulty.output);
+  REQUIRE(faulty.code == 0);
+  REQUIRE(faulty.report.is_object());
+  CHECK(faulty.report["state"] == "finished");
+  CHECK(faulty.report["steps"] == kSteps);
+  const auto& incidents = faulty.report["incidents"];
+  REQUIRE(incidents.size() == 3);
+  for (const auto& i : incidents) {
+    INFO(i.dump());
+    CHECK(i["outcome"] == "recovered");
+    CHECK(!i["detector"].get<std::string>().empty());
+    CHECK(!i["actions"].empty());
+  }
+  CHECK(incidents[0]["detector"] == "executor");
+  CHECK(incidents[0]["verdict"] == "crashed rank:1");
+  CHECK(incidents[1]["detector"] == "hang");
+  CHECK(incidents[1]["verdict"].get<std::string>().find("rank:2") != std::string::npos);
+  CHECK(incidents[2]["verdict"].get<std::string>().find("nan") == 0);
+
+  // The journal holds each action with its cause, start, end and outcome.
+  int recovered = 0;
+  for (const auto& a : journal(faulty.dir)) {
+    if (a["event"] != "end" || a["outcome"] != "ok") continue;
+    ++recovered;
+    CHECK(a["cause"] == "fault.confirmed");
+    CHECK(!a["reason"].get<std::string>().empty());
+    CHECK(a["end_s"].get<double>() >= a["start_s"].get<double>());
+  }
+  CHECK(recovered >= 3);
+
+  // Bit-identical weights after recovering.
+  CHECK(tensor_bytes(final_checkpoint(faulty.dir)) == tensor_bytes(final_checkpoint(clean.dir)));
+  // The timeline is a Chrome trace.
+  std::ifstream tl(faulty.dir + "/timeline.json");
+  auto trace = nlohmann::json::parse(tl, nullptr, false);
+  REQUIRE(trace.is_object());
+  CHECK(trace["traceEvents"].size() > kSteps);
+}
+
+TEST_CASE("a user-code error stops the job with the trainer's message") {
+  Run r = run("usererror", {"usererror@20"});
+  INFO(r.output);
+  CHECK(r.code == 1);
+  REQUIRE(r.report.is_object());
+  CHECK(r.report["state"] == "escalated");
+  REQUIRE(r.report["incidents"].size() == 1);
+  const auto& i = r.report["incidents"][0];
+  CHECK(i["verdict"].get<std::string>().rfind("user_error rank:", 0) == 0);
+  CHECK(!i["message"].get<std::string>().empty());
+  CHECK(r.report["reason"].get<std::string>().find(i["message"].get<std::string>()) != std::string::npos);
+}
