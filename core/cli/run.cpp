@@ -55,19 +55,19 @@ void add_run(CLI::App& app) {
       return;
     }
     Host* h = host.get();
+    bool role_failed = false;
     JobWatch watch;
     if (has_job) watch.attach(*h);
-    bool role_failed = false;
     auto ready = [h, has_job, &watch, &role, &role_failed] {
-      if (has_job && !watch.started()) {
-        std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
-        set_exit_code(1);
-        h->request_stop();
-        return;
-      }
       if (role && role->start() != BALLAST_OK) {
         std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
         role_failed = true;
+        h->request_stop();
+        return;
+      }
+      if (has_job && !watch.started()) {
+        std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
+        set_exit_code(1);
         h->request_stop();
         return;
       }
