@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_e2e: the demonstration gave no report (see %s)\n", dir.c_str());
         continue;
       }
+      emit("demo", "ettr_run", rep["ettr"].get<double>(), "ratio");  // each run, as it ends
       ettr.push_back(rep["ettr"].get<double>());
       wall.push_back(rep["wall_s"].get<double>());
       incidents += int(rep["incidents"].size());
