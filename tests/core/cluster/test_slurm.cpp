@@ -175,7 +175,7 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed") {
+TEST_CASE("node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; a crash restarted") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
   const std::string certs = c.dir + "/certs";
@@ -188,20 +188,23 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
     for (size_t at; (at = t.find("%s")) != std::string::npos;) t.replace(at, 2, who);
     return t;
   };
-  // The policy of a Slurm job with warm spares: a silent node is evicted and replaced.
+  // The policy of a Slurm job with warm spares: a silent node is evicted and replaced, a crashed rank restarted.
   write_file(c.dir + "/policy.lua",
              "ballast.on(\"node.silent\", function(ev)\n"
              "  local node = (ev.payload or {}).subject or ev.source.node\n"
              "  local why = \"node.silent \" .. tostring(node)\n"
              "  return {{action = \"evict\", subject = node, reason = why},\n"
              "          {action = \"replace\", subject = node, reason = why}}\n"
+             "end)\n"
+             "ballast.on(\"fault.confirmed\", function(ev)\n"
+             "  return {action = \"restart\", reason = \"crashed\"}\n"
              "end)\n");
   const std::string job_dir = c.dir + "/job";
   write_file(c.dir + "/controller.lua",
              "return { node = \"ctl\", role = \"controller\", journal = \"" + c.dir + "/bus.journal\",\n"
-             "  plugins = { \"runner\", \"scheduler\" },\n"
+             "  plugins = { { path = \"runner\", config = { inject = { \"crash:rank=1@step60\" } } }, \"scheduler\" },\n"
              "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + job_dir + "\", progress = false,\n"
-             "    command = { \"python3\", \"" + kTrainer + "\", \"--steps\", \"60\", \"--step-seconds\", \"0.1\",\n"
+             "    command = { \"python3\", \"" + kTrainer + "\", \"--steps\", \"80\", \"--step-seconds\", \"0.1\",\n"
              "                \"--checkpoint-every\", \"5\" },\n"
              "    repair_seconds = 3, placement_timeout_seconds = 5,\n"
              "    slurm = { conf = \"" + c.conf + "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
@@ -225,7 +228,7 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
     return read_file(c.dir + "/ctl.err").find("node " + node + " connected") != std::string::npos;
   };
   const bool up = eventually(30, [&] {
-    return connected("n1") && connected("n2") && !read_file(job_dir + "/checkpoints/step-00000010.safetensors").empty();
+    return connected("n1") && connected("n2") && !read_file(job_dir + "/checkpoints/step-00000005.safetensors").empty();
   });
   INFO("controller: " << read_file(c.dir + "/ctl.err"));
   REQUIRE(up);
@@ -249,16 +252,18 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
   const auto report = nlohmann::json::parse(read_file(c.dir + "/ctl.out"), nullptr, false);
   REQUIRE(report.is_object());
   CHECK(report["state"] == "finished");
-  CHECK(report["attempts"] == 2);
+  CHECK(report["attempts"] == 3);
 
-  // Slurm's view: one batch job, requeued once, its second run on n2 and the spare n4, never on n1.
+  // Slurm's view: one batch job; its second run on n2 and the spare n4, never on n1; the crash's
+  // restart (rank 1 killed through `srun kill`) its third, on the same nodes.
   const std::string out = read_file(job_dir + "/slurm/job.out");
   INFO(out);
   CHECK(out.find("ballast: run 0, restart 0, nodes n[1-2]") != std::string::npos);
   CHECK(out.find("ballast: run 1, restart 1, nodes n[2,4]") != std::string::npos);
-  CHECK(out.find("restart 2") == std::string::npos);
+  CHECK(out.find("ballast: run 2, restart 2, nodes n[2,4]") != std::string::npos);
+  CHECK(out.find("restart 3") == std::string::npos);
 
-  // Every action once, by count: one evict, one replace, each started and ended once, both ok.
+  // Every action once, by count: one evict, one replace, one restart, each started and ended once, all ok.
   std::map<uint64_t, int> starts, ends;
   std::map<std::string, int> ok;
   std::string replace_detail;
@@ -274,7 +279,8 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
   for (const auto& [id, n] : ends) CHECK_MESSAGE(n == 1, "action " << id << " ended " << n << " times");
   CHECK(ok["evict"] == 1);
   CHECK(ok["replace"] == 1);
-  CHECK(ok.size() == 2);
+  CHECK(ok["restart"] == 1);
+  CHECK(ok.size() == 3);
   CHECK(bus_count(c.dir + "/bus.journal", "node.silent", "n1") == 1);
   INFO("replace: " << replace_detail);
   CHECK(replace_detail.find("n1 -> n4") != std::string::npos);
@@ -282,11 +288,11 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
   // Resumed from its checkpoint: the step it went back to, and the final weights of a run never interrupted.
   const size_t at = replace_detail.find("from step ");
   REQUIRE(at != std::string::npos);
-  CHECK(std::atoi(replace_detail.c_str() + at + 10) >= 10);
+  CHECK(std::atoi(replace_detail.c_str() + at + 10) >= 5);
   const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
   double w = 1.0;
-  for (int n = 1; n <= 60; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
-  CHECK(weights["step"] == 60);
+  for (int n = 1; n <= 80; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == 80);
   CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
 
   // Repaired after repair_seconds: n1 resumed in Slurm (it went back among the spares, whose
