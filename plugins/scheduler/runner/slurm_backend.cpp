@@ -79,8 +79,8 @@ std::string SlurmBackend::slot_name(int slot) const {
 
 std::string SlurmBackend::isolation() const {
   return "Slurm batch job" + (job_ ? " " + std::to_string(job_) : std::string()) + " on " +
-         slurm::join(std::vector<std::string>(names_.begin(), names_.begin() + job_nodes_)) + ", spares in reservation " +
-         cfg_.reservation;
+         slurm::join(std::vector<std::string>(names_.begin(), names_.begin() + job_nodes_)) +
+         ", spares in reservation " + cfg_.reservation;
 }
 
 std::vector<pid_t> SlurmBackend::slot_processes(int) const { return {}; }
@@ -170,7 +170,9 @@ bool SlurmBackend::prepare(int slots, const std::string& job_dir, std::string* e
       "#!/bin/bash\n"
       "# A Ballast job under Slurm, written by the executor's Slurm backend. Each run of this batch job\n"
       "# (the first and every requeue) starts the ranks of the attempt named in `current`.\n"
-      "d=" + quote(dir_) + "\n"
+      "d=" +
+      quote(dir_) +
+      "\n"
       "run=$(cat \"$d/current\")\n"
       "echo \"ballast: run $run, restart ${SLURM_RESTART_COUNT:-0}, nodes $SLURM_JOB_NODELIST\"\n"
       "exec srun --kill-on-bad-exit=0 -N \"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1 /bin/bash -c "
@@ -198,8 +200,12 @@ bool SlurmBackend::start(int slot, const std::vector<RankLaunch>& ranks, std::st
   // its pid and, when it ends, its exit code are written beside the script.
   std::string s =
       "#!/bin/bash\n"
-      "# Run " + std::to_string(run_) + " on " + names_[size_t(slot)] + ", written by the executor's Slurm backend.\n"
-      "d=" + quote(run_dir()) + "\n"
+      "# Run " +
+      std::to_string(run_) + " on " + names_[size_t(slot)] +
+      ", written by the executor's Slurm backend.\n"
+      "d=" +
+      quote(run_dir()) +
+      "\n"
       "rank() {  # RANK LOG ARGV...\n"
       "  local r=$1 log=$2; shift 2\n"
       "  setsid \"$@\" >>\"$log\" 2>&1 </dev/null &\n"
@@ -232,8 +238,15 @@ bool SlurmBackend::launch(std::string* error) {
   bool ok = write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error) &&
             slurm_.unreserve(cfg_.reservation, nodes, error);  // a spare taking a node's place
   if (ok && job_ == 0) {
-    std::vector<std::string> args = {"-J", job_name_, "--requeue", "-N", std::to_string(nodes.size()),
-                                     "--nodelist=" + slurm::join(nodes), "-o", dir_ + "/job.out", "--open-mode=append"};
+    std::vector<std::string> args = {"-J",
+                                     job_name_,
+                                     "--requeue",
+                                     "-N",
+                                     std::to_string(nodes.size()),
+                                     "--nodelist=" + slurm::join(nodes),
+                                     "-o",
+                                     dir_ + "/job.out",
+                                     "--open-mode=append"};
     if (!exclude.empty()) args.push_back("--exclude=" + slurm::join(exclude));
     if (!cfg_.partition.empty()) args.push_back("--partition=" + cfg_.partition);
     args.insert(args.end(), cfg_.sbatch_args.begin(), cfg_.sbatch_args.end());
@@ -286,10 +299,10 @@ bool SlurmBackend::signal(int rank, int sig) {
   if (it == ranks_.end() || it->second.pid <= 0 || job_ == 0) return false;
   // Through Slurm to the rank's node: a step beside the job's that signals the rank's group.
   std::string error;
-  return slurm_.run({"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1",
-                     "-w", names_[size_t(it->second.slot)], "kill", "-" + std::to_string(sig), "--",
-                     "-" + std::to_string(it->second.pid)},
-                    nullptr, &error);
+  return slurm_.run(
+      {"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", names_[size_t(it->second.slot)],
+       "kill", "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
+      nullptr, &error);
 }
 
 void SlurmBackend::stop_all(double) {

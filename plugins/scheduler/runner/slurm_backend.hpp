@@ -62,17 +62,17 @@ class SlurmBackend : public Backend {
   SlurmConfig cfg_;
   std::string job_name_;
   int job_nodes_;
-  std::string dir_;                  // <job folder>/slurm
-  std::vector<std::string> names_;   // slot -> node
-  std::set<int> drained_;            // slots this job drained
+  std::string dir_;                 // <job folder>/slurm
+  std::vector<std::string> names_;  // slot -> node
+  std::set<int> drained_;           // slots this job drained
   bool made_reservation_ = false;
   long job_ = 0;
-  int run_ = -1;                     // the run folder of the current attempt
-  std::vector<int> pending_slots_;   // slots given their ranks since the last launch
-  std::map<int, Rank> ranks_;        // ranks of the current attempt not yet reaped
+  int run_ = -1;                    // the run folder of the current attempt
+  std::vector<int> pending_slots_;  // slots given their ranks since the last launch
+  std::map<int, Rank> ranks_;       // ranks of the current attempt not yet reaped
   int64_t next_files_ns_ = 0, next_state_ns_ = 0;
-  bool seen_running_ = false;        // the current attempt's run was seen RUNNING
-  std::string stop_error_;           // why the last stop_all could not requeue
+  bool seen_running_ = false;  // the current attempt's run was seen RUNNING
+  std::string stop_error_;     // why the last stop_all could not requeue
 };
 
 }  // namespace ballast::runner
