@@ -415,7 +415,8 @@ int Host::load_plugin(const std::string& path, const nlohmann::json& config) {
 
 int Host::open_journal(const std::string& path) {
   auto journal = std::make_unique<JournalWriter>();
-  if (int rc = journal->open(path); rc != BALLAST_OK) return rc;
+  // Grouped: one write per burst of events, not per event.
+  if (int rc = journal->open(path, JournalWriter::Mode::grouped); rc != BALLAST_OK) return rc;
   journal_ = std::move(journal);
   ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
   return bus_.subscribe("*", &opts, journal_handler, this, "journal", &journal_subscription_);

@@ -267,7 +267,8 @@ void Controller::serve(Conn* conn) {
     std::vector<unsigned char> frame;
   };
   std::vector<Item> batch;
-  std::vector<unsigned char> scratch;
+  std::vector<std::vector<unsigned char>> scratch;  // the wrapped events' payloads, one per event of a batch
+  std::vector<ballast_event> wrapped;
   uint64_t pending = applied;  // the highest sequence taken into the batch
   int64_t last_hb = 0, last_rx = now_ms();
   bool broken = false;
@@ -369,6 +370,7 @@ void Controller::serve(Conn* conn) {
       });
       uint64_t done = applied;
       bool stopped = false;
+      size_t published = 0;
       for (auto& item : batch) {
         if (item.good) {
           const ballast_event& ev = item.event.view();
@@ -380,14 +382,19 @@ void Controller::serve(Conn* conn) {
             break;
           }
         }
-        ballast_event wrapped = wrap_spooled(node.c_str(), item.seq, item.frame.data(), item.frame.size(), &scratch);
-        if (ingest_.append(wrapped) != BALLAST_OK) {
-          host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
-          stopped = true;
-          break;
-        }
-        done = item.seq;
+        ++published;
       }
+      // What was published goes to the ingest journal in one write.
+      if (scratch.size() < published) scratch.resize(published);
+      wrapped.clear();
+      for (size_t i = 0; i < published; ++i)
+        wrapped.push_back(wrap_spooled(node.c_str(), batch[i].seq, batch[i].frame.data(), batch[i].frame.size(),
+                                       &scratch[i]));
+      if (ingest_.append_batch(wrapped.data(), wrapped.size()) != BALLAST_OK) {
+        host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
+        break;  // not acknowledged: the agent resends, this controller dedups what it journaled
+      }
+      if (published > 0) done = batch[published - 1].seq;
       if (ingest_.flush(options_.durable) != BALLAST_OK) {
         host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal flush: ") + last_error());
         break;  // not acknowledged: the agent resends (and this controller dedups what it journaled)

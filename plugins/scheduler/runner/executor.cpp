@@ -154,16 +154,17 @@ bool Executor::start(std::string* error) {
   if (!socket_.open(socket_path_, error)) return false;
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
-  if (!backend_->prepare(slots, error)) return false;
-  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0, 0});
+  if (!backend_->prepare(slots, job_dir_, error)) return false;
+  for (int s = 0; s < slots; ++s) slots_.push_back({backend_->slot_name(s), SlotState::standby, 0, 0});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
     slots_[size_t(n)].role = SlotState::active;
   }
   // The placement plugin picks standbys on this topology: one switch.
+  std::string names;
+  for (const auto& s : slots_) names += (names.empty() ? "" : ",") + s.name;
   std::ofstream topo(job_dir_ + "/topology.conf");
-  topo << "# the job's slots on this machine (ballast run, local backend)\nSwitchName=local Nodes=node[0-" << slots - 1
-       << "]\n";
+  topo << "# the job's slots (ballast run, " << backend_->name() << " backend)\nSwitchName=job Nodes=" << names << "\n";
   ranks_.assign(size_t(cfg_.ranks), RankState{});
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     *error = std::string("pipe: ") + std::strerror(errno);
@@ -438,6 +439,10 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
       return false;
     }
     for (int l = 0; l < rpn; ++l) ranks_[size_t(n * rpn + l)].running = true;
+  }
+  if (!backend_->launch(error)) {
+    stop_ranks();
+    return false;
   }
   spans_.push_back({"job", "start " + std::to_string(attempt_), attempt_start_ns_, attempt_start_ns_,
                     {{"checkpoint", from.path}, {"step", from.step}, {"port", master_port_}}});
@@ -771,6 +776,14 @@ int Executor::slot_of_subject(const std::string& subject) const {
   return -1;
 }
 
+// What the backend records against an evicted node (Slurm: the drain
+// reason): the fault that caused it, as the policy named it.
+std::string Executor::eviction_reason(const Action& a) const {
+  std::string why = "ballast " + a.name + ": " + (a.reason.empty() ? a.subject : a.reason);
+  if (!a.cause.empty() && a.cause != "executor") why += " [" + a.cause + "]";
+  return why;
+}
+
 void Executor::journal(const std::string& event, const InFlight& f, const std::string& outcome,
                        const std::string& detail) {
   const int64_t t = now();
@@ -860,6 +873,10 @@ void Executor::begin(Action a) {
       finish("failed", "'" + act.subject + "' is not a node or rank of the job");
       return;
     }
+    if (std::string error; !backend_->evict(slot, eviction_reason(act), &error)) {
+      finish("failed", error);
+      return;
+    }
     set_state(State::recovering, "evicting " + slots_[size_t(slot)].name);
     stop_ranks();
     last_restart_ns_ = now();
@@ -904,6 +921,10 @@ void Executor::begin(Action a) {
     }
     if (slots_[size_t(failed)].role == SlotState::active) {
       // Replace without evict: take it out first.
+      if (std::string error; !backend_->evict(failed, eviction_reason(act), &error)) {
+        finish("failed", error);
+        return;
+      }
       stop_ranks();
       backend_->stop_helpers(failed);
       slots_[size_t(failed)].role = SlotState::evicted;
@@ -994,8 +1015,18 @@ void Executor::advance() {
   const int64_t t = now();
   // Evicted nodes come back as standbys: locally, the injected fault went
   // with the eviction.
-  for (auto& s : slots_)
-    if (s.role == SlotState::evicted && t - s.evicted_ns >= int64_t(cfg_.repair_s * 1e9)) s.role = SlotState::standby;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& s = slots_[i];
+    if (s.role != SlotState::evicted || t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
+    if (std::string error; !backend_->restore(int(i), &error)) {
+      log(BALLAST_LOG_ERROR, "cannot return the repaired " + s.name + " to the standbys (tried again after " +
+                                 "repair_seconds): " + error);
+      s.evicted_ns = t;
+      continue;
+    }
+    s.role = SlotState::standby;
+    log(BALLAST_LOG_INFO, s.name + " is repaired: a standby again");
+  }
   if (current_) {
     auto& f = *current_;
     switch (f.wait) {

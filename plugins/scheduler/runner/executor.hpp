@@ -97,6 +97,7 @@ class Executor {
   bool start_attempt(const Checkpoint& from, std::string* error);
   void stop_ranks();
   int slot_of_subject(const std::string& subject) const;
+  std::string eviction_reason(const Action& a) const;
   void publish_fault(int rank, const std::string& kind, const std::string& evidence);
   void publish_json(const char* topic, const nlohmann::json& j);
   void publish_step(const Report& r);

@@ -61,12 +61,21 @@ bool Slurm::wait_state(long job, const std::string& state, std::string* error) {
   return false;
 }
 
-bool Slurm::requeue_excluding(long job, const std::vector<std::string>& exclude, std::string* error) {
-  std::string id = std::to_string(job);
-  if (!run({"scontrol", "requeue", id}, nullptr, error)) return false;
+bool Slurm::requeue(long job, std::string* error) {
+  if (!run({"scontrol", "requeue", std::to_string(job)}, nullptr, error)) return false;
   // Requeue is asynchronous: an update sent before PENDING is overwritten.
-  if (!wait_state(job, "PENDING", error)) return false;
-  return run({"scontrol", "update", "JobId=" + id, "ExcNodeList=" + join(exclude), "StartTime=now"}, nullptr, error);
+  return wait_state(job, "PENDING", error);
+}
+
+bool Slurm::release(long job, const std::vector<std::string>& nodelist, const std::vector<std::string>& exclude,
+                    std::string* error) {
+  return run({"scontrol", "update", "JobId=" + std::to_string(job), "ExcNodeList=" + join(exclude),
+              "ReqNodeList=" + join(nodelist), "StartTime=now"},
+             nullptr, error);
+}
+
+bool Slurm::requeue_excluding(long job, const std::vector<std::string>& exclude, std::string* error) {
+  return requeue(job, error) && release(job, {}, exclude, error);
 }
 
 bool Slurm::hold_spares(const std::string& reservation, const std::vector<std::string>& nodes, std::string* error) {
@@ -76,8 +85,10 @@ bool Slurm::hold_spares(const std::string& reservation, const std::vector<std::s
 }
 
 bool Slurm::reservation_nodes(const std::string& reservation, std::vector<std::string>* out, std::string* error) {
+  out->clear();
   std::string text;
-  if (!run({"scontrol", "show", "reservation", reservation, "-o"}, &text, error)) return false;
+  if (!run({"scontrol", "show", "reservation", reservation, "-o"}, &text, error))
+    return error->find("not found") != std::string::npos;
   size_t at = text.find(" Nodes=");
   if (at == std::string::npos) {
     *error = "reservation " + reservation + ": no Nodes= in: " + text.substr(0, 200);
@@ -87,24 +98,34 @@ bool Slurm::reservation_nodes(const std::string& reservation, std::vector<std::s
   return expand(list, out, error);
 }
 
-bool Slurm::requeue_onto(long job, const std::string& reservation, const std::vector<std::string>& nodelist,
-                         std::string* error) {
+bool Slurm::delete_reservation(const std::string& reservation, std::string* error) {
+  return run({"scontrol", "delete", "ReservationName=" + reservation}, nullptr, error);
+}
+
+bool Slurm::unreserve(const std::string& reservation, const std::vector<std::string>& nodes, std::string* error) {
   std::vector<std::string> held;
-  if (!reservation.empty() && !reservation_nodes(reservation, &held, error)) return false;
+  if (!reservation_nodes(reservation, &held, error)) return false;
   std::vector<std::string> keep;
   for (const auto& n : held)
-    if (std::find(nodelist.begin(), nodelist.end(), n) == nodelist.end()) keep.push_back(n);
-  if (!reservation.empty() && keep.size() != held.size()) {
-    bool ok = keep.empty() ? run({"scontrol", "delete", "ReservationName=" + reservation}, nullptr, error)
-                           : run({"scontrol", "update", "ReservationName=" + reservation, "Nodes=" + join(keep)},
-                                 nullptr, error);
-    if (!ok) return false;
-  }
-  std::string id = std::to_string(job);
-  if (!run({"scontrol", "requeue", id}, nullptr, error)) return false;
-  if (!wait_state(job, "PENDING", error)) return false;
-  return run({"scontrol", "update", "JobId=" + id, "ExcNodeList=", "ReqNodeList=" + join(nodelist), "StartTime=now"},
-             nullptr, error);
+    if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) keep.push_back(n);
+  if (keep.size() == held.size()) return true;
+  if (keep.empty()) return delete_reservation(reservation, error);
+  return run({"scontrol", "update", "ReservationName=" + reservation, "Nodes=" + join(keep)}, nullptr, error);
+}
+
+bool Slurm::reserve(const std::string& reservation, const std::string& node, std::string* error) {
+  std::vector<std::string> held;
+  if (!reservation_nodes(reservation, &held, error)) return false;
+  if (held.empty()) return hold_spares(reservation, {node}, error);
+  if (std::find(held.begin(), held.end(), node) != held.end()) return true;
+  held.push_back(node);
+  return run({"scontrol", "update", "ReservationName=" + reservation, "Nodes=" + join(held)}, nullptr, error);
+}
+
+bool Slurm::requeue_onto(long job, const std::string& reservation, const std::vector<std::string>& nodelist,
+                         std::string* error) {
+  if (!reservation.empty() && !unreserve(reservation, nodelist, error)) return false;
+  return requeue(job, error) && release(job, nodelist, {}, error);
 }
 
 bool Slurm::job(long id, JobInfo* out, std::string* error) {

@@ -45,7 +45,21 @@ class Slurm {
   bool drain(const std::string& node, const std::string& reason, std::string* error);
   bool resume(const std::string& node, std::string* error);
   bool requeue_excluding(long job, const std::vector<std::string>& exclude, std::string* error);
+  // The two halves of a requeue: requeue(job) kills the run and waits until
+  // the job is PENDING again (Slurm holds it ~120 s); release(job, nodelist,
+  // exclude) pins it to exactly `nodelist` ("" = Slurm's choice) away from
+  // `exclude` and lets it start now.
+  bool requeue(long job, std::string* error);
+  bool release(long job, const std::vector<std::string>& nodelist, const std::vector<std::string>& exclude,
+               std::string* error);
   bool hold_spares(const std::string& reservation, const std::vector<std::string>& nodes, std::string* error);
+  // The nodes a reservation holds; none (and true) when it does not exist.
+  bool reservation_nodes(const std::string& reservation, std::vector<std::string>* out, std::string* error);
+  // Take `nodes` out of the reservation (deleted when it empties), or put
+  // one back (made again when it was deleted).
+  bool unreserve(const std::string& reservation, const std::vector<std::string>& nodes, std::string* error);
+  bool reserve(const std::string& reservation, const std::string& node, std::string* error);
+  bool delete_reservation(const std::string& reservation, std::string* error);
   // Requeue `job` onto exactly `nodelist` (survivors + spares), after taking
   // the spares among them out of `reservation` (deleted when it empties).
   bool requeue_onto(long job, const std::string& reservation, const std::vector<std::string>& nodelist,
@@ -58,10 +72,11 @@ class Slurm {
   // Every node of a hostlist ("n[1-3],n5"), by scontrol show hostnames.
   bool expand(const std::string& hostlist, std::vector<std::string>* out, std::string* error);
 
- private:
+  // Any Slurm command (srun, scancel, ...), checked the same way; its stdout in *out when not null.
   bool run(const std::vector<std::string>& argv, std::string* out, std::string* error);
+
+ private:
   bool wait_state(long job, const std::string& state, std::string* error);
-  bool reservation_nodes(const std::string& reservation, std::vector<std::string>* out, std::string* error);
   std::vector<std::string> env_;
   int timeout_ms_;
 };
