@@ -155,7 +155,7 @@ bool Executor::start(std::string* error) {
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
   if (!backend_->prepare(slots, job_dir_, error)) return false;
-  for (int s = 0; s < slots; ++s) slots_.push_back({backend_->slot_name(s), SlotState::standby, 0, 0});
+  for (int s = 0; s < slots; ++s) slots_.push_back({backend_->slot_name(s), SlotState::standby, 0, 0, ""});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
     slots_[size_t(n)].role = SlotState::active;
@@ -883,6 +883,7 @@ void Executor::begin(Action a) {
     backend_->stop_helpers(slot);
     slots_[size_t(slot)].role = SlotState::evicted;
     slots_[size_t(slot)].evicted_ns = now();
+    slots_[size_t(slot)].replaced_by.clear();
     const std::string name = slots_[size_t(slot)].name;
     finish("ok", "took " + name + " out of the job");
     // An evicted node is replaced: do it now unless the policy asked for it next.
@@ -904,6 +905,12 @@ void Executor::begin(Action a) {
   if (act.name == "replace") {
     // Which node: the subject, or the one evicted last.
     int failed = slot_of_subject(act.subject);
+    // An evicted node a standby already took the place of (the evict's
+    // implied replace ran before the policy's) needs nothing more.
+    if (failed >= 0 && slots_[size_t(failed)].role == SlotState::evicted && !slots_[size_t(failed)].replaced_by.empty()) {
+      finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
+      return;
+    }
     if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
       int64_t latest = 0;
       for (size_t s = 0; s < slots_.size(); ++s)
@@ -929,6 +936,7 @@ void Executor::begin(Action a) {
       backend_->stop_helpers(failed);
       slots_[size_t(failed)].role = SlotState::evicted;
       slots_[size_t(failed)].evicted_ns = now();
+      slots_[size_t(failed)].replaced_by.clear();
     }
     current_->failed_slot = failed;
     // Ask the placement plugin which standby keeps the job's layout best.
@@ -1044,7 +1052,9 @@ void Executor::advance() {
         } else if (lost) {
           finish("failed", "a rank ended before every rank was up");
         } else if (t > f.deadline_ns) {
-          finish("failed", "not every rank was up after " + std::to_string(int(cfg_.hello_timeout_s)) + " s");
+          char text[64];
+          std::snprintf(text, sizeof text, "not every rank was up after %g s", cfg_.hello_timeout_s);
+          finish("failed", text);
         }
         break;
       }
@@ -1083,6 +1093,7 @@ void Executor::advance() {
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
         slots_[size_t(spare)].activated_ns = now();
+        slots_[size_t(f.failed_slot)].replaced_by = slots_[size_t(spare)].name;
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
         last_restart_ns_ = now();

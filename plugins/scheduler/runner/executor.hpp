@@ -64,6 +64,7 @@ class Executor {
     enum Role { active, standby, evicted } role = standby;
     int64_t evicted_ns = 0;
     int64_t activated_ns = 0;  // when it last took an evicted node's place
+    std::string replaced_by;   // the standby that took its place since its eviction
   };
   struct InFlight {
     Action action;

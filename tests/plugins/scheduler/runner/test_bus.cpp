@@ -123,7 +123,7 @@ TEST_CASE("a job runs to its end and says so") {
 
 TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
   Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4",
-          "inject = {'crash:rank=2@1.5'}", true);
+          "inject = {'crash:rank=2@step12'}", true);
   REQUIRE(job.events.wait_state("finished", 120));
   auto faults = job.events.topic("fault.confirmed");
   REQUIRE(!faults.empty());
@@ -180,7 +180,8 @@ TEST_CASE("the same crash after every restart is a loop, and is escalated") {
 }
 
 TEST_CASE("an action that keeps failing is retried with back-off, then escalated") {
-  Job job("retry", "'--steps', '400', '--step-seconds', '0.02'}, ranks = 2, hello_timeout_seconds = 0.1, "
+  // Every rank of a restarted attempt exits before its hello: each try of the restart fails.
+  Job job("retry", "'--steps', '400', '--step-seconds', '0.02', '--exit-before-hello-on-restart'}, ranks = 2, "
           "action_tries = 2, backoff_seconds = 0.1",
           "", false);
   REQUIRE(job.events.wait_state("running"));
