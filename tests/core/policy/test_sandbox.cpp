@@ -43,8 +43,9 @@ void check_contained(const std::string& body, const std::string& expected,
   ballast_event attack = make_event("attack");
   CHECK(p->handle(attack, r) == 1);
   REQUIRE(r.errors.size() == 1);
-  INFO(r.errors[0]);
-  CHECK(r.errors[0].find(expected) != std::string::npos);
+  const std::string error = r.errors[0];  // a copy: INFO reads it lazily, after r.clear()
+  INFO(error);
+  CHECK(error.find(expected) != std::string::npos);
   CHECK(r.errors[0].find("test.lua") != std::string::npos);
   REQUIRE(r.actions.size() == 1);
   CHECK(r.actions[0].fallback);
