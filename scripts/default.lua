@@ -24,8 +24,10 @@
 --    link between two ranks, is uncertain: over-evict the group it names
 --    (every cause rank and both ends of a link), one evict + replace each.
 --    A verdict is acted on once, whichever of its events comes first; one
---    that names a rank the executor reported dead, NaN or failed in the
---    last HANG_AFTER_EXIT_S is that fault seen in the rings: no action.
+--    that names a rank (of any cause) the executor reported dead, NaN or
+--    failed in the last HANG_AFTER_EXIT_S is that fault seen in the rings:
+--    no action; one whose causes are all processes that are gone (kind
+--    "crashed") is a crash: rung 6.
 -- 3. Fail-slow: straggler.report of kind "worker". The rank that the
 --    analysis blames most, summed over STRAGGLER_REPORTS reports in a row of
 --    at least STRAGGLER_SLOWDOWN, is evicted and replaced. A report under the
@@ -43,7 +45,8 @@
 -- 6. Everything else (a crashed rank, kind "crashed" from detector
 --    "executor", an unknown machine fault, any other kind): restart the job
 --    from its last checkpoint; after RESTART_LIMIT restarts within
---    RESTART_WINDOW_S, escalate instead.
+--    RESTART_WINDOW_S, escalate instead (faults within
+--    RESTART_SAME_INCIDENT_S of a counted restart count with it).
 --
 -- Beside the ladder: a confident fault.suspected asks for a checkpoint (at
 -- most once per CHECKPOINT_COOLDOWN_S), and node.silent pauses the job and
@@ -68,6 +71,8 @@ local STRAGGLER_REPORTS = 3
 -- Restarts without a known cause: this many within the window escalate.
 local RESTART_LIMIT = 3
 local RESTART_WINDOW_S = 1800
+-- Restarts this close to the last counted one are counted with it.
+local RESTART_SAME_INCIDENT_S = 10
 -- A hang verdict this soon after the executor saw the rank end is that end.
 local HANG_AFTER_EXIT_S = 60
 
@@ -99,6 +104,12 @@ local function restart_or_escalate(ev, subject, why)
     if now - t < RESTART_WINDOW_S then kept[#kept + 1] = t end
   end
   restarts = kept
+  local last = restarts[#restarts]
+  if last and now - last < RESTART_SAME_INCIDENT_S then
+    -- Faults reported together (several nodes of one outage) are one
+    -- incident: restart again, but count it once.
+    return {action = "restart", subject = subject, reason = why}
+  end
   if #restarts >= RESTART_LIMIT then
     return {action = "escalate", subject = subject,
             reason = string.format("%s: %d restarts within %d s did not help", why, #restarts, RESTART_WINDOW_S)}
@@ -114,12 +125,29 @@ local function on_hang(ev, f, why)
   if verdict.communicator ~= nil and hang_verdicts[key] then
     return nil  -- another cause of a verdict already acted on
   end
-  local ended = f.rank and rank_ended[f.rank]
-  if ended and event_time(ev) - ended < HANG_AFTER_EXIT_S then
-    ballast.log("info", string.format("hang verdict on rank %d: the rank already ended; its exit is being handled", f.rank))
-    return nil
+  local causes = type(verdict.root_cause) == "table" and verdict.root_cause or {}
+  -- Any rank of the verdict that the executor saw end: the verdict is that
+  -- exit seen in the rings, whichever of its events comes first.
+  local ranks = {f.rank}
+  for _, c in ipairs(causes) do ranks[#ranks + 1] = c.rank end
+  for _, r in ipairs(ranks) do
+    local ended = type(r) == "number" and rank_ended[r]
+    if ended and event_time(ev) - ended < HANG_AFTER_EXIT_S then
+      if verdict.communicator ~= nil then hang_verdicts[key] = true end
+      ballast.log("info", string.format("hang verdict naming rank %d: the rank already ended; its exit is being handled", r))
+      return nil
+    end
   end
   if verdict.communicator ~= nil then hang_verdicts[key] = true end
+  -- Causes whose processes are all gone are crashes seen from the rings,
+  -- reported before the executor's: not the machines' fault (rung 6).
+  local gone = #causes > 0
+  for _, c in ipairs(causes) do
+    gone = gone and (c.kind == "crashed" or (type(c.evidence) == "string" and c.evidence:find("is gone", 1, true) ~= nil))
+  end
+  if gone then
+    return restart_or_escalate(ev, f.subject, why .. ": the process is gone")
+  end
   -- The group the verdict names: each cause's rank, and both ends of a link.
   local group, seen = {}, {}
   local function add(r)
@@ -128,7 +156,7 @@ local function on_hang(ev, f, why)
       group[#group + 1] = r
     end
   end
-  for _, c in ipairs(type(verdict.root_cause) == "table" and verdict.root_cause or {}) do
+  for _, c in ipairs(causes) do
     add(c.rank)
     if type(c.link) == "table" then add(c.link[1]); add(c.link[2]) end
   end

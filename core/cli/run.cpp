@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "role.hpp"
 #include "run_job.hpp"
 
 #include <cstdio>
@@ -15,7 +16,7 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/default.lua)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
       ->required();
   cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
   static JobFlags job_flags;
@@ -46,10 +47,24 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    // The cluster role (agent or controller), when the config has a cluster table.
+    std::unique_ptr<cluster::Role> role;
+    if (cluster::Role::from_config(config, base, *host, &role) != BALLAST_OK) {
+      std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
+      set_exit_code(1);
+      return;
+    }
     Host* h = host.get();
+    bool role_failed = false;
     JobWatch watch;
     if (has_job) watch.attach(*h);
-    auto ready = [h, has_job, &watch] {
+    auto ready = [h, has_job, &watch, &role, &role_failed] {
+      if (role && role->start() != BALLAST_OK) {
+        std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
+        role_failed = true;
+        h->request_stop();
+        return;
+      }
       if (has_job && !watch.started()) {
         std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
         set_exit_code(1);
@@ -65,8 +80,12 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    if (role) role->stop();
     nlohmann::json counters = host->counters();
+    if (role) counters.update(role->counters());
+    role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
+    if (role_failed) set_exit_code(1);
     // Events the journal could not write (a full disk): not a clean stop.
     const uint64_t journal_failed = counters.value("journal.failed", uint64_t{0});
     if (journal_failed > 0) set_exit_code(1);

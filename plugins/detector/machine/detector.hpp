@@ -48,6 +48,7 @@ namespace ballast::machine {
 
 struct DetectorConfig {
   double period_s = 1.0;      // evaluation period of the live plugin
+  double lateness_s = 0.25;   // live plugin: a round ends this long before its evaluation
   double window_s = 3.0;      // denoising window: rounds whose z-scores' median is the score
   double threshold = 4.0;     // |robust z| above which a machine is an outlier
   int continuity = 1;         // consecutive outlier evaluations before an alert

@@ -155,7 +155,7 @@ bool Executor::start(std::string* error) {
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
   if (!backend_->prepare(slots, error)) return false;
-  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0});
+  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0, 0});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
     slots_[size_t(n)].role = SlotState::active;
@@ -465,11 +465,12 @@ void Executor::handle_report(const Report& r) {
     rs.last_step = r.step;
     if (r.step > high_water_) high_water_ = r.step;
     publish_step(r);
+    const double end = r.start_s + r.duration_s;
+    const double prev_end = rs.last_end_s;
+    rs.last_end_s = end;
     if (r.rank == 0) {
-      const double end = r.start_s + r.duration_s;
-      kept_s_[r.step] = rs.last_end_s > 0 && end > rs.last_end_s ? end - rs.last_end_s : r.duration_s;
+      kept_s_[r.step] = prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s;
       loss_[r.step] = r.loss;
-      rs.last_end_s = end;
       spans_.push_back({"steps", "step " + std::to_string(r.step), int64_t(r.start_s * 1e9), int64_t(end * 1e9),
                         {{"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()}, {"attempt", attempt_}}});
       if (tty_ == false && cfg_.steps == 0 && r.step % 100 == 0)
@@ -593,9 +594,25 @@ int Executor::current_incident() const {
 void Executor::on_fault(const Message& m) {
   // A report about processes of an earlier start (the hang detector still
   // sees the rings of ranks the last restart killed) is not a new fault.
+  // A node the executor took out of the job falls silent on purpose.
+  if (m.topic == "node.silent") {
+    const int slot = slot_of_subject(m.subject);
+    silent_outside_ = slot >= 0 && slots_[size_t(slot)].role != SlotState::active;
+    if (silent_outside_) return;
+  }
   const int64_t since = m.since_ns > 0 ? m.since_ns : m.detected_ns;
   const bool fresh = since >= last_restart_ns_ || m.detector == "executor";
   if (!fresh) return;
+  // The executor reaps every rank, so it is the authority on their exits:
+  // another detector's `crashed` about a rank is that exit (which the
+  // executor reports itself) or the ring of a process of an attempt that is
+  // already over (the hang detector reads a rank's old ring until its new
+  // process writes one). Neither is a new fault.
+  if (m.detector != "executor" && m.fault_kind == "crashed" && m.rank >= 0 && m.rank < cfg_.ranks) {
+    log(BALLAST_LOG_INFO, m.detector + " reports " + m.subject + " crashed: the executor reports its ranks' exits " +
+                              "itself; not a new fault");
+    return;
+  }
   if (m.topic == "fault.confirmed") {
     last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
     // The kind alone: which rank of a job that fails the same way each time
@@ -658,16 +675,35 @@ void Executor::handle_message(Message& m) {
     Incident& i = incidents_[size_t(inc - 1)];
     if (i.decided_ns == 0) i.decided_ns = a.received_ns;
   }
+  if (a.cause == "node.silent" && silent_outside_) {
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the silent node is no longer in the job (evicted or standby)");
+    return;
+  }
   // A restart for a fault the last restart already dealt with: every
   // detector reports a crash in its own time, the job needs one restart.
   const bool fault_caused = a.cause.rfind("fault.", 0) == 0 || a.cause.rfind("node.", 0) == 0;
   if (restarts_job(a.name) && fault_caused && last_restart_ns_ != 0 && last_fresh_fault_ns_ < last_restart_ns_ &&
       a.name != "replace") {
+    if (a.name == "evict") superseded_evict_ = a.subject;
     InFlight f;
     f.action = a;
     f.start_ns = now();
     journal("end", f, "superseded", "no new fault since the restart at " +
                                         std::to_string(double(last_restart_ns_ - first_start_ns_) / 1e9) + " s");
+    return;
+  }
+  // The replace the policy pairs with an evict goes with it. (A replace is
+  // exempt from the rule above: the evict before it restarts the job.)
+  if (a.name == "evict") superseded_evict_.clear();
+  if (a.name == "replace" && fault_caused && !superseded_evict_.empty() && a.subject == superseded_evict_) {
+    superseded_evict_.clear();
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the evict of " + a.subject + " it goes with was superseded");
     return;
   }
   uint64_t into = 0;
@@ -860,6 +896,12 @@ void Executor::begin(Action a) {
       finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
       return;
     }
+    // The node of `rank:N` may already be the standby that replaced it after
+    // this action was asked for (the evict's implied replace ran first).
+    if (slots_[size_t(failed)].role == SlotState::active && slots_[size_t(failed)].activated_ns > act.received_ns) {
+      finish("superseded", slots_[size_t(failed)].name + " already replaced the node it names");
+      return;
+    }
     if (slots_[size_t(failed)].role == SlotState::active) {
       // Replace without evict: take it out first.
       stop_ranks();
@@ -1009,6 +1051,7 @@ void Executor::advance() {
         for (auto& ns : node_slot_)
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
+        slots_[size_t(spare)].activated_ns = now();
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
         last_restart_ns_ = now();

@@ -63,6 +63,7 @@ class Executor {
     std::string name;
     enum Role { active, standby, evicted } role = standby;
     int64_t evicted_ns = 0;
+    int64_t activated_ns = 0;  // when it last took an evicted node's place
   };
   struct InFlight {
     Action action;
@@ -147,6 +148,8 @@ class Executor {
   uint64_t next_action_id_ = 1;
   std::string last_fault_signature_;
   int64_t nan_step_ = -1;
+  std::string superseded_evict_;  // subject of the last fault-caused evict, when it was superseded
+  bool silent_outside_ = false;  // the last node.silent named a node outside the job
   std::vector<bool> fired_;
   std::map<int64_t, double> kept_s_;      // step -> seconds it took (rank 0), the final lineage
   std::map<int64_t, double> loss_;        // step -> rank 0's loss, the final lineage

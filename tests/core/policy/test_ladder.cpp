@@ -129,6 +129,12 @@ TEST_CASE("ladder: crashes restart the job; the fourth within the window escalat
   auto b = handle(*p, {"rank:2", "crashed", "executor", "", 2, 5000});
   REQUIRE(b.size() == 1);
   CHECK(b[0].action == "restart");
+  // Reported with it (several nodes of one outage): restarted, counted once.
+  for (int i = 0; i < 4; ++i) {
+    auto c = handle(*p, {"node-" + std::to_string(i), "unknown", "inspection", "", -1, 5003});
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].action == "restart");
+  }
 }
 
 TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unknown one restarts") {
@@ -142,4 +148,33 @@ TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unk
   REQUIRE(u.size() == 1);
   CHECK(u[0].action == "restart");
   CHECK(u[0].subject == "node-18");
+}
+
+TEST_CASE("ladder: a hang verdict whose rank's process is gone, before the executor said so, restarts") {
+  auto p = ladder();
+  auto a = handle(*p, {"rank:1", "not_joined", "hang",
+                       verdict(R"([{"rank":1,"kind":"not_joined","evidence":"process pid 20671 is gone (shut down) but did not join seq 7"}])"),
+                       1});
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == "restart");
+  CHECK(a[0].reason.find("the process is gone") != std::string::npos);
+}
+
+TEST_CASE("ladder: a verdict naming a crashed rank among others is that crash, whichever cause's event comes first") {
+  auto p = ladder();
+  REQUIRE(handle(*p, {"rank:1", "crashed", "executor", R"({"pid":42,"step":30})", 1, 1000}).size() == 1);
+  const std::string ev = verdict(R"([{"rank":1,"kind":"crashed","evidence":"process pid 42 is gone"},)"
+                                 R"({"rank":3,"kind":"crashed","evidence":"process pid 44 is gone"}])");
+  CHECK(handle(*p, {"rank:3", "crashed", "hang", ev, 3, 1003}).empty());
+  CHECK(handle(*p, {"rank:1", "crashed", "hang", ev, 1, 1003}).empty());
+}
+
+TEST_CASE("ladder: a verdict whose causes are all gone processes restarts, it does not over-evict") {
+  auto p = ladder();
+  const std::string ev = verdict(R"([{"rank":1,"kind":"crashed","evidence":"process pid 42 is gone"},)"
+                                 R"({"rank":3,"kind":"crashed","evidence":"process pid 44 is gone"}])");
+  auto a = handle(*p, {"rank:1", "crashed", "hang", ev, 1});
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == "restart");
+  CHECK(handle(*p, {"rank:3", "crashed", "hang", ev, 3}).empty());
 }

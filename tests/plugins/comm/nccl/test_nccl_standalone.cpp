@@ -91,7 +91,8 @@ struct Comm {
 
 // Run `body(rank)` in `n` processes (RANK and BALLAST_TRACE_DIR set); each
 // signals when done and then stays (pause) unless body returned true (it
-// exits). Waits for all, analyses the folder, kills and reaps those left.
+// exits, and is reaped before the analysis). Waits for all, analyses the
+// folder, kills and reaps those left.
 ballast::hang::Verdict ranks(const std::string& dir, int n, const std::function<bool(int)>& body,
                              std::vector<ballast::hang::RankRing>* rings_out = nullptr) {
   int ready[2];
@@ -104,27 +105,32 @@ ballast::hang::Verdict ranks(const std::string& dir, int n, const std::function<
       setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
       const bool leave = body(r);
-      const char one = 1;
-      if (write(ready[1], &one, 1) != 1) _exit(2);
+      const char said = char(r * 2 + (leave ? 1 : 0));  // which rank, and whether it exits now
+      if (write(ready[1], &said, 1) != 1) _exit(2);
       if (leave) _exit(0);
       for (;;) pause();
     }
     pids.push_back(pid);
   }
-  for (int r = 0; r < n; ++r) {
+  std::vector<bool> reaped(size_t(n), false);
+  for (int k = 0; k < n; ++k) {
     char c = 0;
     REQUIRE(read(ready[0], &c, 1) == 1);
+    if (c % 2) {  // it exits: gone before the analysis
+      waitpid(pids[size_t(c / 2)], nullptr, 0);
+      reaped[size_t(c / 2)] = true;
+    }
   }
   close(ready[0]);
   close(ready[1]);
-  usleep(50000);  // those that exit are gone
   std::vector<std::string> errors;
   auto rings = ballast::hang::read_dir(dir, &errors);
   CHECK(errors.empty());
   auto v = ballast::hang::analyze(rings, {});
-  for (pid_t pid : pids) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+  for (int r = 0; r < n; ++r) {
+    if (reaped[size_t(r)]) continue;
+    kill(pids[size_t(r)], SIGKILL);
+    waitpid(pids[size_t(r)], nullptr, 0);
   }
   if (rings_out) *rings_out = std::move(rings);
   return v;
