@@ -142,7 +142,7 @@ TEST_CASE("policy limits that would wrap are refused, naming the field") {
 }
 
 TEST_CASE("ballast run stops on SIGINT while its policy is stuck in a handler with a one-hour deadline") {
-  for (const char* body : {"while true do end",
+  for (const std::string body : {"while true do end",
                            "local s = string.rep('a', 40) string.find(s, string.rep('a?', 40) .. s)",
                            "local s = string.rep('a', 1e7) local t = {} for i = 1, 1e5 do t[i] = s end table.sort(t)"}) {
     CAPTURE(body);
@@ -153,6 +153,7 @@ TEST_CASE("ballast run stops on SIGINT while its policy is stuck in a handler wi
                           << "', deadline_ms = 3600000, memory_mb = 256 }, plugins = { { path = '" << kHello
                           << "', config = { period_ms = 5 } } } }\n";
     const fs::path log = scratch("stuck.log");
+    fs::remove(log);  // not the previous body's: it says "running on node" already
     pid_t pid = start_run(config, log);
     REQUIRE(wait_for_log(log, "running on node"));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the first tick is in the handler
@@ -174,6 +175,7 @@ TEST_CASE("a journal that cannot be written (a full disk) is counted and reporte
   std::ofstream(config) << "return { journal = '" << journal.string() << "', plugins = { { path = '" << kHello
                         << "', config = { period_ms = 1 } } } }\n";
   const fs::path log = scratch("full.log");
+  fs::remove(log);
   pid_t pid = start_run(config, log, 16384);
   REQUIRE(wait_for_log(log, "event(s) not written so far"));
   kill(pid, SIGTERM);
