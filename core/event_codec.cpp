@@ -483,8 +483,10 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
     if (!r.object(*desc, p != nullptr ? *p : nlohmann::json::object(), "payload", base)) return fail_format();
     ev.payload = base;
     ev.payload_size = desc->size;
-  } else if (ev.schema == BALLAST_SCHEMA_NONE) {
-    if (p != nullptr) return r.bad("payload", "schema \"none\" has no payload"), fail_format();
+  } else if (ev.schema == BALLAST_SCHEMA_NONE && p != nullptr && !(p->is_object() && p->contains("bytes_hex"))) {
+    // Bytes published with schema none are written as bytes_hex (event_to_json):
+    // read back as such, so that journal -> JSON lines -> events round-trips.
+    return r.bad("payload", "schema \"none\" carries raw bytes only ({\"bytes_hex\": ...})"), fail_format();
   } else if (ev.schema == BALLAST_SCHEMA_JSON) {
     if (p != nullptr) {
       const char* text = b.keep(p->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -494,7 +496,7 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
   } else if (p != nullptr) {
     auto bytes = p->is_object() ? p->find("bytes_hex") : p->end();
     if (!p->is_object() || bytes == p->end() || !bytes->is_string())
-      return r.bad("payload.bytes_hex", "expected a hex string for a custom schema"), fail_format();
+      return r.bad("payload.bytes_hex", "expected a hex string for schema none or a custom schema"), fail_format();
     std::string raw;
     if (!r.hex(bytes->get<std::string>(), "payload.bytes_hex", &raw)) return fail_format();
     const char* kept = b.keep(std::move(raw));
@@ -657,6 +659,27 @@ struct FrameError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The fewest bytes one struct takes in a frame body (a string takes its
+// marker byte, an array its count): what bounds an element count by the body.
+size_t min_encoded_size(const StructDesc& desc) {
+  size_t n = 0;
+  for (uint32_t i = 0; i < desc.field_count; ++i) {
+    switch (desc.fields[i].type) {
+      case FieldType::size:
+      case FieldType::count: break;
+      case FieldType::u32:
+      case FieldType::i32:
+      case FieldType::array: n += 4; break;
+      case FieldType::u64:
+      case FieldType::i64:
+      case FieldType::f64: n += 8; break;
+      case FieldType::str:
+      case FieldType::json_str: n += 1; break;
+    }
+  }
+  return n > 0 ? n : 1;
+}
+
 struct BodyReader {
   InArchive& ar;
   SpanSource& src;
@@ -696,8 +719,9 @@ struct BodyReader {
         case FieldType::array: {
           uint32_t n = 0;
           ar(n);
-          // Every element takes at least one byte: bounds the allocation by the body.
-          if (n > src.remaining())
+          // Every element takes at least min_encoded_size bytes: the
+          // allocation stays within a small multiple of the body.
+          if (uint64_t{n} * min_encoded_size(*f.elem) > src.remaining())
             throw FrameError(std::string(f.name) + ": " + std::to_string(n) + " entries cannot fit in the body");
           void* elems = n > 0 ? b.block(size_t{n} * f.elem->size) : nullptr;
           for (uint32_t k = 0; k < n; ++k)

@@ -23,6 +23,10 @@ namespace ballast {
 
 namespace {
 
+// SIGINT or SIGTERM arrived (set by the signal handler, for waits that
+// cannot read the wake pipe).
+std::atomic<bool> g_stop_signal{false};
+
 int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -326,6 +330,7 @@ nlohmann::json Host::counters() const {
   out["bus.handler_failures"] = s.handler_failures;
   out["bus.subscriptions"] = s.subscriptions;
   out["bus.topics"] = s.topics;
+  if (journal_) out["journal.failed"] = journal_failures_.load();
   std::lock_guard lock(counters_mutex_);
   for (auto& [n, v] : counters_) out[n] = v->load(std::memory_order_relaxed);
   return out;
@@ -376,7 +381,8 @@ int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool 
 
 int Host::open_journal(const std::string& path) {
   auto journal = std::make_unique<JournalWriter>();
-  if (int rc = journal->open(path); rc != BALLAST_OK) return rc;
+  // Grouped: one write per burst of events, not per event.
+  if (int rc = journal->open(path, JournalWriter::Mode::grouped); rc != BALLAST_OK) return rc;
   journal_ = std::move(journal);
   ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
   return bus_.subscribe("*", &opts, journal_handler, this, "journal", &journal_subscription_);
@@ -384,7 +390,17 @@ int Host::open_journal(const std::string& path) {
 
 int Host::journal_handler(void* user, const ballast_event* event) {
   auto* host = static_cast<Host*>(user);
-  return host->journal_->append(*event);
+  int rc = host->journal_->append(*event);
+  if (rc != BALLAST_OK) host->journal_failed(last_error());
+  return rc;
+}
+
+// Counted (journal.failed), logged at the first failure and every 1000th.
+void Host::journal_failed(const std::string& why) {
+  uint64_t n = journal_failures_.fetch_add(1) + 1;
+  if (n == 1 || n % 1000 == 0) {
+    log(BALLAST_LOG_ERROR, "host", "journal: " + std::to_string(n) + " event(s) not written so far: " + why);
+  }
 }
 
 // ---- the policy: a built-in plugin ---------------------------------------------
@@ -419,7 +435,10 @@ int Host::load_policy(const std::string& path, const PolicyOptions& options) {
 
 int Host::reload_policy() {
   if (policy_ == nullptr) return fail(BALLAST_ESTATE, "no policy loaded");
-  if (int rc = policy_plugin_reload(policy_->state); rc != BALLAST_OK) {
+  // A handler may run until its deadline (up to an hour): SIGINT and SIGTERM
+  // still stop the host meanwhile.
+  auto stopping = [this] { return stop_requested_.load() || g_stop_signal.load(); };
+  if (int rc = policy_plugin_reload(policy_->state, stopping); rc != BALLAST_OK) {
     log(BALLAST_LOG_ERROR, "host", std::string("policy reload failed, the old policy stays: ") + last_error());
     return rc;
   }
@@ -489,6 +508,7 @@ std::atomic<bool> g_hup{false};
 
 void on_signal(int sig) {
   if (sig == SIGHUP) g_hup.store(true);
+  if (sig == SIGINT || sig == SIGTERM) g_stop_signal.store(true);
   int fd = g_signal_fd.load();
   if (fd >= 0) {
     char c = static_cast<char>(sig);
@@ -513,6 +533,7 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   }
   struct sigaction old_int{}, old_term{}, old_hup{};
   if (handle_signals) {
+    g_stop_signal.store(false);
     g_signal_fd.store(wake_pipe_[1]);
     struct sigaction sa{};
     sa.sa_handler = on_signal;
@@ -575,9 +596,10 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is still queued (the journal).
+  // Deliver what is still queued (the journal). The policy, stopped above,
+  // skips what is queued for it.
   bus_.shutdown();
-  if (journal_) journal_->flush(true);
+  if (journal_ && journal_->flush(true) != BALLAST_OK) journal_failed(last_error());
 }
 
 }  // namespace ballast

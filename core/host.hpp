@@ -87,6 +87,7 @@ class Host {
   int add_plugin(const PluginFile& file, const nlohmann::json& config, bool first);
   void counter_add(const std::string& name, int64_t delta);
   static int journal_handler(void* user, const ballast_event* event);
+  void journal_failed(const std::string& why);
 
   std::string node_;
   int log_level_;
@@ -96,6 +97,7 @@ class Host {
   Plugin* policy_ = nullptr;  // the built-in policy plugin, when loaded
   std::unique_ptr<class JournalWriter> journal_;
   uint64_t journal_subscription_ = 0;
+  std::atomic<uint64_t> journal_failures_{0};  // appends and the final flush that failed
   mutable std::mutex counters_mutex_;
   std::vector<std::pair<std::string, std::unique_ptr<std::atomic<int64_t>>>> counters_;
   std::mutex log_mutex_;

@@ -4,8 +4,10 @@
 #include "error.hpp"
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -15,51 +17,115 @@ namespace ballast {
 
 // ---- writer -------------------------------------------------------------------
 
+constexpr size_t kGroupLimit = 64u << 20;  // bytes handed over and not yet written, at most
+
 struct JournalWriter::Impl {
   int fd = -1;
   std::string path;
-  std::mutex mu;  // one frame at a time: a partial write is finished before the next frame
+  Mode mode = Mode::direct;
+  std::mutex mu;  // direct: one write at a time; grouped: the fields below
+  // grouped only
+  std::condition_variable work, written;
+  std::vector<unsigned char> pending;  // handed over, not yet written
+  uint64_t handed = 0, done = 0;       // bytes handed over / written, in all
+  bool quit = false;
+  int status = BALLAST_OK;  // the writer's first failure, returned by every later call
+  std::string message;
+  std::thread writer;
 };
 
 JournalWriter::~JournalWriter() { close(); }
 
-int JournalWriter::open(const std::string& path) {
+int JournalWriter::open(const std::string& path, Mode mode) {
   close();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return fail(BALLAST_EIO, path + ": cannot open for appending: " + std::strerror(errno));
   impl_ = new Impl;
   impl_->fd = fd;
   impl_->path = path;
+  impl_->mode = mode;
+  if (mode == Mode::grouped) impl_->writer = std::thread([this] { writer_loop(); });
   return BALLAST_OK;
 }
 
-int JournalWriter::append(const ballast_event& event) {
-  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
-  const char* why = nullptr;
-  if (!codec::check_event(event, &why)) return fail(BALLAST_EINVAL, impl_->path + ": event not written: " + why);
-  thread_local std::vector<unsigned char> frame;
-  frame.clear();
-  encode_frame(event, &frame);
-  if (frame.size() - kFrameHeaderSize > kMaxFrameBody)
-    return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frame.size()) +
-                                    " bytes is above the frame limit");
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  // O_APPEND: each write lands at the end of the file. A regular file takes
-  // the frame in one write; the loop only finishes a short write (disk full).
+// O_APPEND: each write lands at the end of the file. A regular file takes
+// the bytes in one write; the loop only finishes a short write (disk full).
+// Bytes that cannot be written whole are cut off again, so that the file
+// ends with whole frames (the failure is the caller's to count).
+int JournalWriter::write_all(const unsigned char* data, size_t size) {
+  const off_t end = ::lseek(impl_->fd, 0, SEEK_END);
   size_t done = 0;
-  while (done < frame.size()) {
-    const ssize_t n = ::write(impl_->fd, frame.data() + done, frame.size() - done);
+  while (done < size) {
+    const ssize_t n = ::write(impl_->fd, data + done, size - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(errno));
+      const int err = errno;
+      if (done > 0 && end >= 0 && ::ftruncate(impl_->fd, end) != 0) {
+        return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(err) +
+                                     "; a partial frame is left at byte " + std::to_string(end));
+      }
+      return fail(BALLAST_EIO, impl_->path + ": write failed: " + std::strerror(err));
     }
     done += static_cast<size_t>(n);
   }
   return BALLAST_OK;
 }
 
+void JournalWriter::writer_loop() {
+  std::vector<unsigned char> batch;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  for (;;) {
+    impl_->work.wait(lock, [&] { return impl_->quit || !impl_->pending.empty(); });
+    if (impl_->pending.empty()) return;  // quit, and everything written
+    batch.swap(impl_->pending);
+    lock.unlock();
+    const int rc = impl_->status == BALLAST_OK ? write_all(batch.data(), batch.size()) : impl_->status;
+    const std::string why = rc == BALLAST_OK ? "" : last_error();
+    lock.lock();
+    if (rc != BALLAST_OK && impl_->status == BALLAST_OK) {
+      impl_->status = rc;
+      impl_->message = why;
+    }
+    impl_->done += batch.size();
+    batch.clear();
+    impl_->written.notify_all();
+  }
+}
+
+int JournalWriter::append(const ballast_event& event) { return append_batch(&event, 1); }
+
+int JournalWriter::append_batch(const ballast_event* events, size_t count) {
+  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
+  thread_local std::vector<unsigned char> frames, frame;
+  frames.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const char* why = nullptr;
+    if (!codec::check_event(events[i], &why)) return fail(BALLAST_EINVAL, impl_->path + ": event not written: " + why);
+    frame.clear();
+    encode_frame(events[i], &frame);
+    if (frame.size() - kFrameHeaderSize > kMaxFrameBody)
+      return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frame.size()) +
+                                      " bytes is above the frame limit");
+    frames.insert(frames.end(), frame.begin(), frame.end());
+  }
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (impl_->mode == Mode::direct) return write_all(frames.data(), frames.size());
+  impl_->written.wait(lock, [&] { return impl_->handed - impl_->done < kGroupLimit || impl_->status != BALLAST_OK; });
+  if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
+  impl_->pending.insert(impl_->pending.end(), frames.begin(), frames.end());
+  impl_->handed += frames.size();
+  impl_->work.notify_one();
+  return BALLAST_OK;
+}
+
 int JournalWriter::flush(bool durable) {
   if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: flush before open");
+  if (impl_->mode == Mode::grouped) {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    const uint64_t upto = impl_->handed;
+    impl_->written.wait(lock, [&] { return impl_->done >= upto; });
+    if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
+  }
   // Frames go straight to the OS (no user-space buffer): only durability is left.
   if (durable && ::fdatasync(impl_->fd) != 0)
     return fail(BALLAST_EIO, impl_->path + ": fdatasync failed: " + std::strerror(errno));
@@ -68,6 +134,14 @@ int JournalWriter::flush(bool durable) {
 
 void JournalWriter::close() {
   if (impl_ == nullptr) return;
+  if (impl_->writer.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->quit = true;
+    }
+    impl_->work.notify_one();
+    impl_->writer.join();
+  }
   ::close(impl_->fd);
   delete impl_;
   impl_ = nullptr;

@@ -14,20 +14,32 @@ namespace ballast {
 
 class JournalWriter {
  public:
+  // direct: append() writes its frame before it returns. grouped: append()
+  // hands the frame to the writer's own thread, which writes everything
+  // handed over since its last write in one write (group commit: one write
+  // per burst, not per event); flush() waits until it is written. What is
+  // handed over and not yet written is in memory only, like an event in a
+  // bus queue; at most 64 MiB of it, then append() waits.
+  enum class Mode { direct, grouped };
   JournalWriter() = default;
   ~JournalWriter();
   JournalWriter(const JournalWriter&) = delete;
   JournalWriter& operator=(const JournalWriter&) = delete;
   // Open `path` for appending (created if missing). Status; message names the file.
-  int open(const std::string& path);
+  int open(const std::string& path, Mode mode = Mode::direct);
   // Append one event (one write of the whole frame). Thread-safe.
   int append(const ballast_event& event);
-  // Flush to the OS (fdatasync when durable is true).
+  // Append `count` events in one write (a batch that arrived together): all
+  // are checked and encoded first, so a bad one writes none. Thread-safe.
+  int append_batch(const ballast_event* events, size_t count);
+  // Everything appended written to the OS (fdatasync too when durable is true).
   int flush(bool durable = false);
   void close();
 
  private:
   struct Impl;
+  int write_all(const unsigned char* data, size_t size);
+  void writer_loop();
   Impl* impl_ = nullptr;
 };
 

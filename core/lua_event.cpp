@@ -263,6 +263,9 @@ int event_closure(lua_State* L) {
   set_top(L, K_source);
   if (!c->drop_payload && push_payload(L, *c)) set_top(L, K_payload);
   c->built = true;
+  // Building a large event's table is not the handler's work: its deadline
+  // counts from here.
+  LuaSandbox::restart_deadline(L);
   if (lua_type(L, 2) != LUA_TFUNCTION) return 1;
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);

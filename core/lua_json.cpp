@@ -17,7 +17,16 @@ namespace {
 class Walker {
  public:
   Walker(lua_State* L, const std::string& root, const JsonLimits& limits)
-      : L_(L), root_(root), limits_(limits) {}
+      : L_(L), root_(root), limits_(limits) {
+    if (limits.shared != nullptr) {
+      values_ = limits.shared->values;
+      bytes_ = limits.shared->bytes;
+    }
+  }
+  void used(JsonUsage* usage) const {
+    usage->values = values_;
+    usage->bytes = bytes_;
+  }
 
   bool value(int idx, nlohmann::json* out) {
     if (++values_ > limits_.max_values) {
@@ -173,6 +182,7 @@ bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimit
     Walker walker(L, root, limits);
     ok = walker.value(idx, out);
     if (!ok && error != nullptr) *error = walker.error();
+    if (limits.shared != nullptr) walker.used(limits.shared);
   } catch (const std::exception& e) {
     if (error != nullptr) *error = std::string("out of memory converting to JSON: ") + e.what();
     ok = false;

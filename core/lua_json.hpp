@@ -28,10 +28,19 @@
 
 namespace ballast {
 
+// What the conversions sharing one budget have used (JsonLimits::shared).
+struct JsonUsage {
+  size_t values = 0;
+  size_t bytes = 0;
+};
+
 struct JsonLimits {
   size_t max_depth = 64;
   size_t max_values = 100000;
   size_t max_bytes = 4u << 20;  // string bytes, keys included
+  // When set, max_values and max_bytes bound the sum over every conversion
+  // given this usage (e.g. all the outputs of one handler call).
+  JsonUsage* shared = nullptr;
 };
 
 // Convert the value at `idx`. On failure *error is "<path>: <why>" (path

@@ -1,12 +1,12 @@
 #include "lua_sandbox.hpp"
 
 #include "error.hpp"
+#include "lua_pattern.hpp"
 
 #include <ballast/status.h>
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,10 +24,10 @@ char kProtectedKey;  // weak set of tables rawset must not touch
 char kNullKey;       // ballast.null
 char kStoppedKey;    // weak set of coroutines the deadline stopped
 
-// Worst-case steps a pattern function may take, and the most elements a
-// table function may shift in one call: both run in C, where the deadline
-// hook cannot interrupt them.
-constexpr double kPatternBudget = 4e8;
+const char* const kInterrupted = "interrupted: the sandbox is being stopped";
+
+// The most elements a table function may shift in one call: it runs in C,
+// where the deadline hook cannot interrupt it.
 constexpr lua_Unsigned kMaxShift = lua_Unsigned{1} << 22;
 
 // The sandbox calls running on this thread, innermost first, for the
@@ -161,6 +161,20 @@ int sb_collectgarbage(lua_State* L) {
   return 1;
 }
 
+struct ChunkReader {
+  const char* next;
+  size_t left;
+  static const char* read(lua_State* L, void* ud, size_t* size) {
+    auto* r = static_cast<ChunkReader*>(ud);
+    LuaSandbox::check_deadline(L, "load");
+    *size = std::min<size_t>(r->left, 64 << 10);
+    const char* piece = r->next;
+    r->next += *size;
+    r->left -= *size;
+    return *size > 0 ? piece : nullptr;
+  }
+};
+
 // load(chunk [, chunkname [, mode [, env]]]): text strings only; the
 // default environment is the script's global table.
 int sb_load(lua_State* L) {
@@ -175,7 +189,10 @@ int sb_load(lua_State* L) {
     return 2;
   }
   bool has_env = !lua_isnone(L, 4);
-  if (luaL_loadbufferx(L, chunk, len, name, "t") != LUA_OK) {
+  // Fed to the parser in pieces, with the deadline checked between them: a
+  // chunk as large as the memory cap allows takes seconds to compile in C.
+  ChunkReader reader{chunk, len};
+  if (lua_load(L, ChunkReader::read, &reader, name, "t") != LUA_OK) {
     lua_pushnil(L);
     lua_insert(L, -2);
     return 2;
@@ -191,91 +208,12 @@ int sb_load(lua_State* L) {
 
 // ---- bounded string and table functions -------------------------------------
 
-// Index after the set that starts at p[i] == '[' (Lua's rules: a ']' right
-// after '[' or '[^' belongs to the set; '%' escapes the next character).
-size_t skip_set(const char* p, size_t lp, size_t i) {
-  ++i;
-  if (i < lp && p[i] == '^') ++i;
-  do {
-    if (i >= lp) return lp;
-    if (p[i++] == '%' && i < lp) ++i;
-  } while (i < lp && p[i] != ']');
-  return i + 1;
-}
-
-// Worst-case steps of a match: each unbounded item (x*, x+, x-, %b, a
-// back-reference) may be tried at every position of the subject, an
-// unanchored search starts at every position, and each attempt compares up
-// to the pattern's length.
-double pattern_cost(const char* p, size_t lp, size_t ls, bool can_anchor) {
-  size_t i = 0;
-  int k = 1;
-  if (can_anchor && lp > 0 && p[0] == '^') {
-    i = 1;
-    k = 0;
-  }
-  while (i < lp) {
-    char c = p[i];
-    if (c == '(' || c == ')') {
-      ++i;
-      continue;
-    }
-    if (c == '%') {
-      if (i + 1 >= lp) break;
-      char d = p[i + 1];
-      if (d == 'b') {
-        ++k;
-        i += 4;
-        continue;
-      }
-      if (d == 'f') {
-        i = skip_set(p, lp, i + 2);
-        continue;
-      }
-      if (d >= '0' && d <= '9') ++k;
-      i += 2;
-    } else if (c == '[') {
-      i = skip_set(p, lp, i);
-    } else {
-      ++i;
-    }
-    if (i < lp && (p[i] == '*' || p[i] == '+' || p[i] == '-')) {
-      ++k;
-      ++i;
-    } else if (i < lp && p[i] == '?') {
-      ++i;
-    }
-  }
-  return std::pow(double(ls) + 1, k) * (double(lp) + 1);
-}
-
-enum PatternFunction { kFind, kMatch, kGmatch, kGsub };
-const char* const kPatternNames[] = {"find", "match", "gmatch", "gsub"};
-
 // Forward every argument to the original function (upvalue 1).
 int forward(lua_State* L) {
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
   lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
   return lua_gettop(L);
-}
-
-int guarded_pattern(lua_State* L) {
-  size_t ls = 0, lp = 0;
-  luaL_checklstring(L, 1, &ls);
-  const char* p = luaL_checklstring(L, 2, &lp);
-  int fn = int(lua_tointeger(L, lua_upvalueindex(2)));
-  bool plain = fn == kFind && lua_toboolean(L, 4);
-  double cost = plain ? (double(ls) + 1) * (double(lp) + 1)
-                      : pattern_cost(p, lp, ls, fn != kGmatch);
-  if (cost > kPatternBudget) {
-    lua_pushlstring(L, p, std::min<size_t>(lp, 40));  // lua_pushfstring has no precision
-    return luaL_error(L,
-                      "string.%s: pattern '%s' on a %I-byte subject could take %f steps; the "
-                      "sandbox allows %f",
-                      kPatternNames[fn], lua_tostring(L, -1), lua_Integer(ls), cost, kPatternBudget);
-  }
-  return forward(L);
 }
 
 // string.rep(s, n) with an empty s and sep would loop n times in C; any
@@ -315,6 +253,62 @@ int guarded_move(lua_State* L) {
                       lua_Integer(kMaxShift));
   }
   return forward(L);
+}
+
+// table.sort(list [, comp]) as a heapsort that asks for the deadline after
+// every comparison (at most 2 n log2 n of them). Lua's own sort compares in
+// C with no check: a table holding one long string many times kept a
+// single call comparing for hours.
+bool sort_less(lua_State* L, lua_Integer i, lua_Integer j) {
+  lua_geti(L, 1, i);
+  lua_geti(L, 1, j);
+  bool less = false;
+  if (lua_isnil(L, 2)) {
+    less = lua_compare(L, -2, -1, LUA_OPLT);
+    lua_pop(L, 2);
+  } else {
+    lua_pushvalue(L, 2);
+    lua_insert(L, -3);
+    lua_call(L, 2, 1);
+    less = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  LuaSandbox::check_deadline(L, "table.sort");
+  return less;
+}
+
+void sort_swap(lua_State* L, lua_Integer i, lua_Integer j) {
+  lua_geti(L, 1, i);
+  lua_geti(L, 1, j);
+  lua_seti(L, 1, i);
+  lua_seti(L, 1, j);
+}
+
+void sift_down(lua_State* L, lua_Integer root, lua_Integer end) {
+  for (;;) {
+    lua_Integer child = 2 * root;
+    if (child > end) return;
+    if (child < end && sort_less(L, child, child + 1)) ++child;
+    if (!sort_less(L, root, child)) return;
+    sort_swap(L, root, child);
+    root = child;
+  }
+}
+
+int sb_sort(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  if (n > 1) {
+    luaL_argcheck(L, n < INT_MAX, 1, "array too big");
+    if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    for (lua_Integer i = n / 2; i >= 1; --i) sift_down(L, i, n);
+    for (lua_Integer end = n; end > 1; --end) {
+      sort_swap(L, 1, end);
+      sift_down(L, 1, end - 1);
+    }
+  }
+  return 0;
 }
 
 // ---- errors raised by the deadline hook -------------------------------------
@@ -463,10 +457,7 @@ int open_libraries(lua_State* L) {
   int str = lua_gettop(L);
   lua_pushnil(L);
   lua_setfield(L, str, "dump");
-  wrap(L, str, "find", guarded_pattern, kFind);
-  wrap(L, str, "match", guarded_pattern, kMatch);
-  wrap(L, str, "gmatch", guarded_pattern, kGmatch);
-  wrap(L, str, "gsub", guarded_pattern, kGsub);
+  install_bounded_patterns(L, str);
   wrap(L, str, "rep", guarded_rep, 0);
   lua_pushliteral(L, "");
   lua_getmetatable(L, -1);
@@ -483,6 +474,8 @@ int open_libraries(lua_State* L) {
   wrap(L, tab, "insert", guarded_shift, 1);
   wrap(L, tab, "remove", guarded_shift, 0);
   wrap(L, tab, "move", guarded_move, 0);
+  lua_pushcfunction(L, sb_sort);
+  lua_setfield(L, tab, "sort");
   make_readonly(L, "table");
   lua_setfield(L, base, "table");
 
@@ -689,19 +682,13 @@ void* LuaSandbox::allocate(void* ud, void* ptr, size_t osize, size_t nsize) {
   return p;
 }
 
-void LuaSandbox::hook(lua_State* L, lua_Debug* ar) {
-  LuaSandbox* s = sandbox_of(L);
-  if (!s->watched_.past_deadline()) {
-    // Set by a signal for a call that has ended since: off again.
-    if (s->lazy_hook_ && L == s->L_ && !s->fast_hook_) lua_sethook(L, nullptr, 0, 0);
-    return;
-  }
-  s->timed_out_ = true;
+void LuaSandbox::stop_call(lua_State* L) {
+  timed_out_ = true;
   // From now on every instruction raises, so that a pcall catching this
   // error cannot keep the script running.
-  s->fast_hook_ = true;
-  lua_sethook(s->L_, &LuaSandbox::hook, LUA_MASKCOUNT, 1);
-  if (L != s->L_) {
+  fast_hook_ = true;
+  lua_sethook(L_, &LuaSandbox::hook, LUA_MASKCOUNT, 1);
+  if (L != L_) {
     lua_sethook(L, &LuaSandbox::hook, LUA_MASKCOUNT, 1);
     lua_rawgetp(L, LUA_REGISTRYINDEX, &kStoppedKey);
     lua_pushthread(L);
@@ -709,11 +696,39 @@ void LuaSandbox::hook(lua_State* L, lua_Debug* ar) {
     lua_rawset(L, -3);
     lua_pop(L, 1);
   }
+}
+
+bool LuaSandbox::interrupted() const { return watched_.interrupted.load(std::memory_order_relaxed); }
+
+void LuaSandbox::hook(lua_State* L, lua_Debug* ar) {
+  LuaSandbox* s = sandbox_of(L);
+  if (!s->watched_.past_deadline()) {
+    // Set by a signal for a call that has ended since: off again.
+    if (s->lazy_hook_ && L == s->L_ && !s->fast_hook_) lua_sethook(L, nullptr, 0, 0);
+    return;
+  }
+  s->stop_call(L);
   lua_getinfo(L, "Sl", ar);
-  lua_pushfstring(L, "%s:%d: deadline of %d ms exceeded", ar->short_src, ar->currentline,
-                  int(s->limits_.deadline_ms));
+  if (s->interrupted()) {
+    lua_pushfstring(L, "%s:%d: %s", ar->short_src, ar->currentline, kInterrupted);
+  } else {
+    lua_pushfstring(L, "%s:%d: deadline of %d ms exceeded", ar->short_src, ar->currentline,
+                    int(s->limits_.deadline_ms));
+  }
   lua_error(L);
 }
+
+void LuaSandbox::check_deadline(lua_State* L, const char* what) {
+  LuaSandbox* s = sandbox_of(L);
+  if (!s->watched_.past_deadline()) return;
+  s->stop_call(L);
+  if (s->interrupted()) luaL_error(L, "%s: %s", what, kInterrupted);
+  luaL_error(L, "%s: deadline of %d ms exceeded", what, int(s->limits_.deadline_ms));
+}
+
+void LuaSandbox::restart_deadline(lua_State* L) { sandbox_of(L)->watched_.restart(); }
+
+void LuaSandbox::interrupt() { ballast::interrupt(&watched_); }
 
 // Runs on the thread of the call the watchdog found past its deadline:
 // hook every call of the thread that is past its own (lua_sethook is safe
@@ -759,7 +774,8 @@ void LuaSandbox::describe(LuaFailure failure, std::string* error) {
   lua_pop(L_, 1);
   if (failure == LuaFailure::memory) {
     text = "memory limit of " + std::to_string(limits_.memory_limit_bytes) + " bytes reached: " + text;
-  } else if (failure == LuaFailure::deadline && text.find("deadline of") == std::string::npos) {
+  } else if (failure == LuaFailure::deadline && text.find("deadline of") == std::string::npos &&
+             text.find(kInterrupted) == std::string::npos) {
     text = "deadline of " + std::to_string(limits_.deadline_ms) + " ms exceeded: " + text;
   }
   if (error != nullptr) *error = std::move(text);

@@ -9,8 +9,9 @@
 //   coroutine.wrap/close (no Lua code after the deadline's error, which
 //   leaves hooks off until a pcall catches it),
 //   rawset (refused on protected tables), collectgarbage ("count" only);
-//   libraries string (no dump; pattern functions and rep bounded), table
-//   (insert/remove/move bounded), math, utf8, coroutine, os (time, clock,
+//   libraries string (no dump; find, match, gmatch and gsub stopped by the
+//   deadline: lua_pattern.hpp; rep bounded), table (insert/remove/move
+//   bounded, sort stopped by the deadline), math, utf8, coroutine, os (time, clock,
 //   date, difftime). No io, os.execute/exit/getenv, require, dofile,
 //   loadfile, debug, package, print.
 // - Every library table is a read-only proxy; the base is reached through
@@ -31,7 +32,7 @@
 // a destructor in its frames. C++ work happens outside protected calls, or
 // in a scope closed before the next raising call.
 //
-// Thread-safety: one thread at a time.
+// Thread-safety: one thread at a time; interrupt() from any thread.
 #pragma once
 
 #include "lua_watchdog.hpp"
@@ -77,6 +78,20 @@ class LuaSandbox {
   // The deadline of the running call has passed (its error was raised).
   bool timed_out() const { return timed_out_; }
 
+  // For C functions that loop over input (patterns, sort): raise the
+  // deadline error if the running call is past its deadline, as the hook
+  // would between instructions. `what` names the function.
+  static void check_deadline(lua_State* L, const char* what);
+  // For a C function that prepares a call's input (the event table): the
+  // call's deadline counts from now.
+  static void restart_deadline(lua_State* L);
+
+  // Stop the call in progress and every later call as if past their
+  // deadlines, with an "interrupted" message (thread-safe; takes effect at
+  // the watchdog's next poll, within 50 ms). For a host that stops.
+  void interrupt();
+  bool interrupted() const;
+
   // Run fn(L) with a light userdata `ud` as its argument under lua_pcall
   // (for our own C code that builds tables: no deadline). Leaves nresults
   // values on the stack on success.
@@ -111,6 +126,7 @@ class LuaSandbox {
   static void* allocate(void* ud, void* ptr, size_t osize, size_t nsize);
   static void hook(lua_State* L, lua_Debug* ar);
   static void on_watchdog_signal(int);
+  void stop_call(lua_State* L);
   void set_hook_mode(bool lazy);
   LuaFailure classify(int status);
   void describe(LuaFailure failure, std::string* error);

@@ -18,6 +18,7 @@ struct Watchdog {
   std::vector<WatchedCall*> calls;
   std::thread thread;
   bool stop = false;
+  bool poke = false;       // interrupt(): poll now
   bool signal_ok = false;  // our handler owns WatchedCall::kSignal
 
   void run() {
@@ -34,10 +35,11 @@ struct Watchdog {
         if (r != c->seen) {  // a new call: its deadline counts from now
           c->seen = r;
           c->seen_at_ns = now;
-          continue;
+          if (!c->interrupted.load(std::memory_order_relaxed)) continue;
         }
-        if (now - c->seen_at_ns < int64_t(c->deadline_ms) * 1000000 ||
-            c->expired.load(std::memory_order_relaxed) == r) {
+        bool due = now - c->seen_at_ns >= int64_t(c->deadline_ms) * 1000000 ||
+                   c->interrupted.load(std::memory_order_relaxed);
+        if (!due || c->expired.load(std::memory_order_relaxed) == r) {
           continue;
         }
         c->expired.store(r, std::memory_order_release);
@@ -45,7 +47,8 @@ struct Watchdog {
         if (signal_ok) pthread_kill(c->thread, WatchedCall::kSignal);
       }
       auto period = std::chrono::milliseconds(std::clamp<uint32_t>(shortest / 8, 2, 50));
-      cv.wait_for(lock, period, [this] { return stop; });
+      cv.wait_for(lock, period, [this] { return stop || poke; });
+      poke = false;
     }
   }
 };
@@ -85,6 +88,16 @@ void unwatch(WatchedCall* call) {
   }
   w.cv.notify_all();
   if (done.joinable()) done.join();
+}
+
+void interrupt(WatchedCall* call) {
+  Watchdog& w = watchdog();
+  call->interrupted.store(true);
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.poke = true;
+  }
+  w.cv.notify_all();
 }
 
 bool install_watchdog_handler(void (*handler)(int)) {

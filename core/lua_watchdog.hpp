@@ -15,6 +15,10 @@
 // Where the signal cannot be used (the process already handles kSignal, or
 // the calling thread blocks it) the caller keeps a count hook every few
 // instructions that reads the expired mark.
+//
+// interrupt() makes every call of a WatchedCall, the one in progress and all
+// later ones, past its deadline at the watchdog's next poll: a host that
+// stops does not wait for a policy's deadline.
 #pragma once
 
 #include <pthread.h>
@@ -30,6 +34,7 @@ struct WatchedCall {
 
   std::atomic<uint64_t> running{0};  // sequence number of the call in progress; 0: none
   std::atomic<uint64_t> expired{0};  // the last sequence number past its deadline
+  std::atomic<bool> interrupted{false};  // every call is past its deadline (interrupt())
   pthread_t thread{};                // the caller, written before `running`
   uint32_t deadline_ms = 0;          // set before watch()
   uint64_t next_seq = 1;             // the caller's
@@ -44,6 +49,8 @@ struct WatchedCall {
     return outer;
   }
   void end(uint64_t outer) { running.store(outer, std::memory_order_relaxed); }
+  // The call in progress counts its deadline from now (a new sequence number).
+  void restart() { running.store(next_seq++, std::memory_order_release); }
   // The call in progress (on the calling thread) has passed its deadline.
   bool past_deadline() const {
     uint64_t r = running.load(std::memory_order_relaxed);
@@ -56,6 +63,10 @@ struct WatchedCall {
 bool watch(WatchedCall* call);
 // Stop watching; the thread stops after the last call is unwatched.
 void unwatch(WatchedCall* call);
+
+// Make the call in progress and every later one of `call` past its deadline
+// (thread-safe; takes effect at the watchdog's next poll).
+void interrupt(WatchedCall* call);
 
 // Install `handler` for WatchedCall::kSignal once per process. False when
 // another handler already owns the signal (it is left alone).

@@ -9,6 +9,8 @@
 #include <ballast/plugin.h>
 #include <ballast/status.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +25,13 @@ constexpr size_t kMaxHandlers = 1024;
 constexpr size_t kMaxActionsPerCall = 256;
 constexpr size_t kMaxPendingLogs = 64;
 constexpr size_t kMaxReason = 200;
+// What one handler call may hand out in all (its ballast.publish payloads
+// and the actions it returns), also never more than the room left under the
+// state's memory cap: a few MiB of Lua values can reference one string many
+// times, and the conversion runs in C++ where neither the deadline nor the
+// cap would stop it.
+constexpr size_t kMaxOutputBytes = 4u << 20;
+constexpr size_t kMaxOutputValues = 100000;
 
 bool is_action(std::string_view name) {
   static const std::string_view kNames[] = {kRecoveryActions[0], kRecoveryActions[1], kRecoveryActions[2],
@@ -56,10 +65,19 @@ int log_level(const char* name) {
   return -1;
 }
 
+// Count `bytes` of output text against the call's budget (limits.shared).
+bool count_output(const JsonLimits& limits, size_t bytes, std::string* why) {
+  if (limits.shared == nullptr) return true;
+  limits.shared->bytes += bytes;
+  if (limits.shared->bytes <= limits.max_bytes) return true;
+  *why = "more than " + std::to_string(limits.max_bytes) + " bytes of strings in the outputs of one call";
+  return false;
+}
+
 // The action table at idx into *a (a fresh PolicyAction): raw reads only,
 // nothing allocated in Lua, so it never raises. On failure *why says what is
-// wrong.
-bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
+// wrong. Its strings count against `limits` (the call's outputs).
+bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why, const JsonLimits& limits = {}) {
   idx = lua_absindex(L, idx);
   if (lua_type(L, idx) != LUA_TTABLE) {
     *why = std::string("an action must be a table, not a ") + luaL_typename(L, idx);
@@ -81,6 +99,7 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
     std::string_view key(k, kl);
     int vt = lua_type(L, -1);
     const char* v = vt == LUA_TSTRING ? lua_tolstring(L, -1, &vl) : nullptr;
+    if (v != nullptr && !count_output(limits, vl, why)) return false;
     if (key == "action") {
       if (v == nullptr) {
         *why = std::string("field 'action' must be a string, not a ") + luaL_typename(L, -1);
@@ -109,7 +128,7 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
       a->reason.assign(v, vl);
     } else if (key == "args") {
       nlohmann::json args;
-      if (vt != LUA_TTABLE || !lua_to_json(L, -1, "args", JsonLimits{}, &args, why)) {
+      if (vt != LUA_TTABLE || !lua_to_json(L, -1, "args", limits, &args, why)) {
         if (vt != LUA_TTABLE) *why = std::string("field 'args' must be a table, not a ") + luaL_typename(L, -1);
         return false;
       }
@@ -135,7 +154,7 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why) {
 // A handler's return value at idx: nil or false (no action), an action
 // table, or a list of them. Raw reads only.
 bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<PolicyAction>* out,
-                 std::string* why) {
+                 std::string* why, const JsonLimits& limits) {
   idx = lua_absindex(L, idx);
   int t = lua_type(L, idx);
   if (t == LUA_TNIL || (t == LUA_TBOOLEAN && !lua_toboolean(L, idx))) return true;
@@ -155,7 +174,7 @@ bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<Poli
   }
   if (!list) {
     out->emplace_back();
-    if (!read_action(L, idx, &out->back(), why)) return false;
+    if (!read_action(L, idx, &out->back(), why, limits)) return false;
     out->back().cause_topic = topic;
     return true;
   }
@@ -177,7 +196,7 @@ bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<Poli
   for (size_t i = 1; i <= n; ++i) {
     lua_rawgeti(L, idx, lua_Integer(i));
     out->emplace_back();
-    bool ok = read_action(L, -1, &out->back(), why);
+    bool ok = read_action(L, -1, &out->back(), why, limits);
     lua_settop(L, idx);
     if (!ok) {
       *why = "action [" + std::to_string(i) + "]: " + *why;
@@ -213,6 +232,28 @@ struct PolicyRuntime {
   EventConversion conv;
   std::vector<size_t> matched;
   std::vector<PolicyAction> actions;
+  // The outputs of the handler call in progress (kMaxOutputBytes).
+  JsonUsage output_used;
+  JsonLimits output_limits;
+  // Set by Policy::stop() from any thread.
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> skipped{0};
+
+  // A fresh output budget for the next handler call.
+  void reset_outputs() {
+    output_used = {};
+    output_limits.shared = &output_used;
+    output_limits.max_values = kMaxOutputValues;
+    output_limits.max_bytes = kMaxOutputBytes;
+  }
+  // Before a conversion: the bytes converted so far plus the room left under
+  // the memory cap now, at most kMaxOutputBytes.
+  const JsonLimits& outputs_now() {
+    uint64_t cap = options.memory_limit_bytes, used = sandbox->memory_in_use();
+    uint64_t room = output_used.bytes + (cap > used ? cap - used : 0);
+    output_limits.max_bytes = size_t(std::min<uint64_t>(kMaxOutputBytes, room));
+    return output_limits;
+  }
 
   bool add_handler(const char* pattern, size_t len, int ref, const char* src, int line) {
     try {
@@ -236,7 +277,12 @@ struct PolicyRuntime {
     try {
       nlohmann::json event = {{"topic", std::string(topic, len)}, {"payload", nlohmann::json::object()}};
       std::string why;
-      if (!lua_isnoneornil(L, idx) && !lua_to_json(L, idx, "", JsonLimits{}, &event["payload"], &why)) {
+      if (++output_used.values > output_limits.max_values) {
+        raise_message = "ballast.publish: more than " + std::to_string(output_limits.max_values) +
+                        " values in the outputs of one call";
+        return false;
+      }
+      if (!lua_isnoneornil(L, idx) && !lua_to_json(L, idx, "", outputs_now(), &event["payload"], &why)) {
         raise_message = "ballast.publish: " + why;
         return false;
       }
@@ -448,6 +494,10 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
                   "' not handled");
     return 0;
   }
+  if (m.stopping.load(std::memory_order_relaxed)) {
+    m.skipped.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
   for (auto& [level, text] : m.pending_logs) sink.on_log(level, text);
   m.pending_logs.clear();
   m.matched.clear();
@@ -495,6 +545,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
     const PolicyRuntime::Handler& h = m.handlers[i];
     LuaFailure f;
     m.actions.clear();
+    m.reset_outputs();
     if (ev == 0) {  // build the table and call the handler in one protected call
       lua_pushvalue(L, closure);
       lua_pushlightuserdata(L, &m.conv);
@@ -519,7 +570,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
     if (called) {
       bool ok = false;
       try {
-        ok = read_result(L, -1, topic, &m.actions, &error);
+        ok = read_result(L, -1, topic, &m.actions, &error, m.outputs_now());
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -544,5 +595,12 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
 const std::string& Policy::path() const { return impl_->path; }
 const std::string& Policy::name() const { return impl_->name; }
 uint64_t Policy::memory_in_use() const { return impl_->sandbox->memory_in_use(); }
+
+void Policy::stop() {
+  impl_->stopping.store(true);
+  impl_->sandbox->interrupt();
+}
+
+uint64_t Policy::skipped() const { return impl_->skipped.load(std::memory_order_relaxed); }
 
 }  // namespace ballast

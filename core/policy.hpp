@@ -12,9 +12,14 @@
 // ballast.log(level, msg) and ballast.now(). Patterns and topics follow the
 // bus's grammar (topic.hpp), checked where the script names them.
 //
+// Everything a handler call hands out (publications, returned actions) is
+// bounded in all: 4 MiB of strings and 100,000 values per call, and never
+// more than the room left under the memory cap. Building the event's table
+// does not count against the handler's deadline.
+//
 // Thread-safety: a Policy is used by one thread at a time (the policy plugin
 // serialises its handler calls and reloads); reload() must be called from
-// that thread or while no event is being handled.
+// that thread or while no event is being handled; stop() from any thread.
 #pragma once
 
 #include "event_codec.hpp"
@@ -79,6 +84,12 @@ class Policy {
   // and publications go to sink; a failure goes to sink.on_error and then
   // the fallback action is emitted. Returns the number of handlers run.
   int handle(const ballast_event& event, PolicySink& sink);
+
+  // Stop the handler call in progress (it fails as "interrupted", within
+  // 50 ms) and skip every later event, counting it (skipped()). Thread-safe:
+  // for a host that stops without waiting for a stuck handler's deadline.
+  void stop();
+  uint64_t skipped() const;
 
   const std::string& path() const;
   const std::string& name() const;

@@ -7,6 +7,7 @@
 #include <ballast/events.h>
 #include <ballast/status.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -127,7 +128,9 @@ class OutboxSink : public PolicySink {
 
 struct PolicyPlugin {
   const ballast_host_api* host;
-  std::mutex mutex;  // one handler call or reload at a time (Policy's thread rule)
+  // One handler call or reload at a time (Policy's thread rule); timed: a
+  // reload waiting for a stuck handler gives up when the host stops.
+  std::timed_mutex mutex;
   std::unique_ptr<Policy> policy;
   std::vector<uint64_t> subscriptions;  // main thread only
   bool started = false;                 // main thread only
@@ -142,7 +145,7 @@ struct PolicyPlugin {
 
   static int on_event(void* user, const ballast_event* event) {
     auto* p = static_cast<PolicyPlugin*>(user);
-    std::lock_guard lock(p->mutex);
+    std::lock_guard<std::timed_mutex> lock(p->mutex);
     OutboxSink sink(p->host, p->outbox, p->policy->name());
     p->policy->handle(*event, sink);
     return 0;
@@ -155,7 +158,7 @@ struct PolicyPlugin {
     subscriptions.clear();
     std::vector<std::string> patterns;
     {
-      std::lock_guard lock(mutex);
+      std::lock_guard<std::timed_mutex> lock(mutex);
       patterns = policy->patterns();
     }
     const ballast_subscribe_options queued{sizeof queued, BALLAST_DELIVER_QUEUED, 0, 0};
@@ -177,7 +180,7 @@ struct PolicyPlugin {
     std::unique_ptr<Policy> fresh;
     if (int rc = Policy::load(path, options, &fresh); rc != BALLAST_OK) return fail_with(rc, last_error());
     {
-      std::lock_guard lock(mutex);
+      std::lock_guard<std::timed_mutex> lock(mutex);
       policy = std::move(fresh);
     }
     return started ? subscribe() : BALLAST_OK;
@@ -234,14 +237,26 @@ int policy_start(void* state) {
 }
 
 // The host has stopped the timers; the subscriptions go after stop returns.
-// What the outbox holds is published before stop returns.
+// The handler call in progress is interrupted and the events still queued
+// are skipped (counted): what it would answer is not published any more,
+// and a stuck handler must not hold the host for its deadline. What the
+// outbox holds is published before stop returns.
 void policy_stop(void* state) {
   auto* p = static_cast<PolicyPlugin*>(state);
   p->started = false;
+  p->policy->stop();
   p->outbox.close();
 }
 
-void policy_destroy(void* state) { delete static_cast<PolicyPlugin*>(state); }
+void policy_destroy(void* state) {
+  auto* p = static_cast<PolicyPlugin*>(state);
+  if (const uint64_t skipped = p->policy->skipped(); skipped > 0) {
+    const std::string why = p->policy->name() + ": " + std::to_string(skipped) +
+                            " queued event(s) not handled: the host stopped";
+    p->host->log(p->host, BALLAST_LOG_WARN, why.c_str());
+  }
+  delete p;
+}
 
 const ballast_plugin_descriptor kDescriptor = {
     sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "policy", "built in", "policy",
@@ -256,11 +271,14 @@ int policy_plugin_load(void* state, const std::string& path, const PolicyOptions
   return static_cast<PolicyPlugin*>(state)->load(path, options);
 }
 
-int policy_plugin_reload(void* state) {
+int policy_plugin_reload(void* state, const std::function<bool()>& give_up) {
   auto* p = static_cast<PolicyPlugin*>(state);
   int rc;
   {
-    std::lock_guard lock(p->mutex);
+    std::unique_lock lock(p->mutex, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(100))) {
+      if (give_up()) return p->fail_with(BALLAST_ESTATE, "policy reload abandoned: the host is stopping");
+    }
     rc = p->policy->reload();
   }
   if (rc != BALLAST_OK) return p->fail_with(rc, last_error());

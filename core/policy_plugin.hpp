@@ -13,13 +13,15 @@
 // create() loads the script (an error names the file and the line); start()
 // subscribes queued to a covering set of the script's patterns; what the
 // script publishes goes out through an outbox thread (policy_plugin.cpp says
-// why); stop() hands out what the outbox holds and stops it.
+// why); stop() interrupts the handler call in progress, skips the events
+// still queued, hands out what the outbox holds and stops it.
 #pragma once
 
 #include "policy.hpp"
 
 #include <ballast/plugin.h>
 
+#include <functional>
 #include <string>
 
 namespace ballast {
@@ -33,6 +35,8 @@ const ballast_plugin_descriptor* policy_plugin_descriptor();
 int policy_plugin_load(void* state, const std::string& path, const PolicyOptions& options);
 
 // Re-read the current script's file (policy_plugin_load with its own path).
-int policy_plugin_reload(void* state);
+// While a handler call holds the policy, `give_up` is asked every 100 ms:
+// true abandons the reload (BALLAST_ESTATE), e.g. when the host is stopping.
+int policy_plugin_reload(void* state, const std::function<bool()>& give_up);
 
 }  // namespace ballast

@@ -140,10 +140,12 @@ typedef struct ballast_plugin_descriptor {
   /* Optional (may be NULL). Start work: subscribe, start timers or threads. */
   int (*start)(void* state);
   /* Optional. Stop work: join the plugin's own threads. Before calling it
-   * the host has cancelled the plugin's timers and subscriptions (none of
-   * their callbacks runs during or after stop; cancelling them again is not
-   * an error). After it returns the host refuses the plugin's publish with
-   * BALLAST_ESTATE: no event of the plugin reaches the bus any more. */
+   * the host has cancelled the plugin's timers (none of their callbacks runs
+   * during or after stop; cancelling them again is not an error). After it
+   * returns the host refuses the plugin's publish with BALLAST_ESTATE (no
+   * event of the plugin reaches the bus any more) and removes its
+   * subscriptions: a handler may still run during stop, none after the
+   * removal. */
   void (*stop)(void* state);
   /* Free the state. Called once, also when start failed. */
   void (*destroy)(void* state);

@@ -21,6 +21,7 @@
 #include "lockstep_job.hpp"
 #include "metrics_csv.hpp"
 #include "config.hpp"
+#include "fusion.hpp"
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +86,43 @@ double percentile(std::vector<double> v, double p) {
   double idx = p * static_cast<double>(v.size() - 1);
   size_t lo = static_cast<size_t>(idx), hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+// The same alerts through the suspect fusion (plugins/detector/fusion), as
+// the machine plugin publishes them: does the final ranking name the faulty
+// machine first, and which other machines ever reach "alerting"?
+struct Fused {
+  bool top_right = false;     // the final ranking's first suspect is the faulty machine
+  bool top_alerting = false;  // ... and its score reaches min_score
+  int false_alerting = 0;
+};
+
+Fused fuse(const Scenario& sc, const std::vector<Alert>& alerts, double threshold) {
+  ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
+  std::set<std::string> wrong;
+  std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
+  int64_t last = 0;
+  for (const Alert& a : alerts) {
+    ballast::fusion::Suspicion s;
+    s.detector = "machine";
+    s.subject = a.node;
+    s.kind = a.kind;
+    s.metric = a.metric;
+    s.score = a.score;
+    s.confirmed = a.kind == "silent";
+    s.confidence = s.confirmed ? 1.0 : std::min(1.0, a.score / (2 * threshold));
+    s.since_ns = a.since_ns;
+    s.at_ns = last = a.ts_ns;
+    f.add(std::move(s));
+    for (const auto& x : f.ranking(a.ts_ns))
+      if (x.alerting && !(x.node == target && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s)) wrong.insert(x.node);
+  }
+  Fused out;
+  auto r = f.ranking(last);
+  out.top_right = !target.empty() && !r.empty() && r[0].node == target;
+  out.top_alerting = out.top_right && r[0].alerting;
+  out.false_alerting = static_cast<int>(wrong.size());
+  return out;
 }
 
 struct Tally {
@@ -175,6 +214,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < n_clean; ++k) plan.push_back(make_scenario(index++, Fault::none, seconds, rng));
 
   Tally all;
+  int detector_first = 0, fused_first = 0, fused_alerting = 0, faulty_runs = 0, fused_false = 0, detector_false = 0;
   std::vector<Tally> by_fault(all_faults().size() + 1);
   std::vector<std::vector<std::string>> metrics_by_fault(by_fault.size());
   for (const Scenario& sc : plan) {
@@ -188,6 +228,24 @@ int main(int argc, char** argv) {
     Detector d(config);
     std::vector<Alert> alerts = ballast::machine::replay(table, &d);
     Verdict v = judge(sc, alerts);
+    Fused fu = fuse(sc, alerts, d.config().threshold);
+    if (sc.fault != Fault::none) {
+      ++faulty_runs;
+      // The detector names the faulty machine first: its first alert after
+      // the onset is on it and no other machine was alerted before.
+      bool first = v.found;
+      for (const Alert& a : alerts)
+        if (static_cast<double>(a.ts_ns) / 1e9 <= sc.onset_s + v.latency && a.node != machine_name(sc.faulty)) first = false;
+      detector_first += first;
+      fused_first += fu.top_right;
+      fused_alerting += fu.top_alerting;
+    }
+    std::set<std::string> wrong_nodes;
+    for (const Alert& a : alerts)
+      if (!(sc.faulty >= 0 && a.node == machine_name(sc.faulty) && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s))
+        wrong_nodes.insert(a.node);
+    detector_false += static_cast<int>(wrong_nodes.size());
+    fused_false += fu.false_alerting;
     size_t fi = static_cast<size_t>(sc.fault);
     for (Tally* t : {&all, &by_fault[fi]}) {
       t->fp += v.false_alerts;
@@ -226,6 +284,9 @@ int main(int argc, char** argv) {
     emit(cs, "latency_p90", percentile(s.latency, 0.9), "s");
   };
   report("detector", all);
+  emit("fusion", "faulty_named_first", fused_first, "runs",
+       {{"of", faulty_runs}, {"machine_detector", detector_first}, {"alerting", fused_alerting}});
+  emit("fusion", "machines_falsely_alerting", fused_false, "machines", {{"machine_detector", detector_false}});
   for (Fault f : all_faults()) {
     size_t fi = static_cast<size_t>(f);
     std::string top;

@@ -346,6 +346,15 @@ int replay_main(const std::string& dir, const DetectorConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (has(argc, argv, "--help") || has(argc, argv, "-h")) {
+    std::fputs("usage: bench_detect [--quick] [--faulty N] [--clean N] [--seconds S] [--out DIR]\n"
+               "       bench_detect --replay DIR [--config FILE.lua]   re-score recorded scenarios\n"
+               "       bench_detect --cost                              the synthetic-load case only\n"
+               "Real faults injected into an emulated job (root: cgroups, network namespaces);\n"
+               "JSON lines on stdout. See docs/benchmarks.md, section detect.\n",
+               stdout);
+    return 0;
+  }
   if (argc > 1 && std::strcmp(argv[1], "--worker") == 0) return worker_main(argc, argv);
   if (argc > 1 && std::strcmp(argv[1], "--hog") == 0) return hog_main(argc, argv);
   DetectorConfig config;

@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "host_config.hpp"
+#include "role.hpp"
 #include "run_job.hpp"
 
 #include <cstdio>
@@ -15,7 +16,7 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/default.lua)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
       ->required();
   cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
   static JobFlags job_flags;
@@ -46,10 +47,24 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    // The cluster role (agent or controller), when the config has a cluster table.
+    std::unique_ptr<cluster::Role> role;
+    if (cluster::Role::from_config(config, base, *host, &role) != BALLAST_OK) {
+      std::fprintf(stderr, "ballast run: %s: %s\n", config_path.c_str(), last_error());
+      set_exit_code(1);
+      return;
+    }
     Host* h = host.get();
+    bool role_failed = false;
     JobWatch watch;
     if (has_job) watch.attach(*h);
-    auto ready = [h, has_job, &watch] {
+    auto ready = [h, has_job, &watch, &role, &role_failed] {
+      if (role && role->start() != BALLAST_OK) {
+        std::fprintf(stderr, "ballast run: cluster role: %s\n", last_error());
+        role_failed = true;
+        h->request_stop();
+        return;
+      }
       if (has_job && !watch.started()) {
         std::fprintf(stderr, "ballast run: %s: the job did not start (the error is above)\n", config_path.c_str());
         set_exit_code(1);
@@ -65,10 +80,17 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    if (role) role->stop();
     nlohmann::json counters = host->counters();
+    if (role) counters.update(role->counters());
+    role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
+    if (role_failed) set_exit_code(1);
+    // Events the journal could not write (a full disk): not a clean stop.
+    const uint64_t journal_failed = counters.value("journal.failed", uint64_t{0});
+    if (journal_failed > 0) set_exit_code(1);
     if (has_job && watch.started()) {
-      set_exit_code(watch.exit_code());
+      set_exit_code(watch.exit_code() == 0 && journal_failed > 0 ? 1 : watch.exit_code());
       if (json) {
         nlohmann::json report = watch.report();
         report["counters"] = counters;
@@ -79,7 +101,12 @@ void add_run(CLI::App& app) {
     if (json) {
       std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::fprintf(stderr, "ballast run: stopped cleanly;");
+      if (journal_failed > 0) {
+        std::fprintf(stderr, "ballast run: stopped; the journal lost %llu event(s) (the first error is above);",
+                     static_cast<unsigned long long>(journal_failed));
+      } else {
+        std::fprintf(stderr, "ballast run: stopped cleanly;");
+      }
       for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }

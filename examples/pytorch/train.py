@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A real PyTorch trainer supervised by Ballast: DistributedDataParallel on
 the CPU with gloo, a small MLP fitting a fixed random teacher network (its
-loss falls), atomic torch.save checkpoints, and the `ballast` package for
+loss falls), atomic checkpoints (safetensors, as the executor reads them, or torch.save), and the `ballast` package for
 step timings, the heartbeat and recovery actions.
 
 Launch it with torchrun's environment variables, as `ballast launch` sets
@@ -50,6 +50,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--checkpoint-every", type=int, default=20)
     ap.add_argument("--checkpoint-dir", default=None, help="default: $BALLAST_CHECKPOINT_DIR, else none")
+    ap.add_argument("--checkpoint-format", choices=("safetensors", "torch"), default="safetensors",
+                    help="safetensors (the job channel's, which the executor resumes from) or torch.save's")
     ap.add_argument("--resume", default=None, help="a checkpoint, or 'latest' (default: $BALLAST_RESUME_FROM)")
     ap.add_argument("--step-sleep-ms", type=float, default=0.0, help="extra time per step (to watch it run)")
     ap.add_argument("--crash", default=None, metavar="R@S")
@@ -60,6 +62,39 @@ def parse_args():
     args.crash, args.hang = rank_at(args.crash, "step"), rank_at(args.hang, "step")
     args.slow = rank_at(args.slow, "factor")
     return args
+
+
+def save_safetensors(path, model, optimizer, meta, torch):
+    """The model's tensors and SGD's momentum buffers, flat, with the step,
+    seed and world size in the metadata: what the executor resumes from."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, st in optimizer.state_dict()["state"].items():
+        if st.get("momentum_buffer") is not None:
+            tensors[f"optimizer.{i}.momentum_buffer"] = st["momentum_buffer"]
+    flat = {}
+    for name, t in tensors.items():
+        if t.dtype != torch.float32:
+            raise SystemExit(f"train.py: {name} is {t.dtype}: this example saves float32 tensors only")
+        flat[name] = ("F32", list(t.shape), t.detach().contiguous().numpy().tobytes())
+    return ballast.checkpoint.save(path, flat, meta)
+
+
+def load_checkpoint(path, model, optimizer, torch):
+    """{model, optimizer, step, seed, world_size} from either format."""
+    if not path.endswith(".safetensors"):
+        return torch.load(path, map_location="cpu")
+    tensors, meta = ballast.checkpoint.load(path)
+
+    def tensor(name):
+        _, shape, data = tensors[name]
+        return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape).clone()
+    model_state = {k[len("model."):]: tensor(k) for k in tensors if k.startswith("model.")}
+    opt_state = optimizer.state_dict()
+    for k in tensors:
+        if k.startswith("optimizer.") and k.endswith(".momentum_buffer"):
+            opt_state["state"][int(k.split(".")[1])] = {"momentum_buffer": tensor(k)}
+    return {"model": model_state, "optimizer": opt_state, "step": int(meta["step"]), "seed": int(meta["seed"]),
+            "world_size": int(meta["world_size"])}
 
 
 def main():
@@ -101,7 +136,7 @@ def train(args, job, heartbeat):
         resume = job.latest_checkpoint()
     first_step = 1
     if resume:
-        state = torch.load(resume, map_location="cpu")
+        state = load_checkpoint(resume, model, optimizer, torch)
         if state["world_size"] != world or state["seed"] != args.seed:
             raise SystemExit(f"train.py: {resume} was written by a job of {state['world_size']} ranks and seed "
                              f"{state['seed']}, this one has {world} and {args.seed}")
@@ -135,10 +170,14 @@ def train(args, job, heartbeat):
     actions.on("slow", lambda a: slow.__setitem__(0, float((a.args or {}).get("factor", 1.0))))
 
     def save(step):
-        path = job.checkpoint_path(step, "pt")
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "seed": args.seed,
-                 "world_size": world}
-        nbytes, seconds = ballast.write_atomically(path, lambda f: torch.save(state, f))
+        meta = {"step": step, "seed": args.seed, "world_size": world}
+        if args.checkpoint_format == "torch":
+            path = job.checkpoint_path(step, "pt")
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta}
+            nbytes, seconds = ballast.write_atomically(path, lambda f: torch.save(state, f))
+        else:
+            path = job.checkpoint_path(step, "safetensors")
+            nbytes, seconds = save_safetensors(path, model, optimizer, meta, torch)
         job.checkpoint(step, path, nbytes, seconds)
         print(f"rank 0: checkpoint {path} ({nbytes} bytes, {seconds * 1000:.1f} ms)", flush=True)
 
@@ -184,6 +223,7 @@ def train(args, job, heartbeat):
                     (loss / args.micro_batches).backward()
                 timer.end_phase()
                 total += loss.item() / args.micro_batches
+            loss_value[0] = total  # the step's report, sent as the step ends, carries it
             if skip_next:
                 skip_next.clear()
             with timer.phase("optimizer"):
@@ -194,7 +234,6 @@ def train(args, job, heartbeat):
                 optimizer.zero_grad(set_to_none=True)
             if args.step_sleep_ms:
                 time.sleep(args.step_sleep_ms / 1000)
-        loss_value[0] = total
         # The step's report went out with the step; now the step boundary.
         job.deliver_commands(actions)
         actions.poll()

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +38,9 @@ double wall_seconds() {
 
 JobChannel::JobChannel(std::string socket_path, std::string control_path, int rank)
     : socket_path_(std::move(socket_path)), control_path_(std::move(control_path)), rank_(rank) {
+  // The lines already there were for the ranks of earlier attempts.
+  struct stat st {};
+  if (!control_path_.empty() && ::stat(control_path_.c_str(), &st) == 0) offset_ = uint64_t(st.st_size);
   if (socket_path_.empty()) return;
   if (socket_path_.size() >= sizeof(sockaddr_un{}.sun_path))
     throw std::runtime_error("BALLAST_JOB_SOCKET: '" + socket_path_ + "' is longer than a socket path may be");
@@ -66,6 +70,8 @@ std::vector<JobChannel::Command> JobChannel::poll() {
   if (control_path_.empty()) return out;
   const int fd = ::open(control_path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return out;  // not written yet
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && uint64_t(st.st_size) < offset_) offset_ = 0;  // made anew for another job
   std::string chunk(kMaxReadPerPoll, '\0');
   const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), off_t(offset_));
   ::close(fd);

@@ -31,7 +31,8 @@ class JobChannel {
     std::string command;  // checkpoint_now, skip, slow, stop
     double factor = 1;    // slow's
   };
-  // The complete lines appended since the last call that are meant for this
+  // The complete lines appended since the last call (the first call: since
+  // the channel was made, when the rank started) that are meant for this
   // rank. A line that is not a JSON object with a string "command" is
   // skipped with a message on stderr naming the file and its line.
   std::vector<Command> poll();

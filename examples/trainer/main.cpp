@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -82,7 +83,10 @@ class Trainer {
   // Trains up to step o.steps, or until a stop command.
   void run() {
     const size_t n = model_.parameter_count();
-    std::vector<float> buffer(n + 2);  // the gradients, then the loss and the stop flag, in one all-reduce
+    // One all-reduce carries the gradients, the loss, the stop flag and each
+    // rank's step in a slot of its own (so that a rank out of step is named).
+    const size_t world = size_t(rt_.world_size());
+    std::vector<float> buffer(n + 2 + world);
     std::vector<int32_t> inputs, targets;
     const int64_t started_ns = trainer::wall_ns();
     float first_loss = std::numeric_limits<float>::quiet_NaN(), loss = first_loss;
@@ -118,7 +122,10 @@ class Trainer {
       ops.push_back({"backward-compute", t1, t2 - t1});
       buffer[n] = local;
       buffer[n + 1] = stop_asked ? 1.0f : 0.0f;
-      if (skip_next_) {  // fault injection: the others wait for this rank in the collective it leaves out
+      std::fill(buffer.begin() + int64_t(n + 2), buffer.end(), 0.0f);
+      buffer[n + 2 + size_t(rt_.rank())] = float(step);  // exact up to 2^24 steps
+      const bool skip = skip_next_;
+      if (skip) {  // fault injection: the others wait for this rank in the collective it leaves out
         skip_next_ = false;
         std::fprintf(stderr, "ballast-trainer: rank %d: leaving the all-reduce of step %llu out (skip)\n",
                      rt_.rank(), (unsigned long long)step);
@@ -132,6 +139,7 @@ class Trainer {
       }
       const double t3 = wall_seconds();
       ops.push_back({"grads-all-reduce", t2, t3 - t2});
+      if (!skip) check_in_step(&buffer[n + 2], step);
       const float inv = 1.0f / float(rt_.world_size());
       loss = buffer[n] * inv;
       if (!std::isfinite(loss))
@@ -165,6 +173,21 @@ class Trainer {
   uint64_t step() const { return step_; }
 
  private:
+  // Every rank's slot must hold this step: a rank that left a collective out
+  // (skip) meets the others' previous one with its next, one step ahead.
+  void check_in_step(const float* steps, uint64_t step) const {
+    float low = steps[0];
+    for (int r = 1; r < rt_.world_size(); ++r) low = std::min(low, steps[r]);
+    std::string ahead;
+    for (int r = 0; r < rt_.world_size(); ++r)
+      if (steps[r] != low) ahead += (ahead.empty() ? "rank " : ", rank ") + std::to_string(r) + " at step " +
+                                    std::to_string(uint64_t(steps[r]));
+    if (ahead.empty()) return;
+    throw Failure(kInternal, "internal",
+                  "the gradient all-reduce of step " + std::to_string(step) + " joined ranks out of step: " + ahead +
+                      ", the others at step " + std::to_string(uint64_t(low)) + " (a rank left a collective out)");
+  }
+
   static trainer::Shape shape_of(const Options& o, const trainer::Corpus& corpus) {
     trainer::Shape s = o.shape;
     s.vocab = corpus.vocab_size();

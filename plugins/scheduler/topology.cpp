@@ -234,10 +234,13 @@ struct YNode {
   std::string value;
   int line = 0;
   std::vector<YNode> items;
-  std::vector<std::pair<YNode, YNode>> pairs;
+  // A map's keys and values, in parallel (a vector of pairs of YNode would
+  // need YNode complete here, which clang with libstdc++ 12 refuses).
+  std::vector<YNode> keys;
+  std::vector<YNode> values;
   const YNode* get(const std::string& key) const {
-    for (const auto& [k, v] : pairs)
-      if (k.kind == Scalar && k.value == key) return &v;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i].kind == Scalar && keys[i].value == key) return &values[i];
     return nullptr;
   }
 };
@@ -288,7 +291,9 @@ struct YamlParser {
           YNode k = guarded(e, depth + 1);
           yaml_event_t v;
           next(v);
-          n.pairs.emplace_back(std::move(k), guarded(v, depth + 1));
+          YNode value = guarded(v, depth + 1);
+          n.keys.push_back(std::move(k));
+          n.values.push_back(std::move(value));
         }
         return n;
       case YAML_ALIAS_EVENT:
@@ -331,7 +336,7 @@ std::vector<std::string> yaml_hostlist(const YNode& n, const std::string& source
 }
 
 void check_keys(const YNode& map, std::initializer_list<const char*> allowed, const std::string& source) {
-  for (const auto& [k, v] : map.pairs) {
+  for (const YNode& k : map.keys) {
     bool ok = false;
     for (const char* a : allowed) ok = ok || k.value == a;
     if (!ok) fail(source, k.line, "unknown key \"" + k.value + "\"");

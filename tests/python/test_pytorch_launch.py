@@ -99,11 +99,11 @@ class PyTorchLaunchTest(unittest.TestCase):
         print(f"crash named {latency:.2f} s after it")
         self.assertLess(latency, STALL + 1.0, out)
         self.assertEqual([(c["rank"], c["kind"]) for c in self.analyze()["root_cause"]], [(1, "crashed")])
-        self.assertEqual(sorted(os.listdir(self.ckpt)), ["step-00000010.pt", "step-00000020.pt"])
+        self.assertEqual(sorted(os.listdir(self.ckpt)), ["step-00000010.safetensors", "step-00000020.safetensors"])
         # Resumed: from step 21, to the end, the loss still falling.
         rc, out = self.launch("--steps", "60", "--resume", "latest")
         self.assertEqual(rc, 0, out)
-        self.assertIn("resumed from " + os.path.join(self.ckpt, "step-00000020.pt") + " at step 21", out)
+        self.assertIn("resumed from " + os.path.join(self.ckpt, "step-00000020.safetensors") + " at step 21", out)
         for rank in range(3):
             done = [line for line in out.splitlines() if line.startswith(f"rank {rank}: done at step 60")]
             self.assertEqual(len(done), 1, out)

@@ -237,5 +237,38 @@ class JobChannelTest(unittest.TestCase):
                          ["step-00000004.pt", "step-00000008.pt", "step-00000012.pt"])
 
 
+class CheckpointTest(unittest.TestCase):
+    def test_safetensors_round_trip_and_bad_files_named(self):
+        import struct
+        from ballast import checkpoint
+        folder = tempfile.mkdtemp()
+        path = os.path.join(folder, "step-00000012.safetensors")
+        w = struct.pack("<6f", *range(6))
+        n, _ = checkpoint.save(path, {"w": ("F32", [2, 3], w), "b": ("BF16", [1], b"ab")},
+                               {"step": 12, "seed": 1})
+        self.assertEqual(n, os.path.getsize(path))
+        (hlen,) = struct.unpack("<Q", open(path, "rb").read(8))
+        self.assertEqual(hlen % 8, 0)
+        tensors, meta = checkpoint.load(path)
+        self.assertEqual(tensors["w"], ("F32", [2, 3], w))
+        self.assertEqual(tensors["b"], ("BF16", [1], b"ab"))
+        self.assertEqual(meta, {"step": "12", "seed": "1"})
+        self.assertEqual(checkpoint.step_of(path), 12)
+        with self.assertRaises(ValueError):
+            checkpoint.save(path, {"w": ("F32", [2, 3], b"short")})
+        bad = os.path.join(folder, "bad.safetensors")
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<Q", 1 << 40) + b"{}")
+        with self.assertRaises(checkpoint.FormatError) as e:
+            checkpoint.load(bad)
+        self.assertIn("header length", str(e.exception))
+        header = b'{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}'
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + b"x" * 8)
+        with self.assertRaises(checkpoint.FormatError) as e:
+            checkpoint.load(bad)
+        self.assertIn("tensor w", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

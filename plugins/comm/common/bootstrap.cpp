@@ -474,14 +474,13 @@ class Master {
       close(p.fd);
       return;
     }
-    Reader r{body, size - kMac};
-    const uint32_t version = r.u32();
-    const int32_t rank = int32_t(r.u32());
-    const int32_t world = int32_t(r.u32());
-    PeerInfo peer;
-    const bool peer_ok = decode_peer(r, &peer);
-    const Nonce client_nonce = r.fixed<kNonce>();
-    Joined j{p.fd, client_nonce};
+    HelloBody h;
+    const bool well_formed = decode_hello(body, size - kMac, &h);
+    const uint32_t version = h.version;
+    const int32_t rank = h.rank;
+    const int32_t world = h.world;
+    PeerInfo& peer = h.peer;
+    Joined j{p.fd, h.nonce};
     if (telling_) {
       extra_.push_back(j);
       return;
@@ -492,7 +491,7 @@ class Master {
       extra_.push_back(j);
       failure_ = "a rank sent bootstrap version " + std::to_string(version) + " (expected " +
                  std::to_string(kVersion) + "): mixed Ballast versions in one job";
-    } else if (!r.ok || r.off != r.size || !peer_ok) {
+    } else if (!well_formed) {
       extra_.push_back(j);
       failure_ = "rank " + std::to_string(rank) + " sent a malformed hello" + who;
     } else if (world != nranks_) {
@@ -626,14 +625,8 @@ int run_client(int rank, int nranks, const std::string& addr, int port, const st
           *err = "bootstrap refused by rank 0: " + printable(body.data(), body.size());
           return BALLAST_EINVAL;
         }
-        Reader r{body.data(), body.size()};
-        const uint64_t lo = r.u32();
-        const uint64_t hi = r.u32();
-        out->job_id = lo | (hi << 32);
-        out->peers.assign(size_t(nranks), PeerInfo{});
-        bool ok = r.ok;
-        for (int i = 0; i < nranks && ok; ++i) ok = decode_peer(r, &out->peers[size_t(i)]);
-        if (!ok || r.off != r.size || out->peers[size_t(rank)].address != self.address) {
+        if (!decode_table(body.data(), body.size(), nranks, &out->job_id, &out->peers) ||
+            out->peers[size_t(rank)].address != self.address) {
           *err = "rank " + std::to_string(rank) + ": malformed bootstrap table from the master at " + at;
           return BALLAST_EFORMAT;
         }
@@ -716,6 +709,29 @@ std::string interface_towards(const std::string& master_addr, std::string* err) 
   freeifaddrs(ifs);
   if (name.empty()) *err = "no interface holds the address that reaches MASTER_ADDR " + master_addr;
   return name;
+}
+
+bool decode_hello(const uint8_t* body, size_t size, HelloBody* out) {
+  Reader r{body, size};
+  out->version = r.u32();
+  out->rank = int32_t(r.u32());
+  out->world = int32_t(r.u32());
+  const bool peer_ok = decode_peer(r, &out->peer);
+  out->nonce = r.fixed<kNonce>();
+  return r.ok && r.off == r.size && peer_ok;
+}
+
+bool decode_table(const uint8_t* body, size_t size, int nranks, uint64_t* job_id, std::vector<PeerInfo>* peers) {
+  Reader r{body, size};
+  const uint64_t lo = r.u32();
+  const uint64_t hi = r.u32();
+  *job_id = lo | (hi << 32);
+  // Each peer takes at least 12 bytes: a count beyond the body is malformed.
+  if (nranks <= 0 || size_t(nranks) > size / 12) return false;
+  peers->assign(size_t(nranks), PeerInfo{});
+  bool ok = r.ok;
+  for (int i = 0; i < nranks && ok; ++i) ok = decode_peer(r, &(*peers)[size_t(i)]);
+  return ok && r.off == r.size;
 }
 
 }  // namespace ballast::comm

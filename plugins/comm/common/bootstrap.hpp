@@ -14,6 +14,7 @@
 // and counted, never trusted and never fatal to the job.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,5 +56,25 @@ int bootstrap_exchange_with_secret(int rank, int nranks, const std::string& mast
 std::string interface_towards(const std::string& master_addr, std::string* err);
 
 int64_t monotonic_ns();
+
+// ---- the wire, for tests and fuzz targets ----
+
+// A hello's body once rank 0 checked its MAC: what a connection hands it.
+struct HelloBody {
+  uint32_t version = 0;
+  int32_t rank = 0;
+  int32_t world = 0;
+  PeerInfo peer;
+  std::array<uint8_t, 16> nonce{};  // the rank's, for rank 0's answer
+};
+
+// Decode a hello body. False when a field is out of bounds (see kMax*), the
+// peer has no pid or address, or bytes are left over; the fields read so far
+// are set either way (the version first, to report mixed versions).
+bool decode_hello(const uint8_t* body, size_t size, HelloBody* out);
+
+// Decode the table rank 0 sends: the job id and nranks peers. False when
+// malformed.
+bool decode_table(const uint8_t* body, size_t size, int nranks, uint64_t* job_id, std::vector<PeerInfo>* peers);
 
 }  // namespace ballast::comm

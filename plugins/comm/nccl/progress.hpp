@@ -55,6 +55,18 @@ struct OpTracker {
 void track(const std::string& comm_name, std::shared_ptr<OpTracker> tracker);
 void untrack(const std::string& comm_name);
 
+// Record every communicator of the process, not only Ballast's: the
+// stand-alone profiler (ballast-nccl-profiler.so, NCCL_PROFILER_PLUGIN=…)
+// turns it on. A communicator that is not Ballast's gets a record per
+// operation in the process's ring "rank-R.PID.ncclprof.btrace" (R: RANK, or
+// its rank in the first communicator), made when NCCL starts the
+// operation's event while the caller enqueues it (issued), started when its
+// kernel starts on a channel, done when every channel stopped or a later
+// operation of the communicator started. comm-nccl's own communicators
+// ("ballast-…") are left to comm-nccl.
+void trace_every_communicator(bool on);
+inline constexpr const char* kStandaloneWriter = "ncclprof";
+
 // Ask NCCL to load this shared object as its profiler, unless the user
 // chose one (NCCL_PROFILER_PLUGIN set) or BALLAST_NCCL_PROGRESS=0. NCCL
 // reads the variable when it creates the process's first communicator.

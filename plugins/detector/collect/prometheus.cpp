@@ -282,7 +282,7 @@ bool Scraper::scrape(int64_t ts, std::vector<Sample>* out, std::string* error) {
       detector_names::Mapping m;
       if (detector_names::map_series(s.name, s.labels, &m)) {
         if (std::isfinite(s.value)) names_.add("", series_name(s), s.name, s.labels, at, s.value);
-        else out->push_back(Sample{m.name, 0.0, BALLAST_SAMPLE_INVALID | (m.counter ? BALLAST_SAMPLE_COUNTER : 0u)});
+        else out->push_back(Sample{m.name, 0.0, static_cast<uint32_t>(BALLAST_SAMPLE_INVALID) | (m.counter ? static_cast<uint32_t>(BALLAST_SAMPLE_COUNTER) : 0u)});
         continue;
       }
     }

@@ -5,9 +5,13 @@
 #include "commands.hpp"
 #include "heartbeat.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <ballast/command.h>
 #include <ballast/events.h>
 #include <ballast/plugin.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <ctime>
@@ -47,19 +51,23 @@ struct State {
 int on_job_state(void* user, const ballast_event* ev) {
   auto* s = static_cast<State*>(user);
   if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
-  const std::string body(static_cast<const char*>(ev->payload), ev->payload_size);
-  const bool paused = body.find("\"state\":\"paused\"") != std::string::npos;
+  const auto* text = static_cast<const char*>(ev->payload);
+  const auto body = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
+  if (!body.is_object()) return BALLAST_OK;
+  const auto state = body.find("state");
+  const bool paused = state != body.end() && *state == "paused";
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->paused && !paused) s->last_change_ns = wall_now();
   s->paused = paused;
   return BALLAST_OK;
 }
 
-void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric) {
+// evidence: the verdict's JSON, or that with more (the ranks' stacks).
+void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric, const std::string& evidence_json = "") {
   const int64_t now = wall_now();
   for (const auto& c : v.causes) {
     const std::string subject = "rank:" + std::to_string(c.rank);
-    const std::string evidence = v.to_json();
+    const std::string evidence = evidence_json.empty() ? v.to_json() : evidence_json;
     ballast_fault_report f{};
     f.size = sizeof f;
     f.stage = BALLAST_FAULT_CONFIRMED;
@@ -97,7 +105,12 @@ void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
   const Verdict v = analyze_heartbeats(beats);
   // One report per stall: keyed by the stalled signature.
   if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({0, sig}).second) return;
-  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat");
+  // The evidence carries each live rank's Python stacks (those that offer a
+  // stack signal), as `ballast launch` prints them.
+  auto evidence = nlohmann::json::parse(v.to_json());
+  evidence["stacks"] = nlohmann::json::object();
+  for (const auto& [rank, stack] : collect_stacks(s->dir, beats, 1000)) evidence["stacks"][std::to_string(rank)] = stack;
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat", evidence.dump());
 }
 
 void on_tick(void* user) {

@@ -249,7 +249,7 @@ bool parse_lua_table(const std::string& text, const std::string& name, ConfigTex
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
-      "period", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
+      "period", "lateness", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
       "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "hold_peers", "max_metrics",
       "metrics", "min_deviation", "rel_floors"};
   return keys;
@@ -265,6 +265,7 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
   double continuity = c->continuity, min_nodes = c->min_nodes, warmup = c->warmup;
   double max_metrics = static_cast<double>(c->max_metrics);
   Num nums[] = {{"period", &c->period_s, 1e-3},
+                {"lateness", &c->lateness_s, 0},
                 {"window", &c->window_s, 1e-3},
                 {"threshold", &c->threshold, 0},
                 {"continuity", &continuity, 1},

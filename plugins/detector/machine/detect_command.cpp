@@ -88,7 +88,7 @@ const char* kUsage =
     "\"kind\":\"summary\": series checked and ignored). Exporter names (DCGM exporter,\n"
     "node-exporter, plain gpu_util, net_tx_gbps, ...) are mapped to the detector's\n"
     "(plugins/detector/common/README.md); a labelled series is one quoted CSV field.\n"
-    "--config: a Lua table with keys period, window, threshold, continuity,\n"
+    "--config: a Lua table with keys period, lateness, window, threshold, continuity,\n"
     "silent_after, rel_floor, abs_floor, spread_memory, warmup, min_nodes,\n"
     "max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors,\n"
     "hold_peers\n"

@@ -48,9 +48,10 @@ namespace ballast::machine {
 
 struct DetectorConfig {
   double period_s = 1.0;      // evaluation period of the live plugin
+  double lateness_s = 0.25;   // live plugin: a round ends this long before its evaluation
   double window_s = 3.0;      // denoising window: rounds whose z-scores' median is the score
   double threshold = 4.0;     // |robust z| above which a machine is an outlier
-  int continuity = 2;         // consecutive outlier evaluations before an alert
+  int continuity = 1;         // consecutive outlier evaluations before an alert
   double silent_after_s = 5.0;
   double rel_floor = 0.1;     // scale floor relative to |median|
   double abs_floor = 1e-6;    // scale floor in the metric's unit

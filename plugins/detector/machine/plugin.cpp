@@ -7,6 +7,7 @@
 
 #include <ballast/ballast.h>
 
+#include <algorithm>
 #include <mutex>
 #include <new>
 #include <string>
@@ -85,7 +86,11 @@ void on_tick(void* user) {
   {
     std::lock_guard<std::mutex> lock(s->mu);
     uint64_t before = s->detector.counters().held;
-    s->detector.evaluate(s->host->now_ns(s->host), &alerts);
+    // Samples reach the bus a little after they are taken: the round ends
+    // `lateness` before now, so a machine's sample of it is not judged late.
+    const auto& c = s->detector.config();
+    double lateness = std::min(c.lateness_s, c.period_s / 2);
+    s->detector.evaluate(s->host->now_ns(s->host) - static_cast<int64_t>(lateness * 1e9), &alerts);
     held = s->detector.counters().held - before;
   }
   // Outliers on other machines while one machine is the job's culprit.

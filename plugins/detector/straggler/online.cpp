@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 namespace ballast::straggler {
 
@@ -29,8 +30,21 @@ OnlineDetector::OnlineDetector(OnlineConfig config) : config_(std::move(config))
 }
 
 void OnlineDetector::add(const ballast_op_timing* ops, size_t count) {
+  std::set<int32_t> seen;  // ranks of this batch
   for (size_t i = 0; i < count; ++i) {
     const ballast_op_timing& o = ops[i];
+    // A rank's first op of a batch for a step it already reported: the rank
+    // restarted from a checkpoint and runs those steps again. Its rows from
+    // there on are the old attempt's: dropped, and the window analysed again
+    // from there.
+    const bool first_of_rank = seen.insert(o.rank).second;
+    if (const auto at = latest_.find(o.rank); first_of_rank && at != latest_.end() && o.step <= at->second) {
+      for (auto it = steps_.lower_bound(o.step); it != steps_.end(); ++it)
+        std::erase_if(it->second, [&](const TraceRow& r) { return r.rank == o.rank; });
+      at->second = o.step - 1;
+      last_analysed_ = std::min(last_analysed_, o.step - 1);
+      ++counters_.restarts;
+    }
     if (o.optype && std::strcmp(o.optype, "step") == 0) {
       ++counters_.step_rows;
       continue;

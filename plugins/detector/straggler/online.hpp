@@ -28,6 +28,7 @@ struct OnlineCounters {
   uint64_t ops = 0;        // accepted
   uint64_t rejected = 0;   // unknown op type, NaN, negative duration or index
   uint64_t step_rows = 0;  // whole-step rows (optype "step"): no schedule, not analysed
+  uint64_t restarts = 0;   // a rank reporting a step again (restarted from a checkpoint)
   uint64_t analyses = 0;
   uint64_t failures = 0;  // windows that could not be analysed
 };
@@ -47,7 +48,8 @@ class OnlineDetector {
   // skipped, never fatal. Besides the trace's op types, the phase names a
   // trainer's step timer uses are understood (timer_optype). Ops with optype
   // "step" (whole-step timings) carry no schedule: counted in step_rows and
-  // ignored.
+  // ignored. A batch whose step a rank already reported (it restarted from a
+  // checkpoint) replaces that rank's rows from that step on.
   void add(const ballast_op_timing* ops, size_t count);
 
   // When enough steps have completed: analyses the window. Returns the

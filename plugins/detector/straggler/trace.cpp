@@ -323,6 +323,21 @@ Trace parse_trace_csv(std::string_view text, const std::string& source) {
     t.lines.push_back(static_cast<uint32_t>(line));
   }
   if (t.rows.empty()) fail(source, 1, "", "no operations after the header");
+  // The analysis keeps a cell per (dp_rank, stage): bound their product
+  // here, naming the row that makes it too large, before anything allocates.
+  size_t widest_dp = 0, deepest_stage = 0;
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    if (t.rows[i].dp_rank > t.rows[widest_dp].dp_rank) widest_dp = i;
+    if (t.rows[i].stage > t.rows[deepest_stage].stage) deepest_stage = i;
+  }
+  const uint64_t dp = uint64_t(t.rows[widest_dp].dp_rank) + 1, pp = uint64_t(t.rows[deepest_stage].stage) + 1;
+  if (dp * pp > kMaxGridCells) {
+    const size_t row = dp >= pp ? widest_dp : deepest_stage;
+    fail(source, int(t.lines[row]), dp >= pp ? "dp_rank" : "stage",
+         "dp_rank up to " + std::to_string(dp - 1) + " and stage up to " + std::to_string(pp - 1) + " make " +
+             std::to_string(dp) + " x " + std::to_string(pp) + " data-parallel ranks and stages, more than " +
+             std::to_string(kMaxGridCells) + " in all");
+  }
   return t;
 }
 
@@ -358,8 +373,8 @@ Meta read_meta(const std::string& path) {
     auto size_of = [&]() {
       int v = 0;
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-      if (ec != std::errc() || p != value.data() + value.size() || v <= 0)
-        fail(path, line, key, quoted(value) + " is not a positive integer");
+      if (ec != std::errc() || p != value.data() + value.size() || v <= 0 || v > (1 << 20))
+        fail(path, line, key, quoted(value) + " is not a positive integer up to 1048576");
       return v;
     };
     if (key == "trial_name")
@@ -377,10 +392,14 @@ Meta read_meta(const std::string& path) {
     else if (key == "world_size")
       m.world = size_of();
   }
-  if (m.world && m.dp && m.pp && m.world != m.dp * m.pp * m.tp * m.dsp)
+  if (uint64_t(std::max(m.dp, 1)) * uint64_t(std::max(m.pp, 1)) > kMaxGridCells)
+    fail(path, line, "dp_size", "dp_size " + std::to_string(m.dp) + " times pp_size " + std::to_string(m.pp) +
+                                    " is more than " + std::to_string(kMaxGridCells));
+  // In 64 bits: four sizes of up to 2^31 each would wrap an int.
+  const uint64_t product = uint64_t(m.dp) * uint64_t(m.pp) * uint64_t(m.tp) * uint64_t(m.dsp);
+  if (m.world && m.dp && m.pp && uint64_t(m.world) != product)
     fail(path, line, "world_size",
-         std::to_string(m.world) +
-             " is not dp_size*pp_size*tp_size*dsp_size = " + std::to_string(m.dp * m.pp * m.tp * m.dsp));
+         std::to_string(m.world) + " is not dp_size*pp_size*tp_size*dsp_size = " + std::to_string(product));
   return m;
 }
 

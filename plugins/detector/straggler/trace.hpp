@@ -49,6 +49,11 @@ struct Meta {
   int dp = 0, pp = 0, tp = 1, dsp = 1, vpp = 1, world = 0;
 };
 
+// The most (dp_rank, stage) pairs a trace or meta.yaml may describe: the
+// analysis keeps a cell for each (1,048,576: a million data-parallel rank
+// times pipeline stage pairs, far beyond any job).
+inline constexpr uint64_t kMaxGridCells = uint64_t{1} << 20;
+
 // Read a trace, plain or gzip (by its magic bytes). Throws TraceError.
 Trace read_trace(const std::string& path);
 // Parse CSV text; `source` names it in errors. Throws TraceError.

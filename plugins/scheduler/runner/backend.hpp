@@ -1,8 +1,8 @@
 // The seam between the executor and the machines it runs ranks on. The
 // executor decides (which ranks, on which slot, when); a backend carries it
 // out. A slot is what a node is to a real cluster: the unit that is evicted
-// and replaced. The local backend runs every slot on this machine; a
-// cluster backend (Slurm) implements the same calls with srun/scontrol.
+// and replaced. The local backend runs every slot on this machine; the Slurm
+// backend (slurm_backend.hpp) runs the job as one requeueable batch job.
 #pragma once
 
 #include <sys/types.h>
@@ -35,13 +35,34 @@ class Backend {
   virtual ~Backend() = default;
   // "local", "slurm", ...
   virtual const char* name() const = 0;
-  // Make `slots` slots ready (the job's and the standbys). False with *error.
-  virtual bool prepare(int slots, std::string* error) = 0;
+  // Make `slots` slots ready (the job's and the standbys); job_dir is the
+  // job's folder (shared with the ranks). False with *error.
+  virtual bool prepare(int slots, const std::string& job_dir, std::string* error) = 0;
+  // A slot's name, as node.silent and the placement plugin name it.
+  virtual std::string slot_name(int slot) const { return "node" + std::to_string(slot); }
   // What isolates a slot here, in words ("cgroup v2 per slot", "process groups").
   virtual std::string isolation() const = 0;
   // Start `ranks` on slot `slot`. On failure none of them runs (those
   // already started are killed) and *error says why.
   virtual bool start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) = 0;
+  // Every slot of an attempt got its start(): a backend that starts an
+  // attempt as a whole (Slurm: the job released onto exactly those nodes)
+  // does it here. False with *error; then none of the ranks runs.
+  virtual bool launch(std::string* error) {
+    (void)error;
+    return true;
+  }
+  // The executor takes an active slot out of the job for `reason` (evict),
+  // before its ranks are stopped. False with *error: the slot stays in.
+  virtual bool evict(int slot, const std::string& reason, std::string* error) {
+    (void)slot, (void)reason, (void)error;
+    return true;
+  }
+  // An evicted slot is repaired: it is a standby again. False with *error.
+  virtual bool restore(int slot, std::string* error) {
+    (void)slot, (void)error;
+    return true;
+  }
   // Send `sig` to a rank's process group (its children too). False when the
   // rank does not run.
   virtual bool signal(int rank, int sig) = 0;

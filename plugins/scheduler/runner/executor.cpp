@@ -154,16 +154,17 @@ bool Executor::start(std::string* error) {
   if (!socket_.open(socket_path_, error)) return false;
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
-  if (!backend_->prepare(slots, error)) return false;
-  for (int s = 0; s < slots; ++s) slots_.push_back({"node" + std::to_string(s), SlotState::standby, 0});
+  if (!backend_->prepare(slots, job_dir_, error)) return false;
+  for (int s = 0; s < slots; ++s) slots_.push_back({backend_->slot_name(s), SlotState::standby, 0, 0, ""});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
     slots_[size_t(n)].role = SlotState::active;
   }
   // The placement plugin picks standbys on this topology: one switch.
+  std::string names;
+  for (const auto& s : slots_) names += (names.empty() ? "" : ",") + s.name;
   std::ofstream topo(job_dir_ + "/topology.conf");
-  topo << "# the job's slots on this machine (ballast run, local backend)\nSwitchName=local Nodes=node[0-" << slots - 1
-       << "]\n";
+  topo << "# the job's slots (ballast run, " << backend_->name() << " backend)\nSwitchName=job Nodes=" << names << "\n";
   ranks_.assign(size_t(cfg_.ranks), RankState{});
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     *error = std::string("pipe: ") + std::strerror(errno);
@@ -439,6 +440,10 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
     }
     for (int l = 0; l < rpn; ++l) ranks_[size_t(n * rpn + l)].running = true;
   }
+  if (!backend_->launch(error)) {
+    stop_ranks();
+    return false;
+  }
   spans_.push_back({"job", "start " + std::to_string(attempt_), attempt_start_ns_, attempt_start_ns_,
                     {{"checkpoint", from.path}, {"step", from.step}, {"port", master_port_}}});
   set_state(attempt_ == 0 ? State::starting : State::recovering,
@@ -465,11 +470,12 @@ void Executor::handle_report(const Report& r) {
     rs.last_step = r.step;
     if (r.step > high_water_) high_water_ = r.step;
     publish_step(r);
+    const double end = r.start_s + r.duration_s;
+    const double prev_end = rs.last_end_s;
+    rs.last_end_s = end;
     if (r.rank == 0) {
-      const double end = r.start_s + r.duration_s;
-      kept_s_[r.step] = rs.last_end_s > 0 && end > rs.last_end_s ? end - rs.last_end_s : r.duration_s;
+      kept_s_[r.step] = prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s;
       loss_[r.step] = r.loss;
-      rs.last_end_s = end;
       spans_.push_back({"steps", "step " + std::to_string(r.step), int64_t(r.start_s * 1e9), int64_t(end * 1e9),
                         {{"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()}, {"attempt", attempt_}}});
       if (tty_ == false && cfg_.steps == 0 && r.step % 100 == 0)
@@ -593,9 +599,25 @@ int Executor::current_incident() const {
 void Executor::on_fault(const Message& m) {
   // A report about processes of an earlier start (the hang detector still
   // sees the rings of ranks the last restart killed) is not a new fault.
+  // A node the executor took out of the job falls silent on purpose.
+  if (m.topic == "node.silent") {
+    const int slot = slot_of_subject(m.subject);
+    silent_outside_ = slot >= 0 && slots_[size_t(slot)].role != SlotState::active;
+    if (silent_outside_) return;
+  }
   const int64_t since = m.since_ns > 0 ? m.since_ns : m.detected_ns;
   const bool fresh = since >= last_restart_ns_ || m.detector == "executor";
   if (!fresh) return;
+  // The executor reaps every rank, so it is the authority on their exits:
+  // another detector's `crashed` about a rank is that exit (which the
+  // executor reports itself) or the ring of a process of an attempt that is
+  // already over (the hang detector reads a rank's old ring until its new
+  // process writes one). Neither is a new fault.
+  if (m.detector != "executor" && m.fault_kind == "crashed" && m.rank >= 0 && m.rank < cfg_.ranks) {
+    log(BALLAST_LOG_INFO, m.detector + " reports " + m.subject + " crashed: the executor reports its ranks' exits " +
+                              "itself; not a new fault");
+    return;
+  }
   if (m.topic == "fault.confirmed") {
     last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
     // The kind alone: which rank of a job that fails the same way each time
@@ -658,16 +680,35 @@ void Executor::handle_message(Message& m) {
     Incident& i = incidents_[size_t(inc - 1)];
     if (i.decided_ns == 0) i.decided_ns = a.received_ns;
   }
+  if (a.cause == "node.silent" && silent_outside_) {
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the silent node is no longer in the job (evicted or standby)");
+    return;
+  }
   // A restart for a fault the last restart already dealt with: every
   // detector reports a crash in its own time, the job needs one restart.
   const bool fault_caused = a.cause.rfind("fault.", 0) == 0 || a.cause.rfind("node.", 0) == 0;
   if (restarts_job(a.name) && fault_caused && last_restart_ns_ != 0 && last_fresh_fault_ns_ < last_restart_ns_ &&
       a.name != "replace") {
+    if (a.name == "evict") superseded_evict_ = a.subject;
     InFlight f;
     f.action = a;
     f.start_ns = now();
     journal("end", f, "superseded", "no new fault since the restart at " +
                                         std::to_string(double(last_restart_ns_ - first_start_ns_) / 1e9) + " s");
+    return;
+  }
+  // The replace the policy pairs with an evict goes with it. (A replace is
+  // exempt from the rule above: the evict before it restarts the job.)
+  if (a.name == "evict") superseded_evict_.clear();
+  if (a.name == "replace" && fault_caused && !superseded_evict_.empty() && a.subject == superseded_evict_) {
+    superseded_evict_.clear();
+    InFlight f;
+    f.action = a;
+    f.start_ns = now();
+    journal("end", f, "superseded", "the evict of " + a.subject + " it goes with was superseded");
     return;
   }
   uint64_t into = 0;
@@ -733,6 +774,14 @@ int Executor::slot_of_subject(const std::string& subject) const {
   for (size_t s = 0; s < slots_.size(); ++s)
     if (slots_[s].name == subject) return int(s);
   return -1;
+}
+
+// What the backend records against an evicted node (Slurm: the drain
+// reason): the fault that caused it, as the policy named it.
+std::string Executor::eviction_reason(const Action& a) const {
+  std::string why = "ballast " + a.name + ": " + (a.reason.empty() ? a.subject : a.reason);
+  if (!a.cause.empty() && a.cause != "executor") why += " [" + a.cause + "]";
+  return why;
 }
 
 void Executor::journal(const std::string& event, const InFlight& f, const std::string& outcome,
@@ -824,12 +873,17 @@ void Executor::begin(Action a) {
       finish("failed", "'" + act.subject + "' is not a node or rank of the job");
       return;
     }
+    if (std::string error; !backend_->evict(slot, eviction_reason(act), &error)) {
+      finish("failed", error);
+      return;
+    }
     set_state(State::recovering, "evicting " + slots_[size_t(slot)].name);
     stop_ranks();
     last_restart_ns_ = now();
     backend_->stop_helpers(slot);
     slots_[size_t(slot)].role = SlotState::evicted;
     slots_[size_t(slot)].evicted_ns = now();
+    slots_[size_t(slot)].replaced_by.clear();
     const std::string name = slots_[size_t(slot)].name;
     finish("ok", "took " + name + " out of the job");
     // An evicted node is replaced: do it now unless the policy asked for it next.
@@ -851,6 +905,12 @@ void Executor::begin(Action a) {
   if (act.name == "replace") {
     // Which node: the subject, or the one evicted last.
     int failed = slot_of_subject(act.subject);
+    // An evicted node a standby already took the place of (the evict's
+    // implied replace ran before the policy's) needs nothing more.
+    if (failed >= 0 && slots_[size_t(failed)].role == SlotState::evicted && !slots_[size_t(failed)].replaced_by.empty()) {
+      finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
+      return;
+    }
     if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
       int64_t latest = 0;
       for (size_t s = 0; s < slots_.size(); ++s)
@@ -860,12 +920,23 @@ void Executor::begin(Action a) {
       finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
       return;
     }
+    // The node of `rank:N` may already be the standby that replaced it after
+    // this action was asked for (the evict's implied replace ran first).
+    if (slots_[size_t(failed)].role == SlotState::active && slots_[size_t(failed)].activated_ns > act.received_ns) {
+      finish("superseded", slots_[size_t(failed)].name + " already replaced the node it names");
+      return;
+    }
     if (slots_[size_t(failed)].role == SlotState::active) {
       // Replace without evict: take it out first.
+      if (std::string error; !backend_->evict(failed, eviction_reason(act), &error)) {
+        finish("failed", error);
+        return;
+      }
       stop_ranks();
       backend_->stop_helpers(failed);
       slots_[size_t(failed)].role = SlotState::evicted;
       slots_[size_t(failed)].evicted_ns = now();
+      slots_[size_t(failed)].replaced_by.clear();
     }
     current_->failed_slot = failed;
     // Ask the placement plugin which standby keeps the job's layout best.
@@ -952,8 +1023,18 @@ void Executor::advance() {
   const int64_t t = now();
   // Evicted nodes come back as standbys: locally, the injected fault went
   // with the eviction.
-  for (auto& s : slots_)
-    if (s.role == SlotState::evicted && t - s.evicted_ns >= int64_t(cfg_.repair_s * 1e9)) s.role = SlotState::standby;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& s = slots_[i];
+    if (s.role != SlotState::evicted || t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
+    if (std::string error; !backend_->restore(int(i), &error)) {
+      log(BALLAST_LOG_ERROR, "cannot return the repaired " + s.name + " to the standbys (tried again after " +
+                                 "repair_seconds): " + error);
+      s.evicted_ns = t;
+      continue;
+    }
+    s.role = SlotState::standby;
+    log(BALLAST_LOG_INFO, s.name + " is repaired: a standby again");
+  }
   if (current_) {
     auto& f = *current_;
     switch (f.wait) {
@@ -971,7 +1052,9 @@ void Executor::advance() {
         } else if (lost) {
           finish("failed", "a rank ended before every rank was up");
         } else if (t > f.deadline_ns) {
-          finish("failed", "not every rank was up after " + std::to_string(int(cfg_.hello_timeout_s)) + " s");
+          char text[64];
+          std::snprintf(text, sizeof text, "not every rank was up after %g s", cfg_.hello_timeout_s);
+          finish("failed", text);
         }
         break;
       }
@@ -1009,6 +1092,8 @@ void Executor::advance() {
         for (auto& ns : node_slot_)
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
+        slots_[size_t(spare)].activated_ns = now();
+        slots_[size_t(f.failed_slot)].replaced_by = slots_[size_t(spare)].name;
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
         last_restart_ns_ = now();

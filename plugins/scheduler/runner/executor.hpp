@@ -63,6 +63,8 @@ class Executor {
     std::string name;
     enum Role { active, standby, evicted } role = standby;
     int64_t evicted_ns = 0;
+    int64_t activated_ns = 0;  // when it last took an evicted node's place
+    std::string replaced_by;   // the standby that took its place since its eviction
   };
   struct InFlight {
     Action action;
@@ -96,6 +98,7 @@ class Executor {
   bool start_attempt(const Checkpoint& from, std::string* error);
   void stop_ranks();
   int slot_of_subject(const std::string& subject) const;
+  std::string eviction_reason(const Action& a) const;
   void publish_fault(int rank, const std::string& kind, const std::string& evidence);
   void publish_json(const char* topic, const nlohmann::json& j);
   void publish_step(const Report& r);
@@ -147,6 +150,8 @@ class Executor {
   uint64_t next_action_id_ = 1;
   std::string last_fault_signature_;
   int64_t nan_step_ = -1;
+  std::string superseded_evict_;  // subject of the last fault-caused evict, when it was superseded
+  bool silent_outside_ = false;  // the last node.silent named a node outside the job
   std::vector<bool> fired_;
   std::map<int64_t, double> kept_s_;      // step -> seconds it took (rank 0), the final lineage
   std::map<int64_t, double> loss_;        // step -> rank 0's loss, the final lineage

@@ -47,6 +47,48 @@ std::string absolute(const std::string& path, const std::string& base_dir) {
   return (fs::path(base_dir) / path).lexically_normal().string();
 }
 
+std::vector<std::string> strings(const nlohmann::json& j, const char* key) {
+  std::vector<std::string> out;
+  if (!j.contains(key)) return out;
+  const std::string field = std::string("job.slurm.") + key;
+  if (!j[key].is_array()) throw ConfigError(field + ": want a list of strings");
+  if (j[key].size() > 100000) throw ConfigError(field + ": more than 100000 entries");
+  for (size_t i = 0; i < j[key].size(); ++i) {
+    const auto& v = j[key][i];
+    if (!v.is_string() || v.get<std::string>().empty())
+      throw ConfigError(field + "[" + std::to_string(i + 1) + "]: want a non-empty string, got " + v.dump());
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+SlurmConfig parse_slurm(const nlohmann::json& j, const std::string& base_dir) {
+  if (!j.is_object()) throw ConfigError("job.slurm: want a table { conf = ..., reservation = ..., ... }");
+  static const char* kKeys[] = {"conf", "partition", "reservation", "nodes", "spares", "sbatch_args",
+                                "command_timeout_seconds"};
+  for (const auto& [k, v] : j.items()) {
+    bool known = false;
+    for (const char* key : kKeys) known = known || k == key;
+    if (!known) throw ConfigError("job.slurm." + k + ": unknown field");
+  }
+  SlurmConfig c;
+  c.conf = absolute(text(j, "conf", "", "job.slurm."), base_dir);
+  c.partition = text(j, "partition", "", "job.slurm.");
+  c.reservation = text(j, "reservation", c.reservation, "job.slurm.");
+  if (c.reservation.empty() || c.reservation.find_first_of(" \t\n=") != std::string::npos)
+    throw ConfigError("job.slurm.reservation: want a name without spaces or '=', got \"" + c.reservation + "\"");
+  c.nodes = strings(j, "nodes");
+  c.spares = strings(j, "spares");
+  c.sbatch_args = strings(j, "sbatch_args");
+  if (j.contains("command_timeout_seconds")) {
+    const auto& v = j["command_timeout_seconds"];
+    if (!v.is_number() || v.get<double>() < 1 || v.get<double>() > 3600)
+      throw ConfigError("job.slurm.command_timeout_seconds: want a number in [1, 3600], got " + v.dump());
+    c.command_timeout_s = v.get<double>();
+  }
+  return c;
+}
+
 }  // namespace
 
 std::string resolve_program(const std::string& program, const std::string& base_dir) {
@@ -80,7 +122,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
                                 "env", "cgroups", "stop_grace_seconds", "hello_timeout_seconds",
                                 "checkpoint_timeout_seconds", "pause_seconds", "unhandled_seconds", "repair_seconds",
                                 "action_tries", "backoff_seconds", "restart_loop_limit", "metrics_period_seconds",
-                                "placement_timeout_seconds", "progress"};
+                                "placement_timeout_seconds", "progress", "backend", "slurm"};
   for (const auto& [k, v] : job.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -126,6 +168,21 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   c.restart_loop_limit = integer(job, "restart_loop_limit", c.restart_loop_limit, 1, 1000);
   c.metrics_period_s = number(job, "metrics_period_seconds", c.metrics_period_s, 0, 3600);
   c.placement_timeout_s = number(job, "placement_timeout_seconds", c.placement_timeout_s, 0, 600);
+  c.backend = text(job, "backend", c.backend);
+  if (c.backend != "local" && c.backend != "slurm")
+    throw ConfigError("job.backend: want \"local\" or \"slurm\", got \"" + c.backend + "\"");
+  if (job.contains("slurm") && c.backend != "slurm") throw ConfigError("job.slurm: only with backend = \"slurm\"");
+  if (c.backend == "slurm") {
+    c.slurm = parse_slurm(job.contains("slurm") ? job["slurm"] : nlohmann::json::object(), base_dir);
+    // Per-node metrics come from the agents' collectors: the executor sees no process on a node.
+    if (!job.contains("metrics_period_seconds")) c.metrics_period_s = 0;
+    if (!c.slurm.nodes.empty() && int(c.slurm.nodes.size()) != c.nodes())
+      throw ConfigError("job.slurm.nodes: " + std::to_string(c.slurm.nodes.size()) + " nodes for a job of " +
+                        std::to_string(c.nodes()) + " (ranks / ranks_per_node)");
+    if (!c.slurm.spares.empty() && int(c.slurm.spares.size()) != c.standby)
+      throw ConfigError("job.slurm.spares: " + std::to_string(c.slurm.spares.size()) + " spares for standby = " +
+                        std::to_string(c.standby));
+  }
 
   c.report = text(top, "report", c.report, "");
   if (c.report != "text" && c.report != "json" && c.report != "none")

@@ -19,6 +19,17 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// job.slurm: where the Slurm backend runs the job (README.md, "Slurm").
+struct SlurmConfig {
+  std::string conf;                      // SLURM_CONF ("": Slurm's default)
+  std::string partition;                 // "": the default partition
+  std::string reservation = "ballast-spares";  // the warm spares' reservation
+  std::vector<std::string> nodes;        // the job's nodes ({}: the first idle ones)
+  std::vector<std::string> spares;       // held in the reservation at start ({}: it exists already)
+  std::vector<std::string> sbatch_args;  // more sbatch arguments
+  double command_timeout_s = 30;         // per Slurm command
+};
+
 struct JobConfig {
   std::vector<std::string> command;     // argv; [0] searched in PATH, or relative to base_dir
   std::string name = "job";
@@ -45,6 +56,8 @@ struct JobConfig {
   std::string timeline;                 // Chrome trace file, "" for none
   bool progress = true;                 // a progress line when stderr is a terminal
   std::vector<Injection> injections;
+  std::string backend = "local";        // local, slurm
+  SlurmConfig slurm;
   int nodes() const { return ranks / ranks_per_node; }
 };
 

@@ -56,7 +56,7 @@ LocalBackend::~LocalBackend() {
   release();
 }
 
-bool LocalBackend::prepare(int slots, std::string* error) {
+bool LocalBackend::prepare(int slots, const std::string& /*job_dir*/, std::string* error) {
   if (slots <= 0) {
     *error = "no slot to prepare";
     return false;

@@ -19,7 +19,7 @@ class LocalBackend : public Backend {
   ~LocalBackend() override;
 
   const char* name() const override { return "local"; }
-  bool prepare(int slots, std::string* error) override;
+  bool prepare(int slots, const std::string& job_dir, std::string* error) override;
   std::string isolation() const override;
   bool start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) override;
   bool signal(int rank, int sig) override;

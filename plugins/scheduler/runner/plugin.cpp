@@ -3,6 +3,7 @@
 // per-node metrics, and answers `ballast run` with a report at the end.
 #include "executor.hpp"
 #include "local_backend.hpp"
+#include "slurm_backend.hpp"
 
 #include <ballast/events.h>
 #include <ballast/plugin.h>
@@ -54,7 +55,9 @@ int create(const ballast_host_api* host, void** state) {
     std::string base = top.contains("base_dir") && top["base_dir"].is_string() ? top["base_dir"].get<std::string>()
                                                                               : (getcwd(cwd, sizeof cwd) ? cwd : ".");
     JobConfig cfg = parse_job_config(job, top, base);
-    auto backend = std::make_unique<LocalBackend>(cfg.cgroups);
+    std::unique_ptr<Backend> backend;
+    if (cfg.backend == "slurm") backend = std::make_unique<SlurmBackend>(cfg.slurm, cfg.name, cfg.nodes());
+    else backend = std::make_unique<LocalBackend>(cfg.cgroups);
     s->executor = std::make_unique<Executor>(host, std::move(cfg), std::move(backend));
     // The hang detector, created after this plugin, finds the job's trace
     // rings through BALLAST_TRACE_DIR.

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -164,11 +165,23 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint
   std::string text(size_t(n), '\0');
   if (n > 0 && ::pread(fd, text.data(), size_t(n), 8) != ssize_t(n)) throw Error(path + ": cannot read the safetensors header");
   nlohmann::json j;
+  // The JSON library keeps the last of two equal keys: a tensor named twice
+  // would silently lose one. Seen through the parser's callback instead.
+  std::set<std::string> names;
+  std::string twice;
+  auto on_parse = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && twice.empty() &&
+        !names.insert(parsed.get<std::string>()).second) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, on_parse);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path + ": safetensors header is not JSON (byte " + std::to_string(e.byte) + " of the header)");
   }
+  if (!twice.empty()) throw Error(path + ": safetensors header names tensor \"" + twice + "\" twice");
   if (!j.is_object()) throw Error(path + ": safetensors header is not a JSON object");
   SafetensorsHeader h;
   h.header_bytes = n;
@@ -194,7 +207,8 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) throw Error(where + ": field \"shape\" must hold non-negative integers");
       uint64_t x = d.get<uint64_t>();
-      if (x != 0 && elems > (uint64_t(1) << 62) / x) throw Error(where + ": field \"shape\" overflows");
+      if (x > (uint64_t(1) << 62) || (x != 0 && elems > (uint64_t(1) << 62) / x))
+        throw Error(where + ": field \"shape\" overflows");
       elems *= x;
       t.shape.push_back(int64_t(x));
     }
@@ -207,7 +221,9 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint
     if (t.end > data_size)
       throw Error(where + ": data_offsets end " + std::to_string(t.end) + " is past the data section (" +
                   std::to_string(data_size) + " bytes): truncated file?");
-    if (t.end - t.begin != elems * ds->second)
+    // 2^61 eight-byte elements would wrap to 0 bytes.
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(elems, ds->second, &bytes) || t.end - t.begin != bytes)
       throw Error(where + ": " + std::to_string(t.end - t.begin) + " bytes for shape of " + std::to_string(elems) +
                   " x " + t.dtype);
     h.tensors.push_back(std::move(t));

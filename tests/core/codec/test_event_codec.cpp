@@ -360,7 +360,8 @@ TEST_CASE("JSON in: errors name the field") {
       {R"({"topic":"a.b","source":{"rank":"x"}})", "source.rank: expected an integer"},
       {R"({"topic":"a.b","schema":"custom","schema_id":65536,"payload":{"bytes_hex":"0g"}})",
        "payload.bytes_hex: not a hex digit at 1"},
-      {R"({"topic":"a.b","schema":"none","payload":{"a":1}})", "payload: schema \"none\" has no payload"},
+      {R"({"topic":"a.b","schema":"none","payload":{"a":1}})",
+       "payload: schema \"none\" carries raw bytes only ({\"bytes_hex\": ...})"},
   };
   for (const Bad& b : bad) {
     CAPTURE(b.json);
@@ -369,6 +370,35 @@ TEST_CASE("JSON in: errors name the field") {
     CHECK(event_from_json(nlohmann::json::parse(b.json), &ev, &error) == BALLAST_EFORMAT);
     CHECK(error == b.error);
   }
+}
+
+TEST_CASE("an event of schema none with payload bytes round-trips: frame -> JSON -> event -> frame") {
+  const unsigned char bytes[] = {0x00, 0xff, 0x41, 0x0a};
+  ballast_event e{};
+  e.size = sizeof e;
+  e.schema = BALLAST_SCHEMA_NONE;
+  e.topic = "opaque.bytes";
+  e.ts_ns = 42;
+  e.source.rank = -1;
+  e.payload = bytes;
+  e.payload_size = sizeof bytes;
+  std::vector<unsigned char> frame;
+  encode_frame(e, &frame);
+  OwnedEvent decoded;
+  size_t consumed = 0;
+  std::string why;
+  REQUIRE(decode_frame(frame.data(), frame.size(), &decoded, &consumed, &why) == BALLAST_OK);
+  nlohmann::json j = event_to_json(decoded.view());
+  CHECK(j["payload"]["bytes_hex"] == "00ff410a");
+  OwnedEvent back;
+  std::string error;
+  REQUIRE(event_from_json(nlohmann::json::parse(j.dump()), &back, &error) == BALLAST_OK);
+  CHECK(back.view().schema == BALLAST_SCHEMA_NONE);
+  REQUIRE(back.view().payload_size == sizeof bytes);
+  CHECK(std::memcmp(back.view().payload, bytes, sizeof bytes) == 0);
+  std::vector<unsigned char> again;
+  encode_frame(back.view(), &again);
+  CHECK(again == frame);
 }
 
 TEST_CASE("schema_for_topic") {
@@ -469,6 +499,35 @@ TEST_CASE("decode_frame refuses bad headers with a reason") {
   g = f;
   g[kFrameHeaderSize + 5] ^= 0x10;
   CHECK(decode_error(g).rfind("checksum mismatch", 0) == 0);
+}
+
+TEST_CASE("a frame claiming one operation per body byte is refused before allocating (memory bounded)") {
+  // An empty step.timing batch: its body ends with the ops count (u32).
+  ballast_op_timing_batch empty{sizeof empty, 0, nullptr};
+  std::vector<unsigned char> f;
+  encode_frame(base("step.timing", BALLAST_SCHEMA_OP_TIMING_BATCH, &empty, sizeof empty), &f);
+  const std::vector<unsigned char> prefix(f.begin() + kFrameHeaderSize, f.end() - 4);
+  const uint32_t pad = 1u << 20;
+  auto body_with = [&](uint32_t count) {
+    std::vector<unsigned char> body = prefix;
+    for (int i = 0; i < 4; ++i) body.push_back(static_cast<unsigned char>(count >> (8 * i)));
+    body.resize(body.size() + pad, 0);
+    return with_body(body);
+  };
+  // One 64-byte ballast_op_timing per body byte would be 64 MiB for this 1 MiB frame.
+  CHECK(decode_error(body_with(pad)) == "malformed frame body: ops: 1048576 entries cannot fit in the body");
+  // As many as can fit (53 bytes each at least, zeros: no strings) decode, in
+  // memory proportional to the body.
+  const uint32_t fit = pad / 53;
+  std::vector<unsigned char> g = body_with(fit);
+  std::vector<unsigned char> body(g.begin() + kFrameHeaderSize, g.end());
+  body.resize(body.size() - (pad - size_t{fit} * 53));
+  g = with_body(body);
+  OwnedEvent ev;
+  size_t consumed = 0;
+  std::string error;
+  REQUIRE_MESSAGE(decode_frame(g.data(), g.size(), &ev, &consumed, &error) == BALLAST_OK, error);
+  CHECK(static_cast<const ballast_op_timing_batch*>(ev.view().payload)->count == fit);
 }
 
 TEST_CASE("decode_frame refuses well-checksummed garbage bodies") {

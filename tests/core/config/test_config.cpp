@@ -151,3 +151,19 @@ TEST_CASE("config_text gives plugins strings, numbers, booleans and JSON") {
   CHECK(ballast::config_text(json{{"a", "b"}}) == R"({"a":"b"})");
   CHECK(ballast::config_text(json()) == "null");
 }
+
+TEST_CASE("a config whose string patterns backtrack stops at the 1 s deadline, naming the file") {
+  json config;
+  // 2^40 tries in Lua's own matcher; the sandbox's stops at the deadline.
+  const char* text =
+      "local s = string.rep('a', 40)\n"
+      "local p = string.rep('a?', 40) .. s\n"
+      "return { x = s:find(p) }\n";
+  CHECK(eval_file(text, &config) == BALLAST_ETIMEDOUT);
+  INFO(error());
+  CHECK(error().find("ballast.lua:3:") != std::string::npos);
+  CHECK(error().find("string.find: deadline of 1000 ms exceeded") != std::string::npos);
+  const char* sort = "local s = string.rep('a', 1e6) local t = {} for i = 1, 2e4 do t[i] = s end table.sort(t) return {}";
+  CHECK(eval_file(sort, &config) == BALLAST_ETIMEDOUT);
+  CHECK(error().find("table.sort: deadline of 1000 ms exceeded") != std::string::npos);
+}

@@ -141,6 +141,54 @@ TEST_CASE("journal appends from several threads interleave whole frames") {
   }
 }
 
+TEST_CASE("a grouped journal: appends from several threads written in bursts, all there after flush, in order") {
+  TempFile f("grouped");
+  JournalWriter w;
+  REQUIRE(w.open(f.path.string(), JournalWriter::Mode::grouped) == BALLAST_OK);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&w, t] {
+      for (int i = 0; i < 500; ++i) {
+        ballast_metric_batch b;
+        CHECK(w.append(metric(t * 1000 + i, &b)) == BALLAST_OK);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(w.flush(true) == BALLAST_OK);
+  // Flushed: on disk before close.
+  Read r = read(f.path, JournalMode::refuse_bad);
+  CHECK(r.status == BALLAST_OK);
+  REQUIRE(r.ts.size() == 2000);
+  std::vector<int64_t> last(4, -1);
+  for (int64_t ts : r.ts) {
+    CHECK(ts % 1000 > last[ts / 1000]);
+    last[ts / 1000] = ts % 1000;
+  }
+  // Closing writes what is still handed over.
+  ballast_metric_batch b;
+  REQUIRE(w.append(metric(9999, &b)) == BALLAST_OK);
+  w.close();
+  CHECK(read(f.path, JournalMode::refuse_bad).ts.size() == 2001);
+}
+
+TEST_CASE("append_batch: one write of every frame, or none when one event is bad") {
+  TempFile f("batch");
+  JournalWriter w;
+  REQUIRE(w.open(f.path.string()) == BALLAST_OK);
+  ballast_metric_batch b[3];
+  std::vector<ballast_event> evs = {metric(1, &b[0]), metric(2, &b[1]), metric(3, &b[2])};
+  REQUIRE(w.append_batch(evs.data(), evs.size()) == BALLAST_OK);
+  evs[1].topic = nullptr;  // not a valid event
+  CHECK(w.append_batch(evs.data(), evs.size()) == BALLAST_EINVAL);
+  CHECK(std::string(last_error()).find(f.path.string()) != std::string::npos);
+  CHECK(w.append_batch(evs.data(), 0) == BALLAST_OK);
+  w.close();
+  Read r = read(f.path, JournalMode::refuse_bad);
+  CHECK(r.status == BALLAST_OK);
+  CHECK(r.ts == std::vector<int64_t>{1, 2, 3});
+}
+
 TEST_CASE("a journal cut at every byte of its last frame: the good frames, then the cut reported") {
   TempFile f("full");
   const auto offs = write_events(f.path, 3);

@@ -43,8 +43,9 @@ void check_contained(const std::string& body, const std::string& expected,
   ballast_event attack = make_event("attack");
   CHECK(p->handle(attack, r) == 1);
   REQUIRE(r.errors.size() == 1);
-  INFO(r.errors[0]);
-  CHECK(r.errors[0].find(expected) != std::string::npos);
+  const std::string error = r.errors[0];  // a copy: INFO reads it lazily, after r.clear()
+  INFO(error);
+  CHECK(error.find(expected) != std::string::npos);
   CHECK(r.errors[0].find("test.lua") != std::string::npos);
   REQUIRE(r.actions.size() == 1);
   CHECK(r.actions[0].fallback);
@@ -324,10 +325,12 @@ TEST_CASE("__gc finalizers are refused: they would run with the hook off") {
   check_contained("setmetatable({}, {__gc = function() while true do end end})", "__gc metamethods");
 }
 
-TEST_CASE("C functions that would run unbounded are refused") {
-  check_contained("string.find(string.rep('a', 1e5), '.-.-.-b')", "string.find: pattern");
-  check_contained("string.gsub(string.rep('a', 1e5), '(a*)*b', '')", "string.gsub: pattern");
-  check_contained("for _ in string.gmatch(string.rep('a', 1e6), 'a-a-b') do end", "string.gmatch: pattern");
+TEST_CASE("C functions that would run unbounded stop at the deadline or are refused") {
+  // (test_bounded.cpp checks that the deadline fires inside each function; on
+  // a loaded machine this setup alone may take the 50 ms.)
+  check_contained("string.find(string.rep('a', 1e5), '.-.-.-b')", "deadline of 50 ms exceeded");
+  check_contained("string.gsub(string.rep('a', 1e5), '(a*)*b', '')", "deadline of 50 ms exceeded");
+  check_contained("for _ in string.gmatch(string.rep('a', 1e6), 'a-a-b') do end", "deadline of 50 ms exceeded");
   check_contained("table.move({}, 1, 2^40, 1, {})", "table.move");
   check_contained("local t = setmetatable({}, {__len = function() return 2^40 end}) table.insert(t, 1, 'x')",
                   "table.insert");

@@ -190,20 +190,41 @@ TEST_CASE("BALLAST_INJECT: a NaN loss and a user-code error end the rank with an
   }
 }
 
-TEST_CASE("a rank told to skip leaves its collective out: the job fails and the launcher names that rank") {
+TEST_CASE("a rank told to skip leaves its collective out: every rank fails at the next step, naming it") {
   const std::string dir = test::fresh_dir("skip");
+  Inbox inbox(dir + "/job.sock");
   const std::string control = dir + "/control.jsonl";
-  append(control, R"({"seq":1,"command":"skip","rank":1})" "\n");
+  std::ofstream(control).close();
   fs::create_directories(dir + "/trace");
-  const auto r = test::finish(test::start(test::launch_argv(2, dir + "/trace", {"--steps", "1000"}),
-                                          {{"BALLAST_CONTROL_FILE", control}, {"BALLAST_JOB_SOCKET", ""},
-                                           {"BALLAST_COMM_TIMEOUT_MS", "20000"}, {"BALLAST_INJECT", ""}},
-                                          dir, "launch"),
-                              120);
+  const auto p = test::start(test::launch_argv(2, dir + "/trace", {"--steps", "100000"}),
+                             {{"BALLAST_CONTROL_FILE", control}, {"BALLAST_JOB_SOCKET", inbox.path()},
+                              {"BALLAST_COMM_TIMEOUT_MS", "20000"}, {"BALLAST_INJECT", ""}},
+                             dir, "launch");
+  REQUIRE(inbox.until([](const std::vector<json>& rs) { return last_step(rs, 1) >= 5; }));
+  append(control, R"({"seq":1,"command":"skip","rank":1})" "\n");
+  const auto r = test::finish(p, 120);
   INFO(r.out << r.err);
   CHECK(r.code == 1);
-  CHECK(r.err.find("leaving the all-reduce of step 1 out") != std::string::npos);
-  CHECK((r.out + r.err).find("rank 1") != std::string::npos);
+  CHECK(r.err.find("rank 1: leaving the all-reduce of step") != std::string::npos);
+  inbox.pump();
+  // Both ranks see it; the launcher may stop the second before it reports.
+  REQUIRE(count(inbox.all(), "error") >= 1);
+  for (const auto& e : inbox.all())
+    if (e["type"] == "error") {
+      CHECK(e["kind"] == "internal");
+      CHECK(e["message"].get<std::string>().find("joined ranks out of step: rank 1 at step") != std::string::npos);
+    }
+  CHECK(count(inbox.all(), "done") == 0);
+}
+
+TEST_CASE("commands written before a rank started were for an earlier attempt: not obeyed") {
+  const std::string dir = test::fresh_dir("old");
+  const std::string control = dir + "/control.jsonl";
+  append(control, R"({"seq":1,"command":"stop"})" "\n" R"({"seq":2,"command":"skip"})" "\n");
+  const auto r = test::trainer({"--steps", "15", "--log-every", "5"}, dir, {{"BALLAST_CONTROL_FILE", control}});
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("done: step 15") != std::string::npos);
 }
 
 TEST_CASE("bad input: a missing or too short data file, an unknown option") {

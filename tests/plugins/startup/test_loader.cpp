@@ -127,6 +127,18 @@ TEST_CASE("bad safetensors headers are refused with the field named") {
   write_st(p, R"({"a":{"dtype":"U8","shape":[8]}})", std::string(8, 'x'));
   CHECK(err() == p + ": tensor \"a\": field \"data_offsets\" must be [begin, end]");
   CHECK(err().find("ballast") == std::string::npos);
+  // 2^61 eight-byte elements: 2^64 bytes, 0 once wrapped to 64 bits.
+  write_st(p, R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", "");
+  CHECK(err() == p + ": tensor \"a\": 0 bytes for shape of 2305843009213693952 x F64");
+  write_st(p, R"({"a":{"dtype":"F64","shape":[1024,1024,1024,2147483648],"data_offsets":[0,0]}})", "");
+  CHECK(err() == p + ": tensor \"a\": 0 bytes for shape of 2305843009213693952 x F64");
+  // A zero dimension first hid a dimension that does not fit int64.
+  write_st(p, R"({"a":{"dtype":"U8","shape":[0,9223372036854775813],"data_offsets":[0,0]}})", "");
+  CHECK(err() == p + ": tensor \"a\": field \"shape\" overflows");
+  // One name twice: the JSON library would keep only the second.
+  write_st(p, R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+           std::string(8, 'x'));
+  CHECK(err() == p + ": safetensors header names tensor \"a\" twice");
 }
 
 TEST_CASE("checksums written once are verified on later loads; a changed byte is found by offset") {

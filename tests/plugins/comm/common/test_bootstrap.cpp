@@ -193,3 +193,58 @@ TEST_CASE("the interface towards a loopback MASTER_ADDR is lo") {
   std::string err;
   CHECK_MESSAGE(interface_towards("127.0.0.1", &err) == "lo", err);
 }
+
+namespace {
+
+void put32(std::vector<uint8_t>& b, uint32_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  b.insert(b.end(), p, p + 4);
+}
+
+void put_bytes(std::vector<uint8_t>& b, const std::string& s) {
+  put32(b, uint32_t(s.size()));
+  b.insert(b.end(), s.begin(), s.end());
+}
+
+std::vector<uint8_t> hello_body(const std::string& host, const std::string& address) {
+  std::vector<uint8_t> b;
+  put32(b, 2);
+  put32(b, 1);
+  put32(b, 4);
+  put32(b, 4242);
+  put_bytes(b, host);
+  put_bytes(b, address);
+  b.insert(b.end(), 16, 0x5a);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("the hello's wire form: fields decoded, bounds and leftovers refused") {
+  std::vector<uint8_t> b = hello_body("gpu001", "ucx-address");
+  HelloBody h;
+  REQUIRE(decode_hello(b.data(), b.size(), &h));
+  CHECK(h.version == 2);
+  CHECK(h.rank == 1);
+  CHECK(h.world == 4);
+  CHECK(h.peer.pid == 4242);
+  CHECK(h.peer.host == "gpu001");
+  CHECK(std::string(h.peer.address.begin(), h.peer.address.end()) == "ucx-address");
+  CHECK(h.nonce[15] == 0x5a);
+  for (size_t n = 0; n < b.size(); ++n) CHECK_FALSE(decode_hello(b.data(), n, &h));  // every truncation
+  b.push_back(0);
+  CHECK_FALSE(decode_hello(b.data(), b.size(), &h));  // a byte left over
+  b = hello_body(std::string(kMaxHostBytes + 1, 'h'), "a");
+  CHECK_FALSE(decode_hello(b.data(), b.size(), &h));
+  CHECK(h.version == 2);  // read before the bad field: a mixed-version job is still named
+  b = hello_body("h", "");
+  CHECK_FALSE(decode_hello(b.data(), b.size(), &h));  // no address
+  // A table claiming more peers than its bytes could hold.
+  std::vector<uint8_t> t;
+  put32(t, 7);
+  put32(t, 0);
+  uint64_t job = 0;
+  std::vector<PeerInfo> peers;
+  CHECK_FALSE(decode_table(t.data(), t.size(), 1 << 20, &job, &peers));
+  CHECK(peers.empty());
+}

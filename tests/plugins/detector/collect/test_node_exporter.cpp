@@ -73,6 +73,31 @@ TEST_CASE("scrape node-exporter: real series, counters as rates") {
   CHECK(labelled);
 }
 
+TEST_CASE("scrape node-exporter with the detectors' names: the series ballast detect knows") {
+  Scraper scraper(g_url, "ne.", 5000, true);
+  std::vector<Sample> first, second;
+  std::string error;
+  REQUIRE_MESSAGE(scraper.scrape(now_ns(), &first, &error), error);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE_MESSAGE(scraper.scrape(now_ns(), &second, &error), error);
+  std::map<std::string, Sample> m;
+  for (const auto& s : second) m.emplace(s.metric, s);
+  CHECK(m.count("load.1"));
+  CHECK(m.count("mem.available_bytes"));
+  REQUIRE(m.count("ctxt"));
+  CHECK(m["ctxt"].value > 0);
+  REQUIRE(m.count("cpu.idle"));  // every CPU's idle time, as a share of the machine
+  CHECK(m["cpu.idle"].value >= 0);
+  CHECK(m["cpu.idle"].value <= 100.5);
+  bool net = false;  // net.<device>.rx_bytes for some interface
+  for (const auto& [k, v] : m) net = net || (k.rfind("net.", 0) == 0 && k.size() > 9 && k.ends_with(".rx_bytes"));
+  CHECK(net);
+  CHECK_FALSE(m.count("ne.node_context_switches_total"));  // mapped, not kept under its own name
+  bool unmapped = false;  // what the table does not know keeps the prefix
+  for (const auto& [k, v] : m) unmapped = unmapped || k.rfind("ne.node_", 0) == 0;
+  CHECK(unmapped);
+}
+
 int main(int argc, char** argv) {
   const char* exe = "/usr/bin/prometheus-node-exporter";
   if (access(exe, X_OK) != 0) {

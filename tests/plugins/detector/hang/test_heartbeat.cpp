@@ -307,7 +307,7 @@ namespace {
 
 struct Seen {
   std::mutex mu;
-  std::vector<std::string> kinds, metrics;
+  std::vector<std::string> kinds, metrics, evidence;
   std::vector<int> ranks;
 };
 
@@ -317,6 +317,7 @@ int on_fault(void* user, const ballast_event* e) {
   std::lock_guard<std::mutex> lock(seen->mu);
   seen->kinds.push_back(f->kind);
   seen->metrics.push_back(f->metric ? f->metric : "");
+  seen->evidence.push_back(f->evidence ? f->evidence : "");
   seen->ranks.push_back(f->rank);
   return 0;
 }
@@ -362,4 +363,7 @@ TEST_CASE("the plugin, with no ring in its folder, watches heartbeats and names 
   CHECK(seen.kinds[0] == "stuck");
   CHECK(seen.ranks[0] == 1);
   CHECK(seen.metrics[0] == "heartbeat");
+  // Neither rank offers a stack signal: each one's entry says why there is no stack.
+  CHECK(seen.evidence[0].find("\"stacks\"") != std::string::npos);
+  CHECK(seen.evidence[0].find("no stack") != std::string::npos);
 }

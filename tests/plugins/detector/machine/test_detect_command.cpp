@@ -137,7 +137,7 @@ TEST_CASE("columns may come in any order and extra columns are ignored") {
   CHECK(t.nodes[0] == "a");
 }
 
-TEST_CASE("detect --json prints one object per alert with the time it is raised") {
+TEST_CASE("detect --json prints one object per alert with the time it is raised, then a summary") {
   std::string csv = write_gz("job.csv.gz", job_csv());
   auto [code, out] = run_detect({"--metrics", csv, "--json"});
   CHECK(code == 0);
@@ -145,14 +145,19 @@ TEST_CASE("detect --json prints one object per alert with the time it is raised"
   std::string line;
   std::vector<nlohmann::json> alerts;
   while (std::getline(lines, line)) alerts.push_back(nlohmann::json::parse(line));
-  REQUIRE(alerts.size() == 1);
+  REQUIRE(alerts.size() == 2);
   CHECK(alerts[0]["node"] == "node3");
   CHECK(alerts[0]["metric"] == "proc.cpu");
   CHECK(alerts[0]["kind"] == "outlier");
   CHECK(alerts[0]["score"].get<double>() > 4);
-  // Fault at t=20: median flips at 21, alert after 2 evaluations at 22 (the
-  // time of the round's last sample, node7's at .007).
-  CHECK(alerts[0]["ts"].get<double>() == doctest::Approx(1700000022.007).epsilon(1e-12));
+  // Fault at t=20: the median of the last 3 rounds flips at the 2nd faulty
+  // round, 21 (the time of the round's last sample, node7's at .007).
+  CHECK(alerts[0]["ts"].get<double>() == doctest::Approx(1700000021.007).epsilon(1e-12));
+  CHECK(alerts[1]["kind"] == "summary");
+  CHECK(alerts[1]["alerts"] == 1);
+  CHECK(alerts[1]["series_checked"] == 8);
+  CHECK(alerts[1]["series_ignored"] == 0);
+  CHECK_FALSE(alerts[1].contains("warning"));
 }
 
 TEST_CASE("detect reads its settings from --config and reports bad ones") {

@@ -68,9 +68,9 @@ TEST_CASE("a planted outlier is reported once, after the continuity period, on t
   CHECK(alerts[0].node == "node5");
   CHECK(alerts[0].metric == "proc.cpu");
   CHECK(alerts[0].score > c.threshold);
-  // Median of a 3 s window flips on the 2nd faulty sample (t=21), then the
-  // machine must stay the outlier for `continuity` (2) evaluations.
-  CHECK(first_alert == 22);
+  // The median of the last 3 rounds' z-scores flips on the 2nd faulty round
+  // (t=21); `continuity` is 1.
+  CHECK(first_alert == 21);
   CHECK(alerts[0].since_ns == 21 * kSec + 10000000);
   CHECK(alerts[0].evidence.find("\"median\"") != std::string::npos);
 }
@@ -83,9 +83,9 @@ TEST_CASE("one-sample glitches do not alert; two samples do with the 3 s window"
     CHECK(run(d, job, 10 + 4 * k, 11 + 4 * k, 80, k, 0).empty());
     CHECK(run(d, job, 11 + 4 * k, 14 + 4 * k, 80).empty());
   }
-  // Two bad samples in a row keep the window median bad for two evaluations.
-  CHECK(run(d, job, 30, 32, 80, 3, 0).empty());
-  CHECK(run(d, job, 32, 33, 80).size() == 1);
+  // Two bad rounds in a row make the window's median bad: an alert at the 2nd.
+  CHECK(run(d, job, 30, 31, 80, 3, 0).empty());
+  CHECK(run(d, job, 31, 32, 80, 3, 0).size() == 1);
 }
 
 TEST_CASE("a job-wide drop (checkpoint pause) is not flagged") {
@@ -236,7 +236,7 @@ TEST_CASE("a metric that is usually 0 needs its minimum deviation: retransmit bl
   }
   REQUIRE(alerts.size() == 1);
   CHECK(alerts[0].node == "node4");
-  CHECK(alerts[0].ts_ns == 27 * kSec + 1);
+  CHECK(alerts[0].ts_ns == 26 * kSec + 1);  // the 2nd round at 150
 }
 
 TEST_CASE("no verdict while a metric warms up") {
@@ -248,5 +248,5 @@ TEST_CASE("no verdict while a metric warms up") {
   std::vector<Alert> alerts = run(d, job, 0, 12, 80, 1, 10);
   REQUIRE(alerts.size() == 1);
   CHECK(alerts[0].node == "node1");
-  CHECK(alerts[0].ts_ns == 6 * kSec + 10000000);  // evaluations 6 and 7 (t = 5, 6) are warm
+  CHECK(alerts[0].ts_ns == 5 * kSec + 10000000);  // evaluation 6 (t = 5) is the first warm one
 }

@@ -118,3 +118,19 @@ TEST_CASE("whole-step rows are counted and not analysed; unknown phase names are
   CHECK(timer_optype("grad-sync") == OpType::separate_grads_all_reduce);
   CHECK_FALSE(timer_optype("gradsync"));
 }
+
+TEST_CASE("a job restarted from a checkpoint reports steps again: the old attempt's rows give way") {
+  OnlineDetector d({20, 10, 1.03, {}});
+  auto first = job(4, 30, 1, 2, 3.0, kTimer);
+  auto again = job(4, 40, 1, 2, 3.0, kTimer);
+  again.erase(again.begin(), again.begin() + 4 * 20);  // resumed after step 20
+  for (auto& b : again)
+    for (auto& o : b) o.start_s += 500;  // later on the clock
+  first.insert(first.end(), again.begin(), again.end());
+  const auto r = last_report(d, first);
+  CHECK(d.counters().restarts == 4);
+  CHECK(d.counters().failures == 0);
+  REQUIRE(r);
+  CHECK(r->by_rank[0].name == "2");
+  CHECK(r->steps.back() >= 30);
+}

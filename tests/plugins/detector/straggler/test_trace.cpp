@@ -218,3 +218,10 @@ TEST_CASE("meta.yaml errors name the line and the key") {
   CHECK(error_of([&] { read_meta(p3); }).find("column world_size: 9 is not dp_size*pp_size*tp_size*dsp_size = 8") !=
         std::string::npos);
 }
+
+TEST_CASE("a row whose dp_rank and stage would make a huge grid is refused, naming the line and column") {
+  const std::string text = kHeader + "0,0,0,0,forward-compute,0,1,0,0,0,0\n" +
+                           "20000,20000,1,0,forward-compute,0,1,0,0,0,0\n";
+  const std::string err = error_of([&] { parse_trace_csv(text, "big.csv"); });
+  CHECK_MESSAGE(err.find("big.csv:3: column dp_rank: dp_rank up to 20000 and stage up to 20000") == 0, err);
+}

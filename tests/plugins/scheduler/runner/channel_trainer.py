@@ -15,6 +15,7 @@ steps = arg("--steps", 20)
 step_s = arg("--step-seconds", 0.05)
 every = arg("--checkpoint-every", 5)
 exit_code_at = arg("--exit-at", -1)   # exit 3 at that step without an error report
+# --exit-before-hello-on-restart: every attempt after the first exits 4 before its hello
 rank = int(os.environ.get("RANK", "0"))
 ckdir = os.environ.get("BALLAST_CHECKPOINT_DIR", ".")
 sock_path = os.environ.get("BALLAST_JOB_SOCKET")
@@ -48,6 +49,8 @@ if resume:
     with open(resume) as f:
         d = json.load(f)
     step, w = d["step"], d["w"]
+if "--exit-before-hello-on-restart" in sys.argv and int(os.environ.get("BALLAST_ATTEMPT", "0")) > 0:
+    sys.exit(4)
 send({"type": "hello", "rank": rank, "pid": os.getpid(), "step": step + 1,
       "attempt": int(os.environ.get("BALLAST_ATTEMPT", "0"))})
 read_at, slow = 0, 1.0

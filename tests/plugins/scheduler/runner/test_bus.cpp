@@ -123,7 +123,7 @@ TEST_CASE("a job runs to its end and says so") {
 
 TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
   Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4",
-          "inject = {'crash:rank=2@1.5'}", true);
+          "inject = {'crash:rank=2@step12'}", true);
   REQUIRE(job.events.wait_state("finished", 120));
   auto faults = job.events.topic("fault.confirmed");
   REQUIRE(!faults.empty());
@@ -180,7 +180,8 @@ TEST_CASE("the same crash after every restart is a loop, and is escalated") {
 }
 
 TEST_CASE("an action that keeps failing is retried with back-off, then escalated") {
-  Job job("retry", "'--steps', '400', '--step-seconds', '0.02'}, ranks = 2, hello_timeout_seconds = 0.1, "
+  // Every rank of a restarted attempt exits before its hello: each try of the restart fails.
+  Job job("retry", "'--steps', '400', '--step-seconds', '0.02', '--exit-before-hello-on-restart'}, ranks = 2, "
           "action_tries = 2, backoff_seconds = 0.1",
           "", false);
   REQUIRE(job.events.wait_state("running"));
@@ -211,4 +212,48 @@ TEST_CASE("a user-code error is reported with the trainer's message") {
   CHECK(ev["step"] == 4);
   job.act(R"({"action": "escalate", "reason": "user-code error"})");
   REQUIRE(job.events.wait_state("escalated"));
+}
+
+TEST_CASE("another detector's crash report after the restart, and the evict + replace it asks for, are superseded") {
+  Job job("echo", "'--steps', '150', '--step-seconds', '0.02', '--checkpoint-every', '5'}, ranks = 4, standby = 1",
+          "inject = {'crash:rank=1@1'}", false);
+  std::vector<nlohmann::json> faults;
+  for (int i = 0; i < 4000 && faults.empty(); ++i) {
+    faults = job.events.topic("fault.confirmed");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(!faults.empty());
+  job.act(R"({"action": "restart", "reason": "crash", "cause_topic": "fault.confirmed"})");
+  auto ends = [&job] {
+    std::vector<nlohmann::json> out;
+    for (const auto& e : journal(job.dir))
+      if (e["event"] == "end") out.push_back(e);
+    return out;
+  };
+  for (int i = 0; i < 4000 && ends().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(ends().size() == 1);
+  CHECK(ends()[0]["outcome"] == "ok");
+  // The hang detector reading the old rings of ranks 1 and 3 (its stall
+  // clock restarted when the new rings appeared, so `since` is after the
+  // restart), and the over-eviction a policy would ask for.
+  const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  for (int r : {1, 3}) {
+    const nlohmann::json f = {{"subject", "rank:" + std::to_string(r)}, {"rank", r}, {"kind", "crashed"},
+                              {"detector", "hang"}, {"confidence", 1.0}, {"since_ns", now}, {"detected_ns", now},
+                              {"evidence", "{}"}};
+    REQUIRE(ballast_host_publish_json(job.host, "fault.confirmed", f.dump().c_str()) == BALLAST_OK);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (const char* s : {"rank:1", "rank:3"})
+    for (const char* a : {"evict", "replace"})
+      job.act(nlohmann::json{{"action", a}, {"subject", s}, {"reason", "test"}, {"cause_topic", "fault.confirmed"}}.dump());
+  REQUIRE(job.events.wait_state("finished", 120));
+  const auto e = ends();
+  REQUIRE(e.size() == 5);
+  for (size_t i = 1; i < 5; ++i) {
+    INFO(e[i].dump());
+    CHECK(e[i]["outcome"] == "superseded");
+  }
+  CHECK(job.final_weight() == reference_weight(150));
 }

@@ -5,7 +5,7 @@
 -- fault is detected, decided on by the default policy and recovered from
 -- without a person; the summary at the end lists them with ETTR.
 --
---   build/bin/ballast run examples/configs/default.lua [--timeline run.json]
+--   build/bin/ballast run examples/configs/demo.lua [--timeline run.json]
 --
 -- Your own job: replace `job.command` (and `ranks`), drop `inject`.
 -- Paths are relative to this file, then to the installed plugin and script
@@ -15,20 +15,21 @@ return {
     -- The executor, first: the hang detector finds the job's trace rings
     -- through the BALLAST_TRACE_DIR it sets.
     { path = "runner", config = {
-        inject = { "crash:rank=1@step150", "hang:rank=2@step400", "nan@650", "machine:node=3,kind=cpu@step800" },
+        inject = { "crash:rank=1@step2000", "hang:rank=2@step4500", "nan@6500", "machine:node=3,kind=cpu@step8000" },
     } },
     { path = "collect", config = { period = 1 } },
     "machine",
-    { path = "straggler", config = { window_steps = 20, report_every = 20 } },
+    -- Only a clear slowdown: a busy small machine makes step times noisy.
+    { path = "straggler", config = { window_steps = 50, report_every = 50, min_slowdown = 2 } },
     { path = "hang", config = { stall_seconds = 3, period_seconds = 0.25 } },
     "startup",
     "scheduler",
   },
   job = {
-    command = { "ballast-trainer", "--steps", "1200", "--checkpoint-every", "50", "--log-every", "100" },
+    command = { "ballast-trainer", "--steps", "10000", "--checkpoint-every", "20", "--log-every", "1000" },
     ranks = 4,
     standby = 1,
-    steps = 1200,
+    steps = 10000,
   },
   policy = { script = "default.lua", fallback = "escalate", deadline_ms = 100, memory_mb = 64 },
   bus = { dispatcher_threads = 1, queue_capacity = 4096 },

@@ -1,0 +1,535 @@
+// bench/cluster: the cluster link's figures (issue 26), against real
+// `ballast run` controllers, a real etcd and a real Slurm started by
+// tools/engines. One JSON object per line; each figure the median of --runs.
+//   ingest      events/s one controller applies from emulated agents flooding
+//               metric batches (20 samples each), durable (fdatasync per
+//               batch) and not; p50/p99 latency from send to acknowledgement
+//   nodes       1,000 emulated nodes at 1 Hz: the controller's CPU and memory
+//   agent       one real agent (collector at 1 Hz, hang-ring watcher, start-up
+//               plugin, cluster link): resident memory and CPU share
+//   failover    leader of two killed (lease 5 s): kill -> new leader elected,
+//               kill -> first agent served; events lost / applied twice
+//   slurm       node fault -> drained -> running again without it, by part
+#include "certs.hpp"
+#include "link.hpp"
+
+#include "../../tests/core/cluster/cluster_harness.hpp"
+#include "slurm.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <thread>
+
+using namespace cluster_test;
+using namespace ballast::cluster;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int g_runs = 3;
+bool g_quick = false;
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double wall_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+void emit(const char* c, const char* metric, double value, const char* unit) {
+  std::printf("{\"bench\":\"cluster\",\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"}\n", c, metric,
+              value, unit);
+  std::fflush(stdout);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  size_t k = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
+// CPU seconds (user + system) and resident bytes of a process.
+double cpu_s(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> f;
+  std::string tok;
+  for (size_t i = close + 2; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == ' ') {
+      f.push_back(tok);
+      tok.clear();
+    } else {
+      tok += s[i];
+    }
+  }
+  return (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double rss_bytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  return 0;
+}
+
+// Milliseconds of the day of a log line's "...THH:MM:SS.mmmZ" stamp whose line contains `what`.
+double log_time_s(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(what) == std::string::npos || line.size() < 24) continue;
+    std::tm tm{};
+    strptime(line.substr(0, 19).c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+    return static_cast<double>(timegm(&tm)) + std::atoi(line.c_str() + 20) / 1000.0;
+  }
+  return 0;
+}
+
+std::vector<unsigned char> metric_frame(const std::string& node) {
+  std::vector<ballast_metric_sample> s(20);
+  std::vector<std::string> names;
+  for (int i = 0; i < 20; ++i) names.push_back("metric" + std::to_string(i));
+  for (int i = 0; i < 20; ++i) {
+    s[static_cast<size_t>(i)] = {node.c_str(), names[static_cast<size_t>(i)].c_str(), 1, 1.0 * i, 0};
+  }
+  ballast_metric_batch b{sizeof b, 20, s.data()};
+  ballast_event ev{};
+  ev.size = sizeof ev;
+  ev.schema = BALLAST_SCHEMA_METRIC_BATCH;
+  ev.topic = "metric.sample";
+  ev.ts_ns = 1;
+  ev.source.node = node.c_str();
+  ev.source.rank = -1;
+  ev.source.plugin = "collect";
+  ev.payload = &b;
+  ev.payload_size = sizeof b;
+  std::vector<unsigned char> f;
+  ballast::encode_frame(ev, &f);
+  return f;
+}
+
+struct Controller {
+  Proc proc;
+  std::string dir;
+  void stop() {
+    proc.signal(SIGTERM);
+    proc.wait();
+  }
+};
+
+Controller start_controller(const std::string& dir, const std::string& certs, int port, bool durable) {
+  std::string cfg = dir + "/ctl.lua";
+  std::string text = controller_config("127.0.0.1:" + std::to_string(port), certs, dir + "/ctl");
+  if (durable) text.replace(text.find("durable = false"), 15, "durable = true");
+  text.replace(text.find("journal = \""), 0, "log_level = \"warn\", ");
+  // Emulated nodes connect one after another: give the first ones time.
+  text.replace(text.find("heartbeat_ms = 250, silent_after_ms = 2000"), 42, "heartbeat_ms = 1000, silent_after_ms = 30000");
+  write_file(cfg, text);
+  Controller c{spawn({BALLAST_EXE, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
+  // Ready when it accepts TCP connections (a loaded machine can take seconds).
+  eventually(30, [&] {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    return ok;
+  });
+  return c;
+}
+
+// Emulated agents: each a real TLS link speaking the agent's protocol.
+struct Emulator {
+  struct Node {
+    std::string name;
+    std::unique_ptr<TlsConfig> tls;
+    std::unique_ptr<Link> link;
+    std::vector<unsigned char> frame;
+    uint64_t seq = 0, acked = 0;
+    std::deque<std::pair<uint64_t, double>> in_flight;
+    double next_send = 0;
+  };
+  std::vector<Node> nodes;
+  std::atomic<uint64_t> acked_total{0};
+  std::vector<double> latencies;
+  std::mutex lat_mutex;
+
+  bool connect(const std::string& certs, int count, int port, std::string* error) {
+    nodes.resize(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      Node& n = nodes[static_cast<size_t>(i)];
+      n.name = "e" + std::to_string(i);
+      TlsFiles f{certs + "/ca.crt", certs + "/" + n.name + ".crt", certs + "/node.key"};
+      if (TlsConfig::load(f, false, &n.tls) != BALLAST_OK) {
+        *error = ballast_last_error_text();
+        return false;
+      }
+      if (Link::connect(*n.tls, "127.0.0.1:" + std::to_string(port), 5000, &n.link, error) != BALLAST_OK) return false;
+      std::string hello = nlohmann::json{{"node", n.name}, {"overflow", 0}}.dump();
+      n.link->send(MsgType::hello, 0, hello.data(), hello.size());
+      bool welcomed = false;
+      double until = now_s() + 10;
+      while (!welcomed && now_s() < until)
+        if (!n.link->pump(100, -1, [&](const Message& m) {
+              welcomed = welcomed || m.type == MsgType::welcome;
+              return true;
+            }, error))
+          return false;
+      if (!welcomed) {
+        *error = "no welcome for " + n.name;
+        return false;
+      }
+      n.frame = metric_frame(n.name);
+    }
+    return true;
+  }
+
+  static std::string ballast_last_error_text();
+
+  // Drive nodes[first::stride] until `end`: flood (window unacked each) or rate_hz per node.
+  void drive(size_t first, size_t stride, double end, int window, double rate_hz) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> idx;
+    for (size_t i = first; i < nodes.size(); i += stride) idx.push_back(i);
+    double next_hb = now_s();
+    while (now_s() < end) {
+      double t = now_s();
+      bool hb = t >= next_hb;
+      if (hb) next_hb = t + 1.0;
+      for (size_t i : idx) {
+        Node& n = nodes[i];
+        if (hb) n.link->send(MsgType::heartbeat, 0);
+        if (rate_hz > 0) {
+          if (t >= n.next_send) {
+            n.link->send(MsgType::event, ++n.seq, n.frame.data(), n.frame.size());
+            n.in_flight.emplace_back(n.seq, t);
+            n.next_send = (n.next_send == 0 ? t + (1.0 / rate_hz) * (static_cast<double>(i % 100) / 100.0) : n.next_send) + 1.0 / rate_hz;
+          }
+        } else {
+          while (n.seq - n.acked < static_cast<uint64_t>(window) && n.link->queued_bytes() < (256u << 10)) {
+            n.link->send(MsgType::event, ++n.seq, n.frame.data(), n.frame.size());
+            n.in_flight.emplace_back(n.seq, t);
+          }
+        }
+      }
+      fds.clear();
+      for (size_t i : idx) fds.push_back({nodes[i].link->fd(), static_cast<short>(POLLIN | (nodes[i].link->queued_bytes() ? POLLOUT : 0)), 0});
+      poll(fds.data(), fds.size(), rate_hz > 0 ? 5 : 1);
+      std::vector<double> lat;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        Node& n = nodes[idx[k]];
+        std::string error;
+        double at = now_s();
+        n.link->pump(0, -1,
+                     [&](const Message& m) {
+                       if (m.type != MsgType::ack) return true;
+                       while (!n.in_flight.empty() && n.in_flight.front().first <= m.number) {
+                         lat.push_back(at - n.in_flight.front().second);
+                         n.in_flight.pop_front();
+                       }
+                       acked_total.fetch_add(m.number - n.acked, std::memory_order_relaxed);
+                       n.acked = m.number;
+                       return true;
+                     },
+                     &error);
+      }
+      if (!lat.empty()) {
+        std::lock_guard lock(lat_mutex);
+        latencies.insert(latencies.end(), lat.begin(), lat.end());
+      }
+    }
+  }
+};
+
+std::string Emulator::ballast_last_error_text() { return "TLS files"; }
+
+std::vector<std::string> emu_names(int n) {
+  std::vector<std::string> v;
+  for (int i = 0; i < n; ++i) v.push_back("e" + std::to_string(i));
+  return v;
+}
+
+int g_port = 0;
+int next_port() { return g_port++; }
+
+void bench_ingest(const std::string& dir, const std::string& certs) {
+  const int nodes = g_quick ? 20 : 100;
+  const double seconds = g_quick ? 2 : 5;
+  for (bool durable : {false, true}) {
+    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus;
+    for (int run = 0; run < g_runs; ++run) {
+      std::string d = dir + "/ingest-" + std::to_string(durable) + "-" + std::to_string(run);
+      sh("mkdir -p " + d);
+      int port = next_port();
+      Controller c = start_controller(d, certs, port, durable);
+      Emulator emu;
+      std::string error;
+      if (!emu.connect(certs, nodes, port, &error)) {
+        std::fprintf(stderr, "ingest: %s\n%s\n", error.c_str(), read_file(d + "/ctl.err").c_str());
+        c.stop();
+        return;
+      }
+      double cpu0 = cpu_s(c.proc.pid), self0 = cpu_s(getpid()), t0 = now_s();
+      double end = t0 + seconds;
+      std::thread other([&] { emu.drive(1, 2, end, 256, 0); });
+      emu.drive(0, 2, end, 256, 0);
+      other.join();
+      double elapsed = now_s() - t0;
+      rates.push_back(static_cast<double>(emu.acked_total.load()) / elapsed);
+      cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed);
+      emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
+      p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
+      p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
+      emu.nodes.clear();
+      c.stop();
+      sh("rm -f " + d + "/ctl-ingest.journal " + d + "/ctl-bus.journal");
+    }
+    std::string name = durable ? "ingest_durable" : "ingest";
+    emit(name.c_str(), "events_per_s", median(rates), "events/s");
+    emit(name.c_str(), "samples_per_s", median(rates) * 20, "samples/s");
+    emit(name.c_str(), "target_ratio", median(rates) / 100000.0, "x of 100k events/s");
+    emit(name.c_str(), "latency_p50", median(p50s), "ms");
+    emit(name.c_str(), "latency_p99", median(p99s), "ms");
+    emit(name.c_str(), "controller_cpu", median(cpus), "cores");
+    emit(name.c_str(), "emulator_cpu", median(emulator_cpus), "cores");
+    emit(name.c_str(), "emulated_nodes", nodes, "nodes");
+  }
+}
+
+void bench_nodes(const std::string& dir, const std::string& certs) {
+  const int nodes = g_quick ? 200 : 1000;
+  const double seconds = g_quick ? 4 : 10;
+  std::vector<double> cpus, rss, p99s;
+  for (int run = 0; run < g_runs; ++run) {
+    std::string d = dir + "/nodes-" + std::to_string(run);
+    sh("mkdir -p " + d);
+    int port = next_port();
+    Controller c = start_controller(d, certs, port, true);
+    double rss0 = rss_bytes(c.proc.pid);
+    Emulator emu;
+    std::string error;
+    if (!emu.connect(certs, nodes, port, &error)) {
+      std::fprintf(stderr, "nodes: %s\n", error.c_str());
+      c.stop();
+      return;
+    }
+    double end = now_s() + 2;
+    emu.drive(0, 1, end, 0, 1.0);  // warm up
+    double cpu0 = cpu_s(c.proc.pid), t0 = now_s();
+    emu.latencies.clear();
+    emu.drive(0, 1, t0 + seconds, 0, 1.0);
+    double elapsed = now_s() - t0;
+    cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed * 1000.0 / nodes);
+    rss.push_back((rss_bytes(c.proc.pid) - rss0) / (1 << 20) * 1000.0 / nodes);
+    p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
+    emu.nodes.clear();
+    c.stop();
+  }
+  emit("nodes_1hz", "controller_cpu_per_1000_nodes", median(cpus), "cores");
+  emit("nodes_1hz", "controller_rss_per_1000_nodes", median(rss), "MiB");
+  emit("nodes_1hz", "latency_p99", median(p99s), "ms");
+  emit("nodes_1hz", "emulated_nodes", nodes, "nodes");
+}
+
+void bench_agent(const std::string& dir) {
+  const double seconds = g_quick ? 10 : 30;
+  std::string certs = dir + "/agent-certs";
+  if (sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- a1") != 0) return;
+  std::vector<double> cpus, rss;
+  for (int run = 0; run < g_runs; ++run) {
+    std::string d = dir + "/agent-" + std::to_string(run);
+    sh("mkdir -p " + d);
+    int port = next_port();
+    Controller c = start_controller(d, certs, port, true);
+    std::string cfg = d + "/a1.lua";
+    write_file(cfg, "return { node = \"a1\", role = \"agent\", log_level = \"warn\",\n"
+                    "  plugins = { { path = \"ballast-collect\", config = { period = 1 } },\n"
+                    "              { path = \"ballast-hang\", config = { trace_dir = \"" + d + "\" } },\n"
+                    "              \"ballast-startup\" },\n"
+                    "  cluster = { controller = \"127.0.0.1:" + std::to_string(port) + "\",\n"
+                    "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/a1.crt\", key = \"" + certs +
+                    "/a1.key\" }, spool = { dir = \"" + d + "/spool\" } } }\n");
+    Proc a = spawn({BALLAST_EXE, "run", cfg, "--json"}, d + "/a1.out", d + "/a1.err");
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    double cpu0 = cpu_s(a.pid), t0 = now_s();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    cpus.push_back((cpu_s(a.pid) - cpu0) / (now_s() - t0));
+    rss.push_back(rss_bytes(a.pid) / (1 << 20));
+    a.signal(SIGTERM);
+    a.wait();
+    c.stop();
+    auto j = nlohmann::json::parse(read_file(d + "/a1.out"), nullptr, false);
+    double forwarded = j.is_discarded() ? 0 : j.value("cluster.forwarded", 0.0);
+    if (forwarded == 0)
+      std::fprintf(stderr, "agent: nothing forwarded: were ballast-collect, -hang and -startup built? see %s/a1.err\n",
+                   d.c_str());
+    if (run == 0) emit("agent", "events_forwarded_in_run", forwarded, "events");
+  }
+  emit("agent", "cpu", median(cpus) * 100, "% of a core");
+  emit("agent", "cpu_target_ratio", median(cpus) * 100 / 2.0, "x of 2%");
+  emit("agent", "rss", median(rss), "MiB");
+  emit("agent", "rss_target_ratio", median(rss) / 64.0, "x of 64 MiB");
+}
+
+void bench_failover(const std::string& dir) {
+  std::vector<double> elected, served;
+  double lost = 0, twice = 0;
+  for (int run = 0; run < g_runs; ++run) {
+    std::string d = dir + "/failover-" + std::to_string(run);
+    sh("mkdir -p " + d);
+    int etcd_port = next_port();
+    if (sh(engines() + "/etcd-up " + d + "/etcd " + std::to_string(etcd_port) + " >/dev/null") != 0) {
+      std::fprintf(stderr, "failover: etcd did not start\n");
+      return;
+    }
+    std::string certs = d + "/certs";
+    sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2");
+    std::string etcd = "http://127.0.0.1:" + std::to_string(etcd_port);
+    int p1 = next_port(), p2 = next_port();
+    auto ctl = [&](const std::string& name, int port) {
+      write_file(d + "/" + name + ".lua", controller_config("127.0.0.1:" + std::to_string(port), certs, d + "/" + name, etcd, 5));
+      return spawn({BALLAST_EXE, "run", d + "/" + name + ".lua"}, d + "/" + name + ".out", d + "/" + name + ".err");
+    };
+    Proc c1 = ctl("c1", p1);
+    eventually(10, [&] { return read_file(d + "/c1.err").find("is the leader") != std::string::npos; });
+    Proc c2 = ctl("c2", p2);
+    const uint64_t count = 3000;
+    std::vector<Proc> agents;
+    for (int i = 1; i <= 2; ++i) {
+      std::string node = "n" + std::to_string(i);
+      write_file(d + "/" + node + ".lua",
+                 agent_config(node, certs, {"127.0.0.1:" + std::to_string(p1), "127.0.0.1:" + std::to_string(p2)},
+                              count, 5, 10, d + "/spool-" + node));
+      agents.push_back(spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err"));
+    }
+    eventually(20, [&] { return ingest_counts(d + "/c1-ingest.journal")["n1"].size() > 500; });
+    double killed = wall_s();
+    c1.signal(SIGKILL);
+    c1.wait();
+    eventually(30, [&] {
+      auto c = ingest_counts(d + "/c2-ingest.journal");
+      return !c["n1"].empty() && c["n1"].rbegin()->first >= count && !c["n2"].empty() && c["n2"].rbegin()->first >= count;
+    });
+    elected.push_back(log_time_s(d + "/c2.err", "is the leader") - killed);
+    served.push_back(log_time_s(d + "/c2.err", "connected from") - killed);
+    auto old = ingest_counts(d + "/c1-ingest.journal"), neu = ingest_counts(d + "/c2-ingest.journal");
+    for (std::string node : {"n1", "n2"}) {
+      for (uint64_t s = 1; s <= count; ++s) {
+        int n = (old[node].count(s) ? old[node][s] : 0) + (neu[node].count(s) ? neu[node][s] : 0);
+        lost += n == 0;
+        twice += n > 1;
+      }
+    }
+    for (auto& a : agents) a.signal(SIGTERM);
+    for (auto& a : agents) a.wait();
+    c2.signal(SIGTERM);
+    c2.wait();
+    sh(engines() + "/etcd-down " + d + "/etcd");
+  }
+  emit("failover", "kill_to_elected", median(elected), "s");
+  emit("failover", "kill_to_first_agent_served", median(served), "s");
+  emit("failover", "target_ratio", median(served) / 6.0, "x of lease+1 s");
+  emit("failover", "events_lost", lost, "events");
+  emit("failover", "events_applied_twice", twice, "events");
+}
+
+void bench_slurm(const std::string& dir) {
+  std::vector<double> requeue, start, ckpt;
+  for (int run = 0; run < g_runs; ++run) {
+    std::string d = dir + "/slurm-" + std::to_string(run);
+    int port = 30000 + static_cast<int>(getpid() % 300) * 110;
+    if (sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + d + " 4 >/dev/null") != 0) {
+      std::fprintf(stderr, "slurm: slurm-up failed\n");
+      return;
+    }
+    ballast::slurm::Slurm slurm(d + "/slurm.conf");
+    write_file(d + "/train.sh",
+               "#!/bin/bash\nck=" + d + "/ckpt; t0=$(date +%s.%N); step=0; [ -f $ck ] && step=$(cat $ck)\n"
+               "echo \"start $t0 loaded $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} from=$step\"\n"
+               "while [ $step -lt 100 ]; do sleep 0.1; step=$((step+1)); echo $step > $ck.tmp && mv $ck.tmp $ck; done\n");
+    long job = 0;
+    std::string error;
+    slurm.submit({"-N2", "--requeue", "--open-mode=append", "-o", d + "/job.out", d + "/train.sh"}, &job, &error);
+    ballast::slurm::JobInfo info;
+    eventually(15, [&] { return slurm.job(job, &info, &error) && info.state == "RUNNING"; });
+    eventually(15, [&] { return std::atoi(read_file(d + "/ckpt").c_str()) >= 5; });
+    std::vector<std::string> nodes;
+    slurm.expand(info.nodes, &nodes, &error);
+    double t0 = wall_s();
+    slurm.drain(nodes[0], "ballast: node.silent " + nodes[0], &error);
+    slurm.requeue_excluding(job, {nodes[0]}, &error);
+    double t1 = wall_s();
+    eventually(15, [&] { return slurm.job(job, &info, &error) && info.state == "RUNNING" && info.restarts == 1; });
+    double t2 = wall_s();
+    eventually(15, [&] { return read_file(d + "/job.out").find("restart=1") != std::string::npos; });
+    std::string out = read_file(d + "/job.out");
+    size_t at = out.find("start ", out.find("restart=0"));
+    at = out.rfind("start ");
+    double started = std::atof(out.c_str() + at + 6);
+    double loaded = std::atof(out.c_str() + out.find("loaded ", at) + 7);
+    requeue.push_back(t1 - t0);
+    start.push_back(started - t1);
+    ckpt.push_back(loaded - started);
+    (void)t2;
+    slurm.cancel(job, &error);
+    sh(engines() + "/slurm-down " + d);
+  }
+  emit("slurm_recovery", "drain_and_requeue", median(requeue), "s");
+  emit("slurm_recovery", "requeue_to_job_started", median(start), "s");
+  emit("slurm_recovery", "checkpoint_load_script", median(ckpt), "s");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") g_quick = true, g_runs = 1;
+    else if (a == "--runs" && i + 1 < argc) g_runs = std::atoi(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_cluster [--quick] [--runs N] [--only ingest|nodes|agent|failover|slurm]\n");
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  g_port = 41000 + static_cast<int>(getpid() % 2000) * 8;
+  std::string dir = scratch_dir("bench-cluster");
+  std::string certs = dir + "/certs";
+  sh("mkdir -p " + certs);
+  std::string error;
+  if (!bench_cluster::make_certs(certs, emu_names(1000), &error)) {
+    std::fprintf(stderr, "%s\n", error.c_str());
+    return 1;
+  }
+  // The machine is shared: its load says how much of the 2 cores the run had.
+  double load = 0;
+  std::sscanf(read_file("/proc/loadavg").c_str(), "%lf", &load);
+  emit("machine", "load_average_1min_at_start", load, "runnable");
+  emit("machine", "cores", static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)), "cores");
+  if (only.empty() || only == "ingest") bench_ingest(dir, certs);
+  if (only.empty() || only == "nodes") bench_nodes(dir, certs);
+  if (only.empty() || only == "agent") bench_agent(dir);
+  if (only.empty() || only == "failover") bench_failover(dir);
+  if (only.empty() || only == "slurm") bench_slurm(dir);
+  return 0;
+}

@@ -1,0 +1,164 @@
+// bench_e2e: the whole loop, measured. `ballast run` with the bundled
+// trainer at 4 ranks, the hang detector, the placement plugin and the
+// default policy; one fault injected per run, repeated per fault kind. Per
+// kind: detection latency (injection -> first report), decision latency
+// (report -> the policy's action), recovery time (report -> the first step
+// trained after the recovery), steps lost; medians and maxima. Then the
+// default demonstration (examples/configs/demo.lua), --demo-repeats times
+// (1), for its ETTR (median).
+//
+//   bench_e2e [--repeats N] [--kinds crash,hang,nan] [--stall SECONDS] [--no-demo] [--demo-repeats N]
+//
+// Prints JSON lines {"bench","case","metric","value","unit"}.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json run_ballast(const std::string& args, const std::string& dir) {
+  const std::string cmd = std::string(BENCH_E2E_BALLAST) + " run " + args + " --json 2>" + dir + "/stderr.log";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return nullptr;
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
+  pclose(p);
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+std::string config(const std::string& dir, double stall) {
+  const std::string path = dir + "/job.lua";
+  std::ofstream(path) << "return {\n  plugins = { 'runner', { path = 'hang', config = { stall_seconds = " << stall
+                      << ", period_seconds = 0.2 } }, 'scheduler' },\n"
+                         "  job = { command = { '" BENCH_E2E_TRAINER "', '--steps', '200', '--checkpoint-every', '20', "
+                         "'--log-every', '1000' }, ranks = 4, standby = 1, progress = false, dir = '"
+                      << dir << "/job' },\n  policy = { script = '" BENCH_E2E_POLICY "', fallback = 'escalate' },\n}\n";
+  return path;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void emit(const std::string& c, const std::string& metric, double value, const char* unit) {
+  std::printf("%s\n", nlohmann::json{{"bench", "e2e"}, {"case", c}, {"metric", metric}, {"value", value}, {"unit", unit}}
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 5;
+  double stall = 3;
+  bool demo = true;
+  int demo_repeats = 1;
+  std::vector<std::string> kinds = {"crash", "hang", "nan"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--repeats" && i + 1 < argc) repeats = std::atoi(argv[++i]);
+    else if (a == "--stall" && i + 1 < argc) stall = std::atof(argv[++i]);
+    else if (a == "--no-demo") demo = false;
+    else if (a == "--demo-repeats" && i + 1 < argc) demo_repeats = std::atoi(argv[++i]);
+    else if (a == "--kinds" && i + 1 < argc) {
+      kinds.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
+    } else {
+      std::fprintf(stderr, "usage: %s [--repeats N] [--kinds crash,hang,nan] [--stall SECONDS] [--no-demo] [--demo-repeats N]\n", argv[0]);
+      return 2;
+    }
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string root = std::string(tmp ? tmp : "/tmp") + "/bench-e2e";
+  // The fault hits mid-run, at a step between two checkpoints (every 20).
+  const std::map<std::string, std::string> spec = {
+      {"crash", "crash:rank=1@step75"}, {"hang", "hang:rank=2@step75"}, {"nan", "nan@75"}};
+  for (const auto& kind : kinds) {
+    if (!spec.count(kind)) {
+      std::fprintf(stderr, "bench_e2e: unknown kind %s\n", kind.c_str());
+      return 2;
+    }
+    std::map<std::string, std::vector<double>> m;
+    int ok = 0, right = 0;
+    for (int r = 0; r < repeats; ++r) {
+      const std::string dir = root + "/" + kind + "-" + std::to_string(r);
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+      const nlohmann::json rep = run_ballast(config(dir, stall) + " --inject '" + spec.at(kind) + "'", dir);
+      if (!rep.is_object() || rep["incidents"].size() != 1) {
+        std::fprintf(stderr, "bench_e2e: %s run %d: no single incident (see %s)\n", kind.c_str(), r, dir.c_str());
+        continue;
+      }
+      const auto& i = rep["incidents"][0];
+      ok += rep["state"] == "finished" && i["outcome"] == "recovered";
+      const std::string verdict = i["verdict"].is_string() ? i["verdict"].get<std::string>() : "";
+      right += (kind == "crash" && verdict == "crashed rank:1") || (kind == "hang" && verdict.find("rank:2") != std::string::npos) ||
+               (kind == "nan" && verdict.rfind("nan ", 0) == 0);
+      for (const char* f : {"detection_latency_s", "decision_latency_s", "recovery_s"})
+        if (i[f].is_number()) m[f].push_back(i[f].get<double>());
+      if (i["injected_s"].is_number() && i["resumed_s"].is_number())
+        m["fault_to_first_new_step_s"].push_back(i["resumed_s"].get<double>() - i["injected_s"].get<double>());
+      m["steps_lost"].push_back(i["steps_lost"].get<double>());
+      m["ettr"].push_back(rep["ettr"].get<double>());
+    }
+    emit(kind, "runs_recovered", ok, "runs");
+    emit(kind, "runs_right_verdict", right, "runs");
+    emit(kind, "runs", repeats, "runs");
+    for (const auto& [name, v] : m) {
+      const char* unit = name == "steps_lost" ? "steps" : name == "ettr" ? "ratio" : "s";
+      emit(kind, name + "_median", median(v), unit);
+      emit(kind, name + "_max", v.empty() ? -1 : *std::max_element(v.begin(), v.end()), unit);
+    }
+  }
+  if (demo) {
+    // The demonstration, demo_repeats times: ETTR and wall time, medians.
+    std::vector<double> ettr, wall;
+    int finished = 0, incidents = 0, recovered = 0;
+    for (int r = 0; r < demo_repeats; ++r) {
+      const std::string dir = root + "/demo";
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+      const nlohmann::json rep = run_ballast(std::string(BENCH_E2E_DEMO), dir);
+      if (!rep.is_object()) {
+        std::fprintf(stderr, "bench_e2e: the demonstration gave no report (see %s)\n", dir.c_str());
+        continue;
+      }
+      emit("demo", "ettr_run", rep["ettr"].get<double>(), "ratio");  // each run, as it ends
+      ettr.push_back(rep["ettr"].get<double>());
+      wall.push_back(rep["wall_s"].get<double>());
+      incidents += int(rep["incidents"].size());
+      for (const auto& i : rep["incidents"]) recovered += i["outcome"] == "recovered";
+      finished += rep["state"] == "finished";
+    }
+    if (!ettr.empty()) {
+      emit("demo", "ettr_median", median(ettr), "ratio");
+      emit("demo", "ettr_min", *std::min_element(ettr.begin(), ettr.end()), "ratio");
+      emit("demo", "wall_s_median", median(wall), "s");
+      emit("demo", "incidents", incidents, "incidents");
+      emit("demo", "incidents_recovered", recovered, "incidents");
+      emit("demo", "runs_finished", finished, "runs");
+      emit("demo", "runs", demo_repeats, "runs");
+    }
+  }
+  return 0;
+}

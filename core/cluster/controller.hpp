@@ -1,0 +1,136 @@
+// The controller role: accepts the agents' authenticated connections,
+// applies each node's events once, in order, and sends actions back.
+//
+// Applying an event (node, seq): seq <= the node's last applied -> a
+// duplicate, acknowledged and dropped; otherwise it is published on this
+// host's bus under its original source, appended to the ingest journal
+// (core/journal, wrapped as in wire.hpp), the journal flushed (fdatasync when
+// `durable`), with a Leadership the node's cursor committed in a fenced
+// transaction, and the sequence acknowledged. What could not be published
+// (the bus stopping) is neither journaled nor acknowledged: the agent resends
+// it. The ingest journal is the record of what was applied and the dedup
+// state: a restarted controller reads each node's last sequence from it.
+// A node with no message for silent_after_ms becomes
+// `node.silent` (a fault report, kind "silent", detector "cluster"); liveness
+// comes from these heartbeats, never from the resource manager.
+// Actions: a recovery.action whose subject is a node goes to that node's agent
+// with an id (epoch << 24 | counter) and is resent until acknowledged. With a
+// Leadership (etcd, leader.hpp), only the leader accepts agents, and each
+// action is first recorded through it (fencing): an action it refuses is not
+// sent.
+// Thread-safety: start/stop from the owning thread; counters() from any.
+#pragma once
+
+#include "link.hpp"
+
+#include "journal.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ballast {
+class Host;
+}
+
+namespace ballast::cluster {
+
+// What HA adds to a controller (leader.hpp implements it over etcd).
+class Leadership {
+ public:
+  struct LoggedAction {
+    std::string node;
+    uint64_t id;
+    std::string json;  // event_to_json of the recovery.action
+  };
+  virtual ~Leadership() = default;
+  virtual bool is_leader() const = 0;
+  // A number that grows with every term (the leader key's revision).
+  virtual uint64_t epoch() const = 0;
+  // Record an action in the shared log, only while this controller leads.
+  // BALLAST_ESTATE when deposed: the action must not run.
+  virtual int record_action(const std::string& node, uint64_t id, const std::string& action_json) = 0;
+  // The agent carried it out: drop it from the log (only while leading).
+  virtual int forget_action(uint64_t id) = 0;
+  // Record that `node`'s events up to seq are applied (only while leading).
+  // BALLAST_ESTATE when deposed: they must not be published or acknowledged.
+  virtual int commit_cursor(const std::string& node, uint64_t seq) = 0;
+  // What the previous leaders left, read when this term began.
+  virtual std::map<std::string, uint64_t> cursors() const = 0;
+  virtual std::vector<LoggedAction> logged_actions() const = 0;
+};
+
+struct ControllerOptions {
+  std::string listen = "127.0.0.1:7700";
+  TlsFiles tls;
+  std::string ingest_journal;
+  bool durable = true;
+  int heartbeat_ms = 1000;
+  int silent_after_ms = 5000;
+  int handshake_timeout_ms = 5000;
+};
+
+class Controller {
+ public:
+  static int create(Host& host, ControllerOptions options, Leadership* leadership, std::unique_ptr<Controller>* out);
+  ~Controller();
+  int start();
+  void stop();
+  nlohmann::json counters() const;
+  // The node's last applied sequence (0 = none).
+  uint64_t applied(const std::string& node) const;
+
+  struct Conn;
+
+ private:
+  struct NodeState {
+    // Held while a batch of this node is applied: a reconnecting agent can
+    // have two connections for a moment, and only one may apply a sequence.
+    std::mutex apply_mutex;
+    uint64_t applied = 0;  // under apply_mutex and mutex_ (read under either)
+    int64_t last_heard_ms = 0;
+    bool silent = false;
+    uint64_t overflow = 0;
+    Conn* conn = nullptr;
+    uint64_t next_action = 0;
+    std::deque<std::pair<uint64_t, std::vector<unsigned char>>> actions;  // unacknowledged
+  };
+
+  explicit Controller(Host& host);
+  void accept_loop();
+  void serve(Conn* conn);
+  void watch_silence();
+  static int on_action(void* user, const ballast_event* event);
+  void reap(bool all);
+  void take_over();
+
+  Host& host_;
+  ControllerOptions options_;
+  Leadership* leadership_ = nullptr;
+  std::unique_ptr<TlsConfig> tls_;
+  JournalWriter ingest_;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  std::atomic<bool> quit_{false};
+  std::thread acceptor_, watcher_;
+  mutable std::mutex mutex_;  // nodes_ and conns_
+  std::condition_variable quit_cv_;
+  std::map<std::string, NodeState> nodes_;
+  std::vector<std::unique_ptr<Conn>> conns_;
+  uint64_t action_subscription_ = 0;
+  uint64_t epoch_ = 0;
+  uint64_t term_seen_ = 0;
+  std::atomic<uint64_t> action_counter_{0};
+  std::atomic<uint64_t> applied_events_{0}, duplicates_{0}, gaps_{0}, refused_{0}, bad_frames_{0}, silent_{0},
+      actions_sent_{0}, actions_fenced_off_{0}, connections_{0};
+};
+
+}  // namespace ballast::cluster

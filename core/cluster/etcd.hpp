@@ -1,0 +1,52 @@
+// A small client of etcd 3.4's JSON gateway (/v3/...), over libcurl: the
+// calls controller election and fencing need. Keys and values are plain
+// strings here; base64 (the gateway's encoding) stays inside.
+// Thread-safety: one Etcd per thread (each holds a curl handle).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ballast::cluster {
+
+class Etcd {
+ public:
+  explicit Etcd(std::string endpoint);
+  ~Etcd();
+  Etcd(const Etcd&) = delete;
+  Etcd& operator=(const Etcd&) = delete;
+
+  // POST `path` with `body`; the reply in *reply. Status; the message names
+  // the endpoint, the path and etcd's error. timeout_ms 0 = none (until
+  // `abort` becomes true, checked every ~100 ms).
+  int call(const std::string& path, const nlohmann::json& body, nlohmann::json* reply, long timeout_ms = 3000,
+           const std::atomic<bool>* abort = nullptr);
+
+  int grant_lease(int ttl_s, int64_t* lease);
+  // Renew; *ttl = the lease's remaining TTL (0 = expired).
+  int keepalive(int64_t lease, int64_t* ttl);
+  // Block until this candidate leads `election`; *key and *revision of its
+  // leader key.
+  int campaign(const std::string& election, int64_t lease, const std::string& value, std::string* key,
+               int64_t* revision, const std::atomic<bool>* abort);
+  int resign(const std::string& election, const std::string& key, int64_t revision, int64_t lease);
+  // Put key=value only if `guard` still has create revision `revision`.
+  // *succeeded false when the guard failed (deposed).
+  int put_if(const std::string& guard, int64_t revision, const std::vector<std::pair<std::string, std::string>>& puts,
+             const std::vector<std::string>& deletes, bool* succeeded);
+  // Every key under `prefix`, with values.
+  int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out);
+
+  static std::string b64(const std::string& s);
+  static std::string unb64(const std::string& s);
+
+ private:
+  std::string endpoint_;
+  void* curl_ = nullptr;
+};
+
+}  // namespace ballast::cluster

@@ -1,0 +1,185 @@
+#include "leader.hpp"
+
+#include "error.hpp"
+#include "host.hpp"
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+
+namespace ballast::cluster {
+
+namespace {
+
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+int EtcdLeadership::create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out) {
+  auto l = std::unique_ptr<EtcdLeadership>(new EtcdLeadership(host));
+  l->options_ = std::move(options);
+  l->client_ = std::make_unique<Etcd>(l->options_.endpoint);
+  *out = std::move(l);
+  return BALLAST_OK;
+}
+
+EtcdLeadership::~EtcdLeadership() { stop(); }
+
+int EtcdLeadership::start() {
+  int64_t lease = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (int rc = client_->grant_lease(options_.lease_s, &lease); rc != BALLAST_OK)
+      return fail(rc, std::string("cluster.etcd: ") + last_error());
+  }
+  lease_.store(lease);
+  campaign_ = std::thread([this] { campaign_loop(); });
+  keepalive_ = std::thread([this] { keepalive_loop(); });
+  host_.log(BALLAST_LOG_INFO, "cluster", "candidate " + options_.name + " campaigning for " + prefix() + "leader");
+  return BALLAST_OK;
+}
+
+void EtcdLeadership::stop() {
+  if (quit_.exchange(true)) return;
+  if (campaign_.joinable()) campaign_.join();
+  if (keepalive_.joinable()) keepalive_.join();
+  // Resign, so that a candidate takes over at once rather than after the lease.
+  if (leader_.exchange(false)) {
+    std::lock_guard lock(mutex_);
+    client_->resign(prefix() + "leader", key_, revision_.load(), lease_.load());
+    host_.log(BALLAST_LOG_INFO, "cluster", options_.name + " resigned");
+  }
+}
+
+void EtcdLeadership::campaign_loop() {
+  Etcd etcd(options_.endpoint);
+  while (!quit_.load()) {
+    if (leader_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    std::string key;
+    int64_t rev = 0;
+    int64_t lease = lease_.load();
+    if (etcd.campaign(prefix() + "leader", lease, options_.value, &key, &rev, &quit_) != BALLAST_OK) {
+      if (!quit_.load()) {
+        etcd_errors_.fetch_add(1);
+        host_.log(BALLAST_LOG_WARN, "cluster", std::string("campaign: ") + last_error());
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+      continue;
+    }
+    if (lease != lease_.load()) continue;  // the lease lapsed while campaigning: campaign again
+    // What the previous leaders left.
+    std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs;
+    if (etcd.range_prefix(prefix() + "cursor/", &cursor_kvs) != BALLAST_OK ||
+        etcd.range_prefix(prefix() + "actions/", &action_kvs) != BALLAST_OK) {
+      etcd_errors_.fetch_add(1);
+      host_.log(BALLAST_LOG_WARN, "cluster", std::string("reading the previous term: ") + last_error());
+      continue;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      key_ = key;
+      cursors_.clear();
+      for (auto& [k, v] : cursor_kvs) cursors_[k.substr(prefix().size() + 7)] = std::strtoull(v.c_str(), nullptr, 10);
+      actions_.clear();
+      for (auto& [k, v] : action_kvs) {
+        auto j = nlohmann::json::parse(v, nullptr, false);
+        if (!j.is_object() || !j.contains("node") || !j.contains("event")) continue;
+        actions_.push_back({j["node"].get<std::string>(), std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10),
+                            j["event"].dump()});
+      }
+    }
+    revision_.store(rev);
+    elected_at_ms_.store(wall_ms());
+    terms_.fetch_add(1);
+    leader_.store(true);
+    host_.log(BALLAST_LOG_INFO, "cluster",
+              options_.name + " is the leader (revision " + std::to_string(rev) + "): read " +
+                  std::to_string(cursor_kvs.size()) + " cursor(s) and " + std::to_string(action_kvs.size()) +
+                  " pending action(s)");
+    nlohmann::json j = {{"leader", options_.name}, {"revision", rev}, {"elected_at_ms", elected_at_ms_.load()}};
+    host_.publish_json("controller.leader", j.dump(), "cluster");
+  }
+}
+
+void EtcdLeadership::keepalive_loop() {
+  Etcd etcd(options_.endpoint);
+  const int period_ms = std::max(200, options_.lease_s * 1000 / 3);
+  while (!quit_.load()) {
+    for (int waited = 0; waited < period_ms && !quit_.load(); waited += 50)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (quit_.load()) break;
+    int64_t ttl = 0;
+    if (etcd.keepalive(lease_.load(), &ttl) == BALLAST_OK && ttl > 0) continue;
+    // Lapsed (or etcd unreachable past its TTL): step down, campaign anew.
+    etcd_errors_.fetch_add(1);
+    deposed("lease " + std::to_string(lease_.load()) + " lapsed");
+    int64_t lease = 0;
+    if (etcd.grant_lease(options_.lease_s, &lease) == BALLAST_OK) lease_.store(lease);
+  }
+}
+
+void EtcdLeadership::deposed(const std::string& why) {
+  if (leader_.exchange(false)) {
+    fenced_off_.fetch_add(1);
+    host_.log(BALLAST_LOG_WARN, "cluster", options_.name + " is no longer the leader: " + why);
+  }
+}
+
+int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>>& puts,
+                           const std::vector<std::string>& deletes) {
+  if (!leader_.load()) return fail(BALLAST_ESTATE, options_.name + " is not the leader");
+  bool ok = false;
+  std::lock_guard lock(mutex_);
+  if (int rc = client_->put_if(key_, revision_.load(), puts, deletes, &ok); rc != BALLAST_OK) {
+    etcd_errors_.fetch_add(1);
+    return rc;
+  }
+  if (!ok) {
+    deposed("a fenced transaction failed: the leader key is gone");
+    return fail(BALLAST_ESTATE, options_.name + " was deposed");
+  }
+  return BALLAST_OK;
+}
+
+int EtcdLeadership::record_action(const std::string& node, uint64_t id, const std::string& action_json) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  nlohmann::json j = {{"node", node}, {"event", nlohmann::json::parse(action_json, nullptr, false)}};
+  return fenced({{prefix() + "actions/" + name, j.dump()}}, {});
+}
+
+int EtcdLeadership::forget_action(uint64_t id) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  return fenced({}, {prefix() + "actions/" + name});
+}
+
+int EtcdLeadership::commit_cursor(const std::string& node, uint64_t seq) {
+  return fenced({{prefix() + "cursor/" + node, std::to_string(seq)}}, {});
+}
+
+std::map<std::string, uint64_t> EtcdLeadership::cursors() const {
+  std::lock_guard lock(mutex_);
+  return cursors_;
+}
+
+std::vector<Leadership::LoggedAction> EtcdLeadership::logged_actions() const {
+  std::lock_guard lock(mutex_);
+  return actions_;
+}
+
+nlohmann::json EtcdLeadership::counters() const {
+  return {{"cluster.leader", leader_.load() ? 1 : 0},
+          {"cluster.terms", terms_.load()},
+          {"cluster.deposed", fenced_off_.load()},
+          {"cluster.etcd_errors", etcd_errors_.load()},
+          {"cluster.elected_at_ms", elected_at_ms_.load()}};
+}
+
+}  // namespace ballast::cluster

@@ -1,0 +1,75 @@
+// Controller high availability through etcd: candidates campaign for
+// /ballast/<job>/leader on a lease of lease_s seconds (kept alive every
+// lease_s/3); the winner leads until its lease lapses. Everything the leader
+// does that must not happen twice is a transaction conditional on its leader
+// key's create revision (fencing): actions (/ballast/<job>/actions/<id>),
+// applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
+// transactions fail, so it cannot act. A new leader reads both prefixes when
+// its term begins. Agents do not talk to etcd.
+// Thread-safety: every member is thread-safe.
+#pragma once
+
+#include "controller.hpp"
+#include "etcd.hpp"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ballast {
+class Host;
+}
+
+namespace ballast::cluster {
+
+struct EtcdOptions {
+  std::string endpoint;  // http://127.0.0.1:2379
+  std::string job = "job";
+  std::string name;      // this candidate, for logs
+  std::string value;     // what the leader key holds: the controller's address
+  int lease_s = 5;
+};
+
+class EtcdLeadership : public Leadership {
+ public:
+  static int create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out);
+  ~EtcdLeadership() override;
+  int start();
+  void stop();
+  nlohmann::json counters() const;
+
+  bool is_leader() const override { return leader_.load(); }
+  uint64_t epoch() const override { return static_cast<uint64_t>(revision_.load()); }
+  int record_action(const std::string& node, uint64_t id, const std::string& action_json) override;
+  int forget_action(uint64_t id) override;
+  int commit_cursor(const std::string& node, uint64_t seq) override;
+  std::map<std::string, uint64_t> cursors() const override;
+  std::vector<LoggedAction> logged_actions() const override;
+
+ private:
+  EtcdLeadership(Host& host) : host_(host) {}
+  void campaign_loop();
+  void keepalive_loop();
+  int fenced(const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<std::string>& deletes);
+  void deposed(const std::string& why);
+  std::string prefix() const { return "/ballast/" + options_.job + "/"; }
+
+  Host& host_;
+  EtcdOptions options_;
+  std::atomic<bool> quit_{false};
+  std::atomic<bool> leader_{false};
+  std::atomic<int64_t> lease_{0};
+  std::atomic<int64_t> revision_{0};
+  mutable std::mutex mutex_;  // key_, the snapshots and the fencing client
+  std::string key_;
+  std::map<std::string, uint64_t> cursors_;
+  std::vector<LoggedAction> actions_;
+  std::unique_ptr<Etcd> client_;  // fenced writes
+  std::thread campaign_, keepalive_;
+  std::atomic<uint64_t> terms_{0}, fenced_off_{0}, etcd_errors_{0};
+  std::atomic<int64_t> elected_at_ms_{0};
+};
+
+}  // namespace ballast::cluster

@@ -1,0 +1,376 @@
+#include "slurm_backend.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ballast::runner {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A word for bash, in single quotes.
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Written whole under another name, then renamed: a reader never sees half.
+bool write_atomic(const std::string& path, const std::string& text, std::string* error) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) {
+      *error = "cannot write " + tmp + ": " + std::strerror(errno);
+      return false;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) *error = "cannot rename " + tmp + ": " + ec.message();
+  return !ec;
+}
+
+bool read_number(const std::string& path, long* out) {
+  std::ifstream in(path);
+  long v = 0;
+  if (!(in >> v)) return false;
+  *out = v;
+  return true;
+}
+
+// A state in which the job's processes are gone for good (squeue's job_state).
+bool finished_state(const std::string& s) {
+  return s != "PENDING" && s != "RUNNING" && s != "CONFIGURING" && s != "COMPLETING" && s != "SUSPENDED" &&
+         s != "REQUEUED" && s != "RESIZING" && s != "SIGNALING" && s != "STAGE_OUT";
+}
+
+}  // namespace
+
+SlurmBackend::SlurmBackend(SlurmConfig config, std::string job_name, int job_nodes)
+    : slurm_(config.conf, int(config.command_timeout_s * 1000)),
+      cfg_(std::move(config)),
+      job_name_(std::move(job_name)),
+      job_nodes_(job_nodes) {}
+
+std::string SlurmBackend::slot_name(int slot) const {
+  return slot >= 0 && slot < int(names_.size()) ? names_[size_t(slot)] : "node" + std::to_string(slot);
+}
+
+std::string SlurmBackend::isolation() const {
+  return "Slurm batch job" + (job_ ? " " + std::to_string(job_) : std::string()) + " on " +
+         slurm::join(std::vector<std::string>(names_.begin(), names_.begin() + job_nodes_)) +
+         ", spares in reservation " + cfg_.reservation;
+}
+
+std::vector<pid_t> SlurmBackend::slot_processes(int) const { return {}; }
+
+pid_t SlurmBackend::spawn_helper(int, void (*)()) { return -1; }
+
+bool SlurmBackend::choose_nodes(int standby, std::string* error) {
+  std::vector<slurm::NodeInfo> all;
+  if (!slurm_.nodes(&all, error)) return false;
+  auto find = [&](const std::string& name) -> const slurm::NodeInfo* {
+    for (const auto& n : all)
+      if (n.name == name) return &n;
+    return nullptr;
+  };
+  std::vector<std::string> held;
+  if (!slurm_.reservation_nodes(cfg_.reservation, &held, error)) return false;
+  std::vector<std::string> spares;
+  if (!cfg_.spares.empty()) {
+    for (const auto& s : cfg_.spares)
+      if (!find(s)) {
+        *error = "job.slurm.spares: Slurm has no node '" + s + "'";
+        return false;
+      }
+    if (held.empty()) {
+      if (!slurm_.hold_spares(cfg_.reservation, cfg_.spares, error)) return false;
+      made_reservation_ = true;
+    } else if (held != cfg_.spares) {
+      *error = "job.slurm.reservation: " + cfg_.reservation + " exists and holds " + slurm::join(held) +
+               ", not the spares " + slurm::join(cfg_.spares);
+      return false;
+    }
+    spares = cfg_.spares;
+  } else if (standby > 0) {
+    if (int(held.size()) < standby) {
+      *error = "job.slurm.reservation: " + cfg_.reservation + " holds " + std::to_string(held.size()) +
+               " node(s) for standby = " + std::to_string(standby) + " (or name them in job.slurm.spares)";
+      return false;
+    }
+    spares.assign(held.begin(), held.begin() + standby);
+  }
+  std::vector<std::string> nodes = cfg_.nodes;
+  if (nodes.empty()) {
+    for (const auto& n : all) {
+      if (int(nodes.size()) == job_nodes_) break;
+      const bool free = lower(n.state) == "idle" && !n.drained() &&
+                        std::find(held.begin(), held.end(), n.name) == held.end() &&
+                        std::find(spares.begin(), spares.end(), n.name) == spares.end();
+      if (free) nodes.push_back(n.name);
+    }
+    if (int(nodes.size()) < job_nodes_) {
+      *error = "Slurm has " + std::to_string(nodes.size()) + " idle node(s) outside the reservation " +
+               cfg_.reservation + "; the job needs " + std::to_string(job_nodes_);
+      return false;
+    }
+  }
+  for (const auto& n : nodes) {
+    const auto* info = find(n);
+    if (!info) {
+      *error = "job.slurm.nodes: Slurm has no node '" + n + "'";
+      return false;
+    }
+    if (info->drained() || std::find(spares.begin(), spares.end(), n) != spares.end()) {
+      *error = "job.slurm.nodes: " + n + " is " + (info->drained() ? "drained (" + info->reason + ")" : "a spare");
+      return false;
+    }
+  }
+  names_ = nodes;
+  names_.insert(names_.end(), spares.begin(), spares.end());
+  return true;
+}
+
+bool SlurmBackend::prepare(int slots, const std::string& job_dir, std::string* error) {
+  if (slots < job_nodes_ || job_nodes_ < 1) {
+    *error = "slurm backend: " + std::to_string(slots) + " slots for " + std::to_string(job_nodes_) + " nodes";
+    return false;
+  }
+  dir_ = job_dir + "/slurm";
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    *error = "cannot make " + dir_ + ": " + ec.message();
+    return false;
+  }
+  if (!choose_nodes(slots - job_nodes_, error)) return false;
+  // One srun step per run starts every node's script for the attempt named in `current`.
+  const std::string script =
+      "#!/bin/bash\n"
+      "# A Ballast job under Slurm, written by the executor's Slurm backend. Each run of this batch job\n"
+      "# (the first and every requeue) starts the ranks of the attempt named in `current`.\n"
+      "d=" +
+      quote(dir_) +
+      "\n"
+      "run=$(cat \"$d/current\")\n"
+      "echo \"ballast: run $run, restart ${SLURM_RESTART_COUNT:-0}, nodes $SLURM_JOB_NODELIST\"\n"
+      "exec srun --kill-on-bad-exit=0 -N \"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1 /bin/bash -c "
+      "'exec /bin/bash \"$0/run-$1/$SLURMD_NODENAME.sh\"' \"$d\" \"$run\"\n";
+  if (!write_atomic(dir_ + "/job.sh", script, error)) return false;
+  fs::permissions(dir_ + "/job.sh", fs::perms::owner_all, fs::perm_options::add, ec);
+  return true;
+}
+
+bool SlurmBackend::start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) {
+  if (slot < 0 || slot >= int(names_.size())) {
+    *error = "slurm backend: no slot " + std::to_string(slot);
+    return false;
+  }
+  std::error_code ec;
+  if (pending_slots_.empty()) {
+    ++run_;
+    fs::create_directories(run_dir(), ec);
+    if (ec) {
+      *error = "cannot make " + run_dir() + ": " + ec.message();
+      return false;
+    }
+  }
+  // Each rank leads a session of its own (its group is what signal() reaches);
+  // its pid and, when it ends, its exit code are written beside the script.
+  std::string s =
+      "#!/bin/bash\n"
+      "# Run " +
+      std::to_string(run_) + " on " + names_[size_t(slot)] +
+      ", written by the executor's Slurm backend.\n"
+      "d=" +
+      quote(run_dir()) +
+      "\n"
+      "rank() {  # RANK LOG ARGV...\n"
+      "  local r=$1 log=$2; shift 2\n"
+      "  setsid \"$@\" >>\"$log\" 2>&1 </dev/null &\n"
+      "  local pid=$!\n"
+      "  echo $pid >\"$d/pid-$r.tmp\" && mv \"$d/pid-$r.tmp\" \"$d/pid-$r\"\n"
+      "  wait $pid; local rc=$?\n"
+      "  echo $rc >\"$d/exit-$r.tmp\" && mv \"$d/exit-$r.tmp\" \"$d/exit-$r\"\n"
+      "}\n";
+  for (const auto& r : ranks) {
+    s += "(";
+    for (const auto& [k, v] : r.env) s += " export " + k + "=" + quote(v) + ";";
+    s += " rank " + std::to_string(r.rank) + " " + quote(r.log_path.empty() ? "/dev/null" : r.log_path);
+    for (const auto& a : r.argv) s += " " + quote(a);
+    s += ") &\n";
+  }
+  s += "wait\n";
+  if (!write_atomic(run_dir() + "/" + names_[size_t(slot)] + ".sh", s, error)) return false;
+  for (const auto& r : ranks) ranks_[r.rank] = Rank{slot, -1};
+  pending_slots_.push_back(slot);
+  return true;
+}
+
+bool SlurmBackend::launch(std::string* error) {
+  std::vector<std::string> nodes, exclude;
+  for (int s : pending_slots_) nodes.push_back(names_[size_t(s)]);
+  for (int s : drained_) exclude.push_back(names_[size_t(s)]);
+  pending_slots_.clear();
+  seen_running_ = false;
+  next_state_ns_ = 0;
+  bool ok = write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error) &&
+            slurm_.unreserve(cfg_.reservation, nodes, error);  // a spare taking a node's place
+  if (ok && job_ == 0) {
+    std::vector<std::string> args = {"-J",
+                                     job_name_,
+                                     "--requeue",
+                                     "-N",
+                                     std::to_string(nodes.size()),
+                                     "--nodelist=" + slurm::join(nodes),
+                                     "-o",
+                                     dir_ + "/job.out",
+                                     "--open-mode=append"};
+    if (!exclude.empty()) args.push_back("--exclude=" + slurm::join(exclude));
+    if (!cfg_.partition.empty()) args.push_back("--partition=" + cfg_.partition);
+    args.insert(args.end(), cfg_.sbatch_args.begin(), cfg_.sbatch_args.end());
+    args.push_back(dir_ + "/job.sh");
+    ok = slurm_.submit(args, &job_, error);
+  } else if (ok) {
+    slurm::JobInfo info;
+    ok = slurm_.job(job_, &info, error);
+    // Not requeued by stop_all (its ranks had all ended): requeue it now.
+    if (ok && info.state != "PENDING") ok = slurm_.requeue(job_, error);
+    ok = ok && slurm_.release(job_, nodes, exclude, error);
+  }
+  if (!ok) {
+    if (!stop_error_.empty()) *error += " (after: " + stop_error_ + ")";
+    ranks_.clear();
+  }
+  return ok;
+}
+
+bool SlurmBackend::evict(int slot, const std::string& reason, std::string* error) {
+  // Slurm keeps the reason as one line.
+  std::string why = reason;
+  std::replace(why.begin(), why.end(), '\n', ' ');
+  if (!slurm_.drain(names_[size_t(slot)], why.substr(0, 256), error)) return false;
+  drained_.insert(slot);
+  return true;
+}
+
+bool SlurmBackend::restore(int slot, std::string* error) {
+  const std::string& node = names_[size_t(slot)];
+  std::vector<slurm::NodeInfo> all;
+  if (!slurm_.nodes(&all, error)) return false;
+  for (const auto& n : all)
+    if (n.name == node && n.drained() && !slurm_.resume(node, error)) return false;  // a person may have resumed it
+  if (!slurm_.reserve(cfg_.reservation, node, error)) return false;
+  drained_.erase(slot);
+  return true;
+}
+
+void SlurmBackend::read_pids() {
+  for (auto& [rank, r] : ranks_) {
+    long pid = 0;
+    if (r.pid < 0 && read_number(run_dir() + "/pid-" + std::to_string(rank), &pid)) r.pid = pid_t(pid);
+  }
+}
+
+bool SlurmBackend::signal(int rank, int sig) {
+  read_pids();
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.pid <= 0 || job_ == 0) return false;
+  // Through Slurm to the rank's node: a step beside the job's that signals the rank's group.
+  std::string error;
+  return slurm_.run(
+      {"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", names_[size_t(it->second.slot)],
+       "kill", "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
+      nullptr, &error);
+}
+
+void SlurmBackend::stop_all(double) {
+  // Slurm's own stop: SIGTERM, KillWait, SIGKILL to every process of the
+  // job on every node; the job then waits, PENDING, for launch().
+  stop_error_.clear();
+  slurm::JobInfo info;
+  const bool ran = job_ != 0 && !ranks_.empty() && !(slurm_.job(job_, &info, &stop_error_) && info.state == "PENDING");
+  if (ran && !slurm_.requeue(job_, &stop_error_)) {
+    std::string ignored;
+    slurm_.run({"scancel", "--signal=KILL", "--full", std::to_string(job_)}, nullptr, &ignored);
+  }
+  ranks_.clear();
+  pending_slots_.clear();
+}
+
+std::vector<RankExit> SlurmBackend::reap() {
+  std::vector<RankExit> out;
+  if (ranks_.empty() || !pending_slots_.empty()) return out;
+  const int64_t t = mono_ns();
+  if (t < next_files_ns_) return out;
+  next_files_ns_ = t + 100000000;
+  read_pids();
+  auto collect = [&] {
+    for (auto it = ranks_.begin(); it != ranks_.end();) {
+      long code = 0;
+      if (!read_number(run_dir() + "/exit-" + std::to_string(it->first), &code)) {
+        ++it;
+        continue;
+      }
+      // bash's $? of a rank killed by a signal is 128 + the signal.
+      const int status = code > 128 && code < 128 + 65 ? int(code - 128) : int(code & 0xff) << 8;
+      out.push_back({it->first, it->second.pid, status});
+      it = ranks_.erase(it);
+    }
+  };
+  collect();
+  if (ranks_.empty() || t < next_state_ns_) return out;
+  next_state_ns_ = t + 1000000000;
+  slurm::JobInfo info;
+  std::string error;
+  const bool known = slurm_.job(job_, &info, &error);
+  if (known && info.state == "RUNNING") seen_running_ = true;
+  // The run ended (or Slurm requeued it itself) with ranks that wrote no exit code: killed.
+  const bool gone = known ? finished_state(info.state) || (seen_running_ && info.state == "PENDING")
+                          : error.find(": no job ") != std::string::npos;
+  if (gone) {
+    collect();
+    for (const auto& [rank, r] : ranks_) out.push_back({rank, r.pid, SIGKILL});
+    ranks_.clear();
+  }
+  return out;
+}
+
+bool SlurmBackend::running(int rank) const {
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.pid > 0;
+}
+
+pid_t SlurmBackend::pid(int rank) const {
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? -1 : it->second.pid;
+}
+
+void SlurmBackend::release() {
+  std::string ignored;
+  if (job_ != 0) slurm_.cancel(job_, &ignored);
+  if (made_reservation_) slurm_.delete_reservation(cfg_.reservation, &ignored);
+}
+
+}  // namespace ballast::runner

@@ -1,0 +1,78 @@
+// The Slurm backend: the job is one batch job (sbatch --requeue) on the
+// job's nodes; each attempt after the first is the same job requeued and
+// released onto exactly the nodes of the attempt (ReqNodeList), away from the
+// drained ones (ExcNodeList), at once (StartTime=now). A slot is a Slurm
+// node: the job's nodes first, then the warm spares held in a reservation.
+//   evict   = scontrol update NodeName=X State=DRAIN Reason=<the fault>
+//   restart = stop_all (scontrol requeue, wait for PENDING) + launch (release)
+//   replace = the spare the placement plan chose leaves the reservation and
+//             is in the next launch's node list
+//   restore = State=RESUME, and back into the reservation as a spare
+// Ranks are started by a script per node in the job folder (which the nodes
+// share), through one srun step per run; each rank's pid and exit code come
+// back as files there, and the job's state from squeue --json. Liveness is
+// not Slurm's: the executor acts on node.silent from Ballast's heartbeats.
+#pragma once
+
+#include "backend.hpp"
+#include "job_config.hpp"
+#include "slurm.hpp"
+
+#include <cstdint>
+#include <map>
+#include <set>
+
+namespace ballast::runner {
+
+class SlurmBackend : public Backend {
+ public:
+  SlurmBackend(SlurmConfig config, std::string job_name, int job_nodes);
+
+  const char* name() const override { return "slurm"; }
+  bool prepare(int slots, const std::string& job_dir, std::string* error) override;
+  std::string slot_name(int slot) const override;
+  std::string isolation() const override;
+  bool start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) override;
+  bool launch(std::string* error) override;
+  bool evict(int slot, const std::string& reason, std::string* error) override;
+  bool restore(int slot, std::string* error) override;
+  bool signal(int rank, int sig) override;
+  void stop_all(double grace_s) override;
+  std::vector<RankExit> reap() override;
+  bool running(int rank) const override;
+  pid_t pid(int rank) const override;
+  // The ranks run on other machines: no local processes, no helpers.
+  std::vector<pid_t> slot_processes(int slot) const override;
+  pid_t spawn_helper(int slot, void (*fn)()) override;
+  void stop_helpers(int slot) override { (void)slot; }
+  void release() override;
+
+  long job_id() const { return job_; }
+
+ private:
+  struct Rank {
+    int slot = -1;
+    pid_t pid = -1;  // on its node, once its script wrote it
+  };
+  bool choose_nodes(int standby, std::string* error);
+  std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
+  void read_pids();
+
+  slurm::Slurm slurm_;
+  SlurmConfig cfg_;
+  std::string job_name_;
+  int job_nodes_;
+  std::string dir_;                 // <job folder>/slurm
+  std::vector<std::string> names_;  // slot -> node
+  std::set<int> drained_;           // slots this job drained
+  bool made_reservation_ = false;
+  long job_ = 0;
+  int run_ = -1;                    // the run folder of the current attempt
+  std::vector<int> pending_slots_;  // slots given their ranks since the last launch
+  std::map<int, Rank> ranks_;       // ranks of the current attempt not yet reaped
+  int64_t next_files_ns_ = 0, next_state_ns_ = 0;
+  bool seen_running_ = false;  // the current attempt's run was seen RUNNING
+  std::string stop_error_;     // why the last stop_all could not requeue
+};
+
+}  // namespace ballast::runner

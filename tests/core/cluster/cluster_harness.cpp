@@ -1,0 +1,140 @@
+#include "cluster_harness.hpp"
+
+#include "journal.hpp"
+#include "wire.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace cluster_test {
+
+std::string engines() { return std::string(BALLAST_SOURCE_DIR) + "/tools/engines"; }
+
+int sh(const std::string& command) {
+  int rc = std::system(command.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+std::string scratch_dir(const std::string& name) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name + "-" + std::to_string(getpid());
+  sh("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
+  return dir;
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void Proc::signal(int sig) const {
+  if (pid > 0) kill(pid, sig);
+}
+
+int Proc::wait() {
+  int status = 0;
+  if (pid <= 0 || waitpid(pid, &status, 0) != pid) return -1;
+  pid = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Proc spawn(const std::vector<std::string>& argv, const std::string& out, const std::string& err,
+           const std::string& netns) {
+  std::vector<std::string> full;
+  if (!netns.empty()) full = {"ip", "netns", "exec", netns};
+  full.insert(full.end(), argv.begin(), argv.end());
+  Proc p;
+  p.out = out;
+  p.err = err;
+  p.pid = fork();
+  if (p.pid == 0) {
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> args;
+    for (auto& a : full) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  return p;
+}
+
+bool netns_up(const std::string& tag, int n, int net) {
+  netns_down(tag, n);
+  if (sh(engines() + "/netns up " + tag + " " + std::to_string(n) + " " + std::to_string(net) + " 2>/dev/null") != 0) {
+    netns_down(tag, n);
+    return false;
+  }
+  return true;
+}
+
+void netns_down(const std::string& tag, int n) { sh(engines() + "/netns down " + tag + " " + std::to_string(n)); }
+
+Counts ingest_counts(const std::string& journal) {
+  Counts counts;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        ballast::cluster::Spooled sp;
+        if (ballast::cluster::unwrap_spooled(ev.view(), &sp)) counts[sp.node][sp.seq]++;
+      },
+      [](const ballast::JournalProblem&) {});
+  return counts;
+}
+
+int bus_count(const std::string& journal, const std::string& topic, const std::string& node) {
+  int n = 0;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (topic != e.topic) return;
+        std::string about = e.source.node ? e.source.node : "";
+        if (e.schema == BALLAST_SCHEMA_FAULT_REPORT && e.payload)
+          about = static_cast<const ballast_fault_report*>(e.payload)->subject;
+        if (about == node) ++n;
+      },
+      [](const ballast::JournalProblem&) {});
+  return n;
+}
+
+std::string agent_config(const std::string& node, const std::string& certs, const std::vector<std::string>& controllers,
+                         uint64_t count, int batch, int period_ms, const std::string& spool) {
+  std::string list;
+  for (auto& c : controllers) list += "\"" + c + "\", ";
+  return "return { node = \"" + node + "\", role = \"agent\",\n"
+         "  plugins = { { path = \"" EMIT_PLUGIN "\", config = { count = " + std::to_string(count) +
+         ", batch = " + std::to_string(batch) + ", period_ms = " + std::to_string(period_ms) + " } } },\n"
+         "  cluster = { controller = { " + list + "},\n"
+         "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + node + ".crt\", key = \"" + certs + "/" +
+         node + ".key\" },\n"
+         "    spool = { dir = \"" + spool + "\" }, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+}
+
+std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
+                              const std::string& etcd_endpoint, int lease_s) {
+  std::string etcd;
+  if (!etcd_endpoint.empty())
+    etcd = "    etcd = { endpoint = \"" + etcd_endpoint + "\", job = \"test" + std::to_string(getpid()) +
+           "\", lease_s = " + std::to_string(lease_s) + " },\n";
+  return "return { node = \"" + prefix.substr(prefix.rfind('/') + 1) + "\", role = \"controller\", journal = \"" +
+         prefix + "-bus.journal\",\n"
+         "  cluster = { listen = \"" + listen + "\",\n"
+         "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/controller.crt\", key = \"" + certs +
+         "/controller.key\" },\n" + etcd +
+         "    ingest_journal = \"" + prefix + "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+}
+
+}  // namespace cluster_test

@@ -1,0 +1,63 @@
+// Helpers of the cluster tests: processes, scripts of tools/engines, and the
+// count of what the controllers' ingest journals hold.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cluster_test {
+
+std::string engines();  // tools/engines of the source tree
+// Run a shell command; its exit status.
+int sh(const std::string& command);
+std::string scratch_dir(const std::string& name);
+void write_file(const std::string& path, const std::string& text);
+std::string read_file(const std::string& path);
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out, err;  // files
+  void signal(int sig) const;
+  int wait();  // exit status (128+signal when killed)
+};
+// Start `argv` with stdout/stderr to out/err, in network namespace `netns` unless empty.
+Proc spawn(const std::vector<std::string>& argv, const std::string& out, const std::string& err,
+           const std::string& netns = "");
+
+// Namespaces TAG1..TAGN (tools/engines/netns); false when the machine does not allow them.
+bool netns_up(const std::string& tag, int n, int net);
+void netns_down(const std::string& tag, int n);
+
+// node -> seq -> how many times the ingest journal holds it.
+using Counts = std::map<std::string, std::map<uint64_t, int>>;
+Counts ingest_counts(const std::string& journal);
+// Number of events of `topic` about `node` (source.node or a fault report's subject) in a bus journal.
+int bus_count(const std::string& journal, const std::string& topic, const std::string& node);
+
+// Poll fn every 100 ms until true or timeout; its last value.
+template <class F>
+bool eventually(double timeout_s, F fn);
+
+std::string agent_config(const std::string& node, const std::string& certs, const std::vector<std::string>& controllers,
+                         uint64_t count, int batch, int period_ms, const std::string& spool);
+std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
+                              const std::string& etcd_endpoint = "", int lease_s = 5);
+
+}  // namespace cluster_test
+
+#include <chrono>
+#include <thread>
+
+template <class F>
+bool cluster_test::eventually(double timeout_s, F fn) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    if (fn()) return true;
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}

@@ -1,0 +1,305 @@
+// The Slurm side of recovery against a real 4-node Slurm (tools/engines/
+// slurm-up: munged, slurmctld and four slurmd on ports of their own): a
+// trainer that checkpoints each step runs on two nodes; a node fault (here
+// the test stands in for Ballast's heartbeat detector) ends with the node
+// drained under a reason naming the fault, the job requeued without it and
+// training resumed from its checkpoint; then a warm spare held in a
+// reservation replaces a second faulty node through --nodelist; then the
+// repaired nodes are resumed. The last case runs the same chain through
+// Ballast itself: agents' heartbeats, the controller's node.silent, the
+// policy's evict and the executor's Slurm backend.
+#include "cluster_harness.hpp"
+#include "slurm.hpp"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+using namespace cluster_test;
+using ballast::slurm::JobInfo;
+using ballast::slurm::NodeInfo;
+using ballast::slurm::Slurm;
+
+namespace {
+
+struct Cluster {
+  std::string dir, conf;
+  bool up = false;
+  int port = 30000 + static_cast<int>(getpid() % 300) * 110;
+  Cluster() {
+    dir = scratch_dir("slurm");
+    int rc = sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + dir + " 4 >/dev/null");
+    up = rc == 0;
+    conf = dir + "/slurm.conf";
+  }
+  ~Cluster() { sh(engines() + "/slurm-down " + dir); }
+};
+
+std::string trainer_script(const std::string& dir) {
+  return "#!/bin/bash\n"
+         "ck=" + dir + "/ckpt; step=0; [ -f $ck ] && step=$(cat $ck)\n"
+         "echo \"start restart=${SLURM_RESTART_COUNT:-0} nodes=$SLURM_JOB_NODELIST from_step=$step\"\n"
+         "while [ $step -lt 40 ]; do sleep 0.1; step=$((step+1)); echo $step > $ck.tmp && mv $ck.tmp $ck; done\n"
+         "echo \"done step=$step\"\n";
+}
+
+int checkpoint(const std::string& dir) {
+  std::string s = read_file(dir + "/ckpt");
+  return s.empty() ? 0 : std::atoi(s.c_str());
+}
+
+JobInfo wait_job(Slurm& slurm, long id, const std::string& state, double timeout_s) {
+  JobInfo info;
+  std::string error;
+  eventually(timeout_s, [&] { return slurm.job(id, &info, &error) && info.state == state; });
+  return info;
+}
+
+NodeInfo node(Slurm& slurm, const std::string& name) {
+  std::vector<NodeInfo> all;
+  std::string error;
+  REQUIRE_MESSAGE(slurm.nodes(&all, &error), error);
+  for (auto& n : all)
+    if (n.name == name) return n;
+  FAIL("no node " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("node fault on Slurm: drained, requeued without it, resumed from the checkpoint; a spare replaces the next") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  Slurm slurm(c.conf);
+  std::string error;
+  REQUIRE_MESSAGE(slurm.hold_spares("spares", {"n4"}, &error), error);
+  write_file(c.dir + "/train.sh", trainer_script(c.dir));
+  long job = 0;
+  REQUIRE_MESSAGE(slurm.submit({"-N2", "--requeue", "--open-mode=append", "-o", c.dir + "/job.out", c.dir + "/train.sh"},
+                               &job, &error),
+                  error);
+  JobInfo info = wait_job(slurm, job, "RUNNING", 15);
+  REQUIRE(info.state == "RUNNING");
+  std::vector<std::string> nodes;
+  REQUIRE(slurm.expand(info.nodes, &nodes, &error));
+  REQUIRE(nodes.size() == 2);
+  CHECK(std::find(nodes.begin(), nodes.end(), "n4") == nodes.end());  // the spare stays out of normal jobs
+  REQUIRE(eventually(15, [&] { return checkpoint(c.dir) >= 5; }));
+
+  // Fault 1: evict and restart without the node.
+  const std::string bad = nodes[0];
+  REQUIRE_MESSAGE(slurm.drain(bad, "ballast: node.silent " + bad, &error), error);
+  REQUIRE_MESSAGE(slurm.requeue_excluding(job, {bad}, &error), error);
+  info = wait_job(slurm, job, "RUNNING", 15);
+  REQUIRE(info.state == "RUNNING");
+  CHECK(info.restarts == 1);
+  std::vector<std::string> now;
+  REQUIRE(slurm.expand(info.nodes, &now, &error));
+  CHECK(std::find(now.begin(), now.end(), bad) == now.end());
+  CHECK(std::find(now.begin(), now.end(), "n4") == now.end());
+  NodeInfo drained = node(slurm, bad);
+  CHECK(drained.drained());
+  CHECK(drained.reason == "ballast: node.silent " + bad);
+
+  // Fault 2: the spare replaces a node, given through the placement's node list.
+  REQUIRE(eventually(15, [&] { return checkpoint(c.dir) >= 15; }));
+  const std::string bad2 = now[0], survivor = now[1];
+  REQUIRE(slurm.drain(bad2, "ballast: xid 79 on " + bad2, &error));
+  REQUIRE_MESSAGE(slurm.requeue_onto(job, "spares", {survivor, "n4"}, &error), error);
+  info = wait_job(slurm, job, "RUNNING", 15);
+  REQUIRE(info.state == "RUNNING");
+  CHECK(info.restarts == 2);
+  REQUIRE(slurm.expand(info.nodes, &now, &error));
+  std::sort(now.begin(), now.end());
+  std::vector<std::string> want = {survivor, "n4"};
+  std::sort(want.begin(), want.end());
+  CHECK(now == want);
+
+  info = wait_job(slurm, job, "COMPLETED", 30);
+  CHECK(info.state == "COMPLETED");
+  std::string out = read_file(c.dir + "/job.out");
+  INFO(out);
+  // Three starts: the first from step 0, each restart from its checkpoint, and the end reached once.
+  CHECK(out.find("restart=0 nodes=") != std::string::npos);
+  CHECK(out.find("restart=1 nodes=") != std::string::npos);
+  CHECK(out.find("restart=2 nodes=") != std::string::npos);
+  CHECK(out.find("from_step=0\n") == out.rfind("from_step=0\n"));
+  size_t r1 = out.find("restart=1");
+  int resumed = std::atoi(out.c_str() + out.find("from_step=", r1) + 10);
+  CHECK(resumed >= 5);
+  CHECK(out.find("done step=40") != std::string::npos);
+
+  // Repaired: both return to service.
+  REQUIRE(slurm.resume(bad, &error));
+  REQUIRE(slurm.resume(bad2, &error));
+  CHECK(!node(slurm, bad).drained());
+  CHECK(!node(slurm, bad2).drained());
+}
+
+TEST_CASE("Slurm command failures are named, never taken for success") {
+  Cluster c;
+  REQUIRE(c.up);
+  Slurm slurm(c.conf);
+  std::string error;
+  CHECK_FALSE(slurm.drain("nosuchnode", "x", &error));
+  CHECK(error.find("scontrol update NodeName=nosuchnode") != std::string::npos);
+  CHECK(error.find("exit code") != std::string::npos);
+  JobInfo info;
+  CHECK_FALSE(slurm.job(999999, &info, &error));
+  CHECK_FALSE(slurm.requeue_excluding(999999, {"n1"}, &error));
+  CHECK(error.find("requeue") != std::string::npos);
+  Slurm nowhere(c.dir + "/missing.conf", 5000);
+  std::vector<NodeInfo> all;
+  CHECK_FALSE(nowhere.nodes(&all, &error));
+}
+
+namespace {
+
+const std::string kBallast = BALLAST_EXE;
+const std::string kTrainer = BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py";
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; a crash restarted") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string certs = c.dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
+  const std::string tls = "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/%s.crt\", key = \"" + certs +
+                          "/%s.key\" }";
+  auto tls_for = [&](const std::string& who) {
+    std::string t = tls;
+    for (size_t at; (at = t.find("%s")) != std::string::npos;) t.replace(at, 2, who);
+    return t;
+  };
+  // The policy of a Slurm job with warm spares: a silent node is evicted and replaced, a crashed rank restarted.
+  write_file(c.dir + "/policy.lua",
+             "ballast.on(\"node.silent\", function(ev)\n"
+             "  local node = (ev.payload or {}).subject or ev.source.node\n"
+             "  local why = \"node.silent \" .. tostring(node)\n"
+             "  return {{action = \"evict\", subject = node, reason = why},\n"
+             "          {action = \"replace\", subject = node, reason = why}}\n"
+             "end)\n"
+             "ballast.on(\"fault.confirmed\", function(ev)\n"
+             "  return {action = \"restart\", reason = \"crashed\"}\n"
+             "end)\n");
+  const std::string job_dir = c.dir + "/job";
+  write_file(c.dir + "/controller.lua",
+             "return { node = \"ctl\", role = \"controller\", journal = \"" + c.dir + "/bus.journal\",\n"
+             "  plugins = { { path = \"runner\", config = { inject = { \"crash:rank=1@step60\" } } }, \"scheduler\" },\n"
+             "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + job_dir + "\", progress = false,\n"
+             "    command = { \"python3\", \"" + kTrainer + "\", \"--steps\", \"80\", \"--step-seconds\", \"0.1\",\n"
+             "                \"--checkpoint-every\", \"5\" },\n"
+             "    repair_seconds = 3, placement_timeout_seconds = 5,\n"
+             "    slurm = { conf = \"" + c.conf + "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
+             "              reservation = \"ballast-spares\" } },\n"
+             "  policy = { script = \"" + c.dir + "/policy.lua\", fallback = \"escalate\" },\n"
+             "  cluster = { listen = \"" + listen + "\", " + tls_for("controller") + ",\n"
+             "    ingest_journal = \"" + c.dir + "/ingest.journal\", durable = false,\n"
+             "    heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
+  auto agent = [&](const std::string& node) {
+    write_file(c.dir + "/" + node + ".lua",
+               "return { node = \"" + node + "\", role = \"agent\",\n"
+               "  cluster = { controller = { \"" + listen + "\" }, " + tls_for(node) + ",\n"
+               "    spool = { dir = \"" + c.dir + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
+    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out", c.dir + "/" + node + ".err");
+  };
+  Proc ctl = spawn({kBallast, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
+  Proc a1 = agent("n1"), a2 = agent("n2");
+  Slurm slurm(c.conf);
+  std::string error;
+  auto connected = [&](const std::string& node) {
+    return read_file(c.dir + "/ctl.err").find("node " + node + " connected") != std::string::npos;
+  };
+  const bool up = eventually(30, [&] {
+    return connected("n1") && connected("n2") && !read_file(job_dir + "/checkpoints/step-00000005.safetensors").empty();
+  });
+  INFO("controller: " << read_file(c.dir + "/ctl.err"));
+  REQUIRE(up);
+
+  // The node fault: n1's agent dies (as with its machine); only Ballast's heartbeats tell.
+  a1.signal(SIGKILL);
+  a1.wait();
+  NodeInfo drained;
+  REQUIRE(eventually(30, [&] {
+    drained = node(slurm, "n1");
+    return drained.drained();
+  }));
+  CHECK(drained.reason.find("node.silent n1") != std::string::npos);
+
+  // The job ends by itself, trained to the end; the controller exits with it.
+  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/ctl.out").find("\"state\"") != std::string::npos; }));
+  CHECK(ctl.wait() == 0);
+  a2.signal(SIGTERM);
+  a2.wait();
+  const auto report = nlohmann::json::parse(read_file(c.dir + "/ctl.out"), nullptr, false);
+  REQUIRE(report.is_object());
+  CHECK(report["state"] == "finished");
+  CHECK(report["attempts"] == 3);
+
+  // Slurm's view: one batch job; its second run on n2 and the spare n4, never on n1; the crash's
+  // restart (rank 1 killed through `srun kill`) its third, on the same nodes.
+  const std::string out = read_file(job_dir + "/slurm/job.out");
+  INFO(out);
+  CHECK(out.find("ballast: run 0, restart 0, nodes n[1-2]") != std::string::npos);
+  CHECK(out.find("ballast: run 1, restart 1, nodes n[2,4]") != std::string::npos);
+  CHECK(out.find("ballast: run 2, restart 2, nodes n[2,4]") != std::string::npos);
+  CHECK(out.find("restart 3") == std::string::npos);
+
+  // Every action once, by count: one evict, one replace, one restart, each started and ended once, all ok.
+  std::map<uint64_t, int> starts, ends;
+  std::map<std::string, int> ok;
+  std::string replace_detail;
+  for (const auto& j : json_lines(job_dir + "/actions.jsonl")) {
+    REQUIRE(j.is_object());
+    if (j["event"] == "start") starts[j["id"].get<uint64_t>()]++;
+    if (j["event"] != "end") continue;
+    ends[j["id"].get<uint64_t>()]++;
+    if (j["outcome"] != "ok") continue;  // the policy's replace may come after the evict's own: superseded
+    ok[j["action"].get<std::string>()]++;
+    if (j["action"] == "replace") replace_detail = j["detail"].get<std::string>();
+  }
+  for (const auto& [id, n] : starts) CHECK_MESSAGE(n == 1, "action " << id << " started " << n << " times");
+  for (const auto& [id, n] : ends) CHECK_MESSAGE(n == 1, "action " << id << " ended " << n << " times");
+  CHECK(ok["evict"] == 1);
+  CHECK(ok["replace"] == 1);
+  CHECK(ok["restart"] == 1);
+  CHECK(ok.size() == 3);
+  CHECK(bus_count(c.dir + "/bus.journal", "node.silent", "n1") == 1);
+  INFO("replace: " << replace_detail);
+  CHECK(replace_detail.find("n1 -> n4") != std::string::npos);
+
+  // Resumed from its checkpoint: the step it went back to, and the final weights of a run never interrupted.
+  const size_t at = replace_detail.find("from step ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::atoi(replace_detail.c_str() + at + 10) >= 5);
+  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
+  double w = 1.0;
+  for (int n = 1; n <= 80; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == 80);
+  CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
+
+  // Repaired after repair_seconds: n1 resumed in Slurm (it went back among the spares, whose
+  // reservation the job deleted at its end).
+  CHECK(!node(slurm, "n1").drained());
+  std::vector<std::string> held;
+  CHECK(slurm.reservation_nodes("ballast-spares", &held, &error));
+  CHECK(held.empty());
+}
