@@ -1,12 +1,13 @@
 #include "checkpoints.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 
 namespace ballast::runner {
 
-Checkpoint find_checkpoint(const std::string& dir, int64_t max_step) {
-  Checkpoint best;
+std::vector<Checkpoint> list_checkpoints(const std::string& dir) {
+  std::vector<Checkpoint> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
@@ -20,11 +21,31 @@ Checkpoint find_checkpoint(const std::string& dir, int64_t max_step) {
       digits = digits && std::isdigit(static_cast<unsigned char>(name[i]));
       step = step * 10 + (name[i] - '0');
     }
-    if (!digits || (max_step >= 0 && step > max_step) || step <= best.step) continue;
-    if (!e.is_regular_file(ec)) continue;
-    best = {e.path().string(), step};
+    if (!digits || step <= 0 || !e.is_regular_file(ec)) continue;
+    out.push_back({e.path().string(), step});
   }
+  std::sort(out.begin(), out.end(), [](const Checkpoint& a, const Checkpoint& b) { return a.step < b.step; });
+  return out;
+}
+
+Checkpoint find_checkpoint(const std::string& dir, int64_t max_step) {
+  Checkpoint best;
+  for (const auto& c : list_checkpoints(dir))
+    if (max_step < 0 || c.step <= max_step) best = c;
   return best;
+}
+
+std::vector<Checkpoint> prune_checkpoints(const std::string& dir, int keep, int64_t protect_before) {
+  std::vector<Checkpoint> removed;
+  if (keep <= 0) return removed;
+  const auto all = list_checkpoints(dir);
+  const Checkpoint protect = protect_before > 0 ? find_checkpoint(dir, protect_before - 1) : Checkpoint{};
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    if (all[i].path == protect.path) continue;
+    std::error_code ec;
+    if (std::filesystem::remove(all[i].path, ec)) removed.push_back(all[i]);
+  }
+  return removed;
 }
 
 }  // namespace ballast::runner

@@ -498,6 +498,11 @@ void Executor::handle_report(const Report& r) {
                       wall_ns(), {{"path", r.path}, {"bytes", r.bytes}}});
     if (current_ && current_->wait == InFlight::checkpoint && r.step >= current_->min_step)
       finish("ok", "saved " + r.path);
+    // Old checkpoints go only while training runs undisturbed: a recovery
+    // in flight may still need any of them.
+    if (state_ == State::running && !current_)
+      for (const auto& c : prune_checkpoints(checkpoint_dir_, cfg_.keep_checkpoints, nan_step_))
+        log(BALLAST_LOG_DEBUG, "deleted the old checkpoint " + c.path);
   } else if (r.type == "error") {
     rs.error_kind = r.kind;
     rs.error_message = r.message;

@@ -121,7 +121,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   static const char* kKeys[] = {"command", "name", "ranks", "ranks_per_node", "standby", "steps", "dir", "trace_dir",
                                 "env", "cgroups", "stop_grace_seconds", "hello_timeout_seconds",
                                 "checkpoint_timeout_seconds", "pause_seconds", "unhandled_seconds", "repair_seconds",
-                                "action_tries", "backoff_seconds", "restart_loop_limit", "metrics_period_seconds",
+                                "action_tries", "backoff_seconds", "restart_loop_limit", "keep_checkpoints", "metrics_period_seconds",
                                 "placement_timeout_seconds", "progress", "backend", "slurm"};
   for (const auto& [k, v] : job.items()) {
     bool known = false;
@@ -166,6 +166,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   c.action_tries = integer(job, "action_tries", c.action_tries, 1, 100);
   c.backoff_s = number(job, "backoff_seconds", c.backoff_s, 0, 3600);
   c.restart_loop_limit = integer(job, "restart_loop_limit", c.restart_loop_limit, 1, 1000);
+  c.keep_checkpoints = integer(job, "keep_checkpoints", c.keep_checkpoints, 0, 1000000);
   c.metrics_period_s = number(job, "metrics_period_seconds", c.metrics_period_s, 0, 3600);
   c.placement_timeout_s = number(job, "placement_timeout_seconds", c.placement_timeout_s, 0, 600);
   c.backend = text(job, "backend", c.backend);

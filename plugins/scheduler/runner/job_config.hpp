@@ -50,6 +50,7 @@ struct JobConfig {
   int action_tries = 3;
   double backoff_s = 1;
   int restart_loop_limit = 3;
+  int keep_checkpoints = 3;             // the newest N checkpoints are kept, older ones deleted; 0: all
   double metrics_period_s = 1;          // per-slot metric.sample; 0: none
   double placement_timeout_s = 2;       // wait for the placement plugin's plan
   std::string report = "text";          // text, json (printed by `ballast run --json`), none

@@ -122,7 +122,7 @@ TEST_CASE("a job runs to its end and says so") {
 }
 
 TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
-  Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4",
+  Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4, keep_checkpoints = 2",
           "inject = {'crash:rank=2@step12'}", true);
   REQUIRE(job.events.wait_state("finished", 120));
   auto faults = job.events.topic("fault.confirmed");
@@ -139,6 +139,13 @@ TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and 
   CHECK(j[1]["outcome"] == "ok");
   CHECK(j[1]["end_s"].get<double>() >= j[1]["start_s"].get<double>());
   CHECK(job.final_weight() == reference_weight(40));  // the same, to the bit
+  // Old checkpoints deleted as training went on: the newest two (one more if
+  // the last report came after the end).
+  size_t kept = 0;
+  for (const auto& e : std::filesystem::directory_iterator(job.dir + "/checkpoints")) kept += e.is_regular_file();
+  CHECK(kept >= 2);
+  CHECK(kept <= 3);
+  CHECK(std::filesystem::exists(job.dir + "/checkpoints/step-00000040.safetensors"));
 }
 
 TEST_CASE("evict and replace take a standby chosen by the placement plugin; pause; checkpoint_now") {
