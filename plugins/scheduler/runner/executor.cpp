@@ -910,9 +910,10 @@ void Executor::begin(Action a) {
   if (act.name == "replace") {
     // Which node: the subject, or the one evicted last.
     int failed = slot_of_subject(act.subject);
-    // An evicted node a standby already took the place of (the evict's
-    // implied replace ran before the policy's) needs nothing more.
-    if (failed >= 0 && slots_[size_t(failed)].role == SlotState::evicted && !slots_[size_t(failed)].replaced_by.empty()) {
+    // A node a standby already took the place of (the evict's implied
+    // replace ran before the policy's) needs nothing more, also when it was
+    // repaired meanwhile (a slow replace outlasts repair_seconds).
+    if (failed >= 0 && slots_[size_t(failed)].role != SlotState::active && !slots_[size_t(failed)].replaced_by.empty()) {
       finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
       return;
     }
@@ -1098,6 +1099,7 @@ void Executor::advance() {
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
         slots_[size_t(spare)].activated_ns = now();
+        slots_[size_t(spare)].replaced_by.clear();
         slots_[size_t(f.failed_slot)].replaced_by = slots_[size_t(spare)].name;
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
