@@ -45,8 +45,10 @@ struct LuaField {
 }  // namespace
 
 struct LuaPlan {
+  const StructDesc* desc;
   std::vector<LuaField> fields;
   std::vector<const LuaPlan*> elem;  // per field: the plan of an array's element
+  std::vector<uint32_t> json_fields;  // indices of the JSON text fields, parsed before the call
 };
 
 namespace {
@@ -64,12 +66,14 @@ struct LuaKeys {
   }
   const LuaPlan* build(const StructDesc& desc) {
     LuaPlan& plan = plans.emplace_back();
+    plan.desc = &desc;
     for (uint32_t i = 0; i < desc.field_count; ++i) {
       const FieldDesc& f = desc.fields[i];
       // The size field and reserved fields are not data.
       if (f.type == FieldType::size || std::strcmp(f.name, "reserved") == 0) continue;
       plan.fields.push_back(LuaField{&f, key(f.name), i});
       plan.elem.push_back(f.type == FieldType::array ? build(*f.elem) : nullptr);
+      if (f.type == FieldType::json_str) plan.json_fields.push_back(i);
     }
     return &plan;
   }
@@ -223,14 +227,14 @@ void prepare_event(const ballast_event& event, EventConversion* c) {
                  std::to_string(event.schema) + "): " + why + "; delivered without payload";
     return;
   }
-  if (const StructDesc* desc = codec::struct_for_schema(event.schema)) {
-    const LuaKeys& keys = lua_keys();
-    c->plan = keys.by_schema[event.schema];
+  const std::vector<const LuaPlan*>& plans = lua_keys().by_schema;
+  if (const LuaPlan* plan = event.schema < plans.size() ? plans[event.schema] : nullptr) {
+    c->plan = plan;
     c->payload = codec::whole_payload(event, &c->scratch);
-    c->json_roots.assign(desc->field_count, -1);
-    for (uint32_t i = 0; i < desc->field_count; ++i) {
-      const FieldDesc& f = desc->fields[i];
-      if (f.type == FieldType::json_str) c->json_roots[i] = parse_part(c, field_ref<const char*>(c->payload, f), f.name);
+    c->json_roots.assign(plan->desc->field_count, -1);
+    for (uint32_t i : plan->json_fields) {
+      const FieldDesc& f = plan->desc->fields[i];
+      c->json_roots[i] = parse_part(c, field_ref<const char*>(c->payload, f), f.name);
     }
     return;
   }
