@@ -133,7 +133,6 @@ class Detector {
   const DetectorCounters& counters() const { return counters_; }
   MetricCounts metric_counts(size_t max_names = 5) const;
   const DetectorConfig& config() const { return config_; }
-  size_t node_count() const { return nodes_.size(); }
 
  private:
   struct Point {
