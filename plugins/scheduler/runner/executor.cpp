@@ -912,11 +912,13 @@ void Executor::begin(Action a) {
     int failed = slot_of_subject(act.subject);
     // An evicted node a standby already took the place of (the evict's
     // implied replace ran before the policy's) needs nothing more.
-    if (failed >= 0 && slots_[size_t(failed)].role == SlotState::evicted && !slots_[size_t(failed)].replaced_by.empty()) {
+    // (It may be a standby again by now, repaired.)
+    if (failed >= 0 && slots_[size_t(failed)].role != SlotState::active && !slots_[size_t(failed)].replaced_by.empty()) {
       finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
       return;
     }
     if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
+      failed = -1;
       int64_t latest = 0;
       for (size_t s = 0; s < slots_.size(); ++s)
         if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest) latest = slots_[s].evicted_ns, failed = int(s);
@@ -1031,6 +1033,9 @@ void Executor::advance() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& s = slots_[i];
     if (s.role != SlotState::evicted || t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
+    // Not while its replace may still be to come: the replace would find no
+    // evicted node, or take the node back as its own standby.
+    if (s.replaced_by.empty() && (current_ || !queue_.empty())) continue;
     if (std::string error; !backend_->restore(int(i), &error)) {
       log(BALLAST_LOG_ERROR, "cannot return the repaired " + s.name + " to the standbys (tried again after " +
                                  "repair_seconds): " + error);
