@@ -17,6 +17,13 @@
 --    InfiniteHBD trace's hardware, software, stress-test, offline and
 --    maintenance faults): evict the machine and replace it with a standby,
 --    at once. A machine fault of kind "unknown" has no known cause: rung 6.
+--    So is a machine the machine detector is sure has network errors of its
+--    own (fault.suspected, kind "outlier", confidence at least
+--    CHECKPOINT_CONFIDENCE, metric TCP retransmits, drops, errors or carrier
+--    changes): its link or NIC loses packets (the peers of a lock-step job
+--    only wait on it, they do not retransmit), and the straggler analysis
+--    cannot name it (every rank's all-reduce is slow alike). A checkpoint
+--    first (outside the cooldown), then evict and replace.
 -- 2. Hang: fault.confirmed from detector "hang" (kinds "not_joined",
 --    "stuck", "mismatch", ...; the evidence is the root-cause verdict, one
 --    event per cause). A verdict with one cause names the rank: isolate its
@@ -222,23 +229,41 @@ ballast.on("fault.confirmed", function(ev)
   return restart_or_escalate(ev, f.subject, why)  -- rung 6
 end)
 
+-- Whether a machine detector's metric counts network errors of the machine
+-- itself (rung 1): not its throughput, which every machine of a lock-step
+-- job loses together.
+local function network_error_metric(metric)
+  if type(metric) ~= "string" then return false end
+  return metric == "net.tcp.retrans" or metric:match("^net%..+_drops$") ~= nil or
+         metric:match("^net%..+_errors$") ~= nil or metric:match("^net%..+%.carrier_changes$") ~= nil
+end
+
 -- A suspected fault is not acted on directly (false positives would evict
 -- healthy machines), but a confident one means a failure is likely soon:
 -- checkpoint now so that the restart loses as little work as possible.
+-- Confident network errors of one machine are rung 1 (see the top).
 ballast.on("fault.suspected", function(ev)
   local f = ev.payload or {}
   if (f.confidence or 0) < CHECKPOINT_CONFIDENCE then return nil end
+  local why = string.format("%s suspected on %s with confidence %.2f", f.kind or "fault",
+                            tostring(f.subject), f.confidence)
+  local out = {}
   local now = ballast.now()
   if now - last_checkpoint < CHECKPOINT_COOLDOWN_S then
     ballast.log("info", "checkpoint already taken recently; not repeating for " .. tostring(f.subject))
-    return nil
+  else
+    last_checkpoint = now
+    out[#out + 1] = {action = "checkpoint_now", reason = why}
   end
-  last_checkpoint = now
-  return {
-    action = "checkpoint_now",
-    reason = string.format("%s suspected on %s with confidence %.2f", f.kind or "fault",
-                           tostring(f.subject), f.confidence),
-  }
+  if f.detector == "machine" and f.kind == "outlier" and type(f.subject) == "string" and
+     not rank_subject(f.subject) and network_error_metric(f.metric) then
+    local evict, replace = evict_and_replace(f.subject, string.format("%s: network errors (%s) of its own",
+                                                                      why, f.metric))
+    out[#out + 1] = evict
+    out[#out + 1] = replace
+  end
+  if #out == 0 then return nil end
+  return out
 end)
 
 -- Rung 3: fail-slow. One report can be noise (a slow step, a checkpoint);

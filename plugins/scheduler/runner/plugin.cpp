@@ -57,7 +57,7 @@ int create(const ballast_host_api* host, void** state) {
     JobConfig cfg = parse_job_config(job, top, base);
     std::unique_ptr<Backend> backend;
     if (cfg.backend == "slurm") backend = std::make_unique<SlurmBackend>(cfg.slurm, cfg.name, cfg.nodes());
-    else backend = std::make_unique<LocalBackend>(cfg.cgroups);
+    else backend = std::make_unique<LocalBackend>(cfg.cgroups, cfg.netns);
     s->executor = std::make_unique<Executor>(host, std::move(cfg), std::move(backend));
     // The hang detector, created after this plugin, finds the job's trace
     // rings through BALLAST_TRACE_DIR.
