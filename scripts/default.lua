@@ -280,16 +280,21 @@ ballast.on("straggler.report", function(ev)
     end
     return nil
   end
-  local culprit = (r.culprits or {})[1]
+  -- The worst rank the analysis names. A stage, DP rank or op type may come
+  -- before it (culprits are sorted by slowdown, and with one pipeline stage
+  -- that stage explains all of it), but a "worker" report's own verdict is
+  -- its slowest ranks; without one, someone has to look.
+  local culprit = nil
+  for _, c in ipairs(r.culprits or {}) do
+    if c.dimension == "rank" then culprit = c; break end
+  end
   if not culprit then
     slow_reports = {}
-    return {action = "escalate", reason = string.format("worker straggler (%.2fx) without a culprit", slowdown)}
-  end
-  if culprit.dimension ~= "rank" then
-    -- A slow stage or optype is not one machine: someone has to look.
-    slow_reports = {}
-    return {action = "escalate", reason = string.format("worker straggler blamed on %s=%s (%.2fx)",
-                                                        culprit.dimension, culprit.name, slowdown)}
+    local first = (r.culprits or {})[1]
+    return {action = "escalate",
+            reason = first and string.format("worker straggler blamed on %s=%s (%.2fx), no rank named",
+                                             first.dimension, first.name, slowdown)
+                     or string.format("worker straggler (%.2fx) without a culprit", slowdown)}
   end
   local blame = {}
   for _, c in ipairs(r.culprits) do

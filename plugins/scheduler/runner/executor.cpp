@@ -333,6 +333,30 @@ void Executor::post_fault(const std::string& topic, const ballast_fault_report& 
   (void)n;
 }
 
+void Executor::post_straggler(const ballast_straggler_report& r, int64_t ts_ns) {
+  // Only a report that names a slow worker is a detection (of a slowed rank
+  // or node): a job-wide or a random slowdown names no fault.
+  if (!r.kind || std::strcmp(r.kind, "worker") != 0 || !r.culprits) return;
+  const ballast_straggler_culprit* worst = nullptr;
+  for (uint32_t i = 0; i < r.count && !worst; ++i)
+    if (r.culprits[i].dimension && r.culprits[i].name && std::strcmp(r.culprits[i].dimension, "rank") == 0)
+      worst = &r.culprits[i];
+  if (!worst) return;
+  Message m;
+  m.kind = Message::fault;
+  m.topic = "straggler.report";
+  m.subject = std::string("rank:") + worst->name;
+  m.rank = std::atoi(worst->name);
+  m.fault_kind = "straggler";
+  m.detector = "straggler";
+  m.detected_ns = ts_ns ? ts_ns : wall_ns();
+  m.evidence = nlohmann::json{{"slowdown", r.slowdown}, {"rank_slowdown", worst->slowdown},
+                              {"first_step", r.first_step}, {"last_step", r.last_step}}
+                   .dump();
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_.push_back(std::move(m));
+}
+
 void Executor::post_plan(const ballast_placement_plan& p) {
   Message m;
   m.kind = Message::plan;
@@ -705,10 +729,11 @@ void Executor::on_fault(const Message& m) {
   target->detected_ns = m.detected_ns;
   target->detector = m.detector;
   target->verdict = m.fault_kind + " " + m.subject;
-  if (m.fault_kind == "user_error" || m.fault_kind == "nan") {
-    nlohmann::json ev = nlohmann::json::parse(m.evidence, nullptr, false);
-    if (ev.is_object() && ev.contains("message") && ev["message"].is_string()) target->message = ev["message"];
-  }
+  // The job's own account of it (a user error, a NaN, a collective a rank
+  // left out), for the report.
+  if (nlohmann::json ev = nlohmann::json::parse(m.evidence, nullptr, false);
+      ev.is_object() && ev.contains("message") && ev["message"].is_string())
+    target->message = ev["message"];
   spans_.push_back({"faults", "detected " + target->verdict, m.detected_ns, m.detected_ns, {{"detector", m.detector}}});
   log(BALLAST_LOG_INFO, "incident " + std::to_string(target->id) + " (" + target->fault + "): " + m.topic + " " +
                             target->verdict + " by " + m.detector);

@@ -53,6 +53,7 @@ class Executor {
   // Bus handlers, any thread: copy what they need into the inbox.
   void post_action(const ballast_recovery_action& a, int64_t ts_ns);
   void post_fault(const std::string& topic, const ballast_fault_report& f, int64_t ts_ns);
+  void post_straggler(const ballast_straggler_report& r, int64_t ts_ns);
   void post_plan(const ballast_placement_plan& p);
   void post_placement_error(const std::string& message);
 
