@@ -17,9 +17,9 @@
 --    InfiniteHBD trace's hardware, software, stress-test, offline and
 --    maintenance faults): evict the machine and replace it with a standby,
 --    at once. A machine fault of kind "unknown" has no known cause: rung 6.
---    So is a machine the machine detector is sure has network errors of its
+--    So is a machine the machine detector finds with network errors of its
 --    own (fault.suspected, kind "outlier", confidence at least
---    CHECKPOINT_CONFIDENCE, metric TCP retransmits, drops, errors or carrier
+--    NETWORK_CONFIDENCE, metric TCP retransmits, drops, errors or carrier
 --    changes): its link or NIC loses packets (the peers of a lock-step job
 --    only wait on it, they do not retransmit), and the straggler analysis
 --    cannot name it (every rank's all-reduce is slow alike). A checkpoint
@@ -68,6 +68,10 @@
 
 -- fault.suspected at or above this confidence triggers a checkpoint.
 local CHECKPOINT_CONFIDENCE = 0.9
+-- A machine detector's network-error outlier at or above this confidence is
+-- rung 1: 0.5 is its own alert threshold (z 4, confidence = z / 8), and its
+-- minimum deviation for these metrics (20 per second) keeps noise out.
+local NETWORK_CONFIDENCE = 0.5
 -- Checkpoints cost minutes of I/O: at most one per this many seconds, even
 -- when several detectors suspect several machines at once.
 local CHECKPOINT_COOLDOWN_S = 600
@@ -241,10 +245,13 @@ end
 -- A suspected fault is not acted on directly (false positives would evict
 -- healthy machines), but a confident one means a failure is likely soon:
 -- checkpoint now so that the restart loses as little work as possible.
--- Confident network errors of one machine are rung 1 (see the top).
+-- Network errors of one machine, as the machine detector names them, are
+-- rung 1 (see the top).
 ballast.on("fault.suspected", function(ev)
   local f = ev.payload or {}
-  if (f.confidence or 0) < CHECKPOINT_CONFIDENCE then return nil end
+  local network = f.detector == "machine" and f.kind == "outlier" and type(f.subject) == "string" and
+                  not rank_subject(f.subject) and network_error_metric(f.metric)
+  if (f.confidence or 0) < (network and NETWORK_CONFIDENCE or CHECKPOINT_CONFIDENCE) then return nil end
   local why = string.format("%s suspected on %s with confidence %.2f", f.kind or "fault",
                             tostring(f.subject), f.confidence)
   local out = {}
@@ -255,8 +262,7 @@ ballast.on("fault.suspected", function(ev)
     last_checkpoint = now
     out[#out + 1] = {action = "checkpoint_now", reason = why}
   end
-  if f.detector == "machine" and f.kind == "outlier" and type(f.subject) == "string" and
-     not rank_subject(f.subject) and network_error_metric(f.metric) then
+  if network then
     local evict, replace = evict_and_replace(f.subject, string.format("%s: network errors (%s) of its own",
                                                                       why, f.metric))
     out[#out + 1] = evict
