@@ -12,14 +12,14 @@
 
 #include <cmath>
 #include <cstdio>
-#include <deque>
-#include <sstream>
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace ballast::runner {
 

@@ -42,6 +42,29 @@ std::string cgroup_v2_root() {
   return "";
 }
 
+// The cgroups of runs whose process is gone (killed by SIGKILL): their
+// processes died with it (PR_SET_PDEATHSIG), the empty folders are removed.
+void remove_stale_cgroups(const std::string& root) {
+  DIR* d = opendir(root.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    int pid = 0, n = 0, used = 0;
+    if (std::sscanf(e->d_name, "ballast-%d-%d%n", &pid, &n, &used) == 2 && e->d_name[used] == '\0' && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH)
+      stale.push_back(root + "/" + e->d_name);
+  }
+  closedir(d);
+  for (const auto& dir : stale) {
+    if (DIR* sd = opendir(dir.c_str())) {
+      while (dirent* e = readdir(sd))
+        if (std::strncmp(e->d_name, "slot", 4) == 0) rmdir((dir + "/" + e->d_name).c_str());
+      closedir(sd);
+    }
+    rmdir(dir.c_str());
+  }
+}
+
 std::atomic<int> g_backends{0};
 
 double since(std::chrono::steady_clock::time_point t) {
@@ -82,29 +105,6 @@ bool LocalBackend::prepare(int slots, const std::string& /*job_dir*/, std::strin
     for (const auto& n : stale) netns_note_ += " " + n;
   }
   return true;
-}
-
-// The cgroups of runs whose process is gone (killed by SIGKILL): their
-// processes died with it (PR_SET_PDEATHSIG), the empty folders are removed.
-static void remove_stale_cgroups(const std::string& root) {
-  DIR* d = opendir(root.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
-  while (dirent* e = readdir(d)) {
-    int pid = 0, n = 0, used = 0;
-    if (std::sscanf(e->d_name, "ballast-%d-%d%n", &pid, &n, &used) == 2 && e->d_name[used] == '\0' && pid > 0 &&
-        kill(pid, 0) != 0 && errno == ESRCH)
-      stale.push_back(root + "/" + e->d_name);
-  }
-  closedir(d);
-  for (const auto& dir : stale) {
-    if (DIR* sd = opendir(dir.c_str())) {
-      while (dirent* e = readdir(sd))
-        if (std::strncmp(e->d_name, "slot", 4) == 0) rmdir((dir + "/" + e->d_name).c_str());
-      closedir(sd);
-    }
-    rmdir(dir.c_str());
-  }
 }
 
 void LocalBackend::make_cgroups(int slots) {

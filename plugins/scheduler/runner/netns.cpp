@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -108,8 +110,8 @@ std::string SlotNetworks::address(int slot) {
 }
 
 std::string SlotNetworks::describe() const {
-  return "a network namespace per slot (" + prefix_ + "-s*, " + interface() + " " + address(0) + "/16 ... on a bridge in " +
-         prefix_ + "-sw)";
+  return "a network namespace per slot (" + prefix_ + "-s*, " + interface() + " " + address(0) +
+         "/16 ... on a bridge in " + prefix_ + "-sw)";
 }
 
 bool SlotNetworks::create(int slots, std::string* error) {
@@ -178,8 +180,8 @@ bool SlotNetworks::degrade(int slot, std::string* error) {
     return false;
   }
   const std::string rate = std::to_string(kDegradedMbit) + "mbit";
-  if (!run({"tc", "-n", name(slot), "qdisc", "replace", "dev", interface(), "root", "tbf", "rate", rate, "burst", "32kb",
-            "limit", "64kb"},
+  if (!run({"tc", "-n", name(slot), "qdisc", "replace", "dev", interface(), "root", "tbf", "rate", rate, "burst",
+            "32kb", "limit", "64kb"},
            error) ||
       !run({"tc", "-n", prefix_ + "-sw", "qdisc", "replace", "dev", "s" + std::to_string(slot), "root", "tbf", "rate",
             rate, "burst", "32kb", "limit", "4mb"},

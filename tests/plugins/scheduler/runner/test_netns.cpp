@@ -151,10 +151,12 @@ struct Job {
                     ballast_last_error());
     if (detectors) {
       for (const char* p : {"/ballast-machine.so", "/ballast-scheduler.so"})
-        REQUIRE_MESSAGE(ballast_host_load_plugin(host, (std::string(BALLAST_PLUGIN_DIR) + p).c_str(), nullptr) == BALLAST_OK,
-                        ballast_last_error());
-      REQUIRE_MESSAGE(ballast_host_load_policy(host, BALLAST_SOURCE_DIR "/scripts/default.lua", "escalate") == BALLAST_OK,
-                      ballast_last_error());
+        REQUIRE_MESSAGE(
+            ballast_host_load_plugin(host, (std::string(BALLAST_PLUGIN_DIR) + p).c_str(), nullptr) == BALLAST_OK,
+            ballast_last_error());
+      REQUIRE_MESSAGE(
+          ballast_host_load_policy(host, BALLAST_SOURCE_DIR "/scripts/default.lua", "escalate") == BALLAST_OK,
+          ballast_last_error());
     }
     uint64_t id = 0;
     for (const char* t : {"job.*", "fault.*", "metric.sample"})
@@ -202,8 +204,9 @@ struct Job {
 TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-network run, and leaves none behind") {
   require_namespaces();
   constexpr int kSteps = 300;
-  const std::string job = "'--steps', '300', '--checkpoint-every', '100', '--log-every', '1000'}, ranks = 2, standby = 0, "
-                          "metrics_period_seconds = 0.2";
+  const std::string job =
+      "'--steps', '300', '--checkpoint-every', '100', '--log-every', '1000'}, ranks = 2, standby = 0, "
+      "metrics_period_seconds = 0.2";
   std::string shared;
   {
     Job plain("netns-shared", job + ", netns = false", "", false);
@@ -232,8 +235,9 @@ TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-
 TEST_CASE("a degraded link shows in the node's network metrics, and the default policy evicts and replaces the node") {
   require_namespaces();
   constexpr int kSteps = 800;
-  const std::string job = "'--steps', '800', '--checkpoint-every', '20', '--log-every', '1000'}, ranks = 4, standby = 1, "
-                          "netns = true, metrics_period_seconds = 0.5";
+  const std::string job =
+      "'--steps', '800', '--checkpoint-every', '20', '--log-every', '1000'}, ranks = 4, standby = 1, "
+      "netns = true, metrics_period_seconds = 0.5";
   std::string clean;
   {
     Job healthy("netns-healthy", job, "", false);
@@ -260,16 +264,18 @@ TEST_CASE("a degraded link shows in the node's network metrics, and the default 
   const double cap = ballast::runner::SlotNetworks::kDegradedMbit * 1e6 / 8;
   double before = 0, during = 0, retrans = 0, others = 0;
   for (const auto& [t, v] : j.samples("node1", "net.eth0.tx_bytes")) {
-    if (t < at) before = std::max(before, v);
-    else if (t > at + 1.1 && t <= detected) during = std::max(during, v);
+    if (t < at)
+      before = std::max(before, v);
+    else if (t > at + 1.1 && t <= detected)
+      during = std::max(during, v);
   }
   for (const auto& [t, v] : j.samples("node1", "net.tcp.retrans"))
     if (t > at && t <= detected + 1) retrans = std::max(retrans, v);
   for (const char* node : {"node0", "node2", "node3"})
     for (const auto& [t, v] : j.samples(node, "net.tcp.retrans"))
       if (t > at && t <= detected + 1) others = std::max(others, v);
-  INFO("node1 tx before " << before << " B/s, during " << during << " B/s; retransmits " << retrans
-                          << "/s against " << others << "/s");
+  INFO("node1 tx before " << before << " B/s, during " << during << " B/s; retransmits " << retrans << "/s against "
+                          << others << "/s");
   CHECK(before > 2 * cap);
   CHECK(during > 0);
   CHECK(during < 1.2 * cap);
@@ -279,7 +285,8 @@ TEST_CASE("a degraded link shows in the node's network metrics, and the default 
   // The default policy: a checkpoint, then evict node1 and replace it.
   std::vector<std::string> done;
   for (const auto& a : j.journal())
-    if (a["event"] == "end" && a["outcome"] == "ok") done.push_back(a["action"].get<std::string>() + " " + a["subject"].get<std::string>());
+    if (a["event"] == "end" && a["outcome"] == "ok")
+      done.push_back(a["action"].get<std::string>() + " " + a["subject"].get<std::string>());
   CHECK(std::find(done.begin(), done.end(), "evict node1") != done.end());
   CHECK(std::find(done.begin(), done.end(), "replace node1") != done.end());
   // The standby runs at full speed, and the job ends with the weights of a fault-free run.
@@ -288,7 +295,8 @@ TEST_CASE("a degraded link shows in the node's network metrics, and the default 
   {
     std::set<std::string> seen;
     for (const auto& e : j.events.topic("metric.sample"))
-      for (const auto& s : e["payload"]["samples"]) seen.insert(s["node"].get<std::string>() + ":" + s["metric"].get<std::string>());
+      for (const auto& s : e["payload"]["samples"])
+        seen.insert(s["node"].get<std::string>() + ":" + s["metric"].get<std::string>());
     std::string all;
     for (const auto& x : seen) all += x + " ";
     INFO(all);
