@@ -28,6 +28,7 @@
 #include <iterator>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,15 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kTrainer = BALLAST_BINARY_DIR "/bin/ballast-trainer";
+
+// Under AddressSanitizer the trainer runs tens of times slower: the
+// degraded-link case, which needs a job that is fast before the fault and
+// runs on through the machine detector's warm-up, is skipped there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 // Namespaces can be made here, or the whole test reports itself skipped.
 void require_namespaces() {
@@ -106,6 +116,16 @@ std::vector<std::string> namespaces_of(pid_t pid) {
   return out;
 }
 
+std::string read_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
 std::set<ino_t> inodes(const std::vector<std::string>& names) {
   std::set<ino_t> out;
   for (const auto& n : names) {
@@ -115,9 +135,12 @@ std::set<ino_t> inodes(const std::vector<std::string>& names) {
   return out;
 }
 
-// Whether any process runs in, or holds a descriptor of, one of these
+// Whether a process of ours (this test, or a program of this build: the
+// ranks, `ballast run`) runs in, or holds a descriptor of, one of these
 // network namespaces: when none does and none is named, the kernel has
-// freed them, and with them their links and bridge.
+// freed them, and with them their links and bridge. (Other processes are
+// not looked at: a namespace made after ours were freed may get the same
+// inode number.)
 bool in_use(const std::set<ino_t>& ns) {
   auto held = [&](const std::string& link) {
     std::error_code ec;
@@ -129,6 +152,9 @@ bool in_use(const std::set<ino_t>& ns) {
   for (const auto& p : fs::directory_iterator("/proc", ec)) {
     const std::string name = p.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code xec;
+    const std::string exe = fs::read_symlink(p.path() / "exe", xec).string();
+    if (name != std::to_string(getpid()) && exe.rfind(BALLAST_BINARY_DIR "/", 0) != 0) continue;
     if (held(p.path() / "ns/net")) return true;
     std::error_code fec;
     for (const auto& fd : fs::directory_iterator(p.path() / "fd", fec))
@@ -205,13 +231,11 @@ TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-
   require_namespaces();
   constexpr int kSteps = 300;
   const std::string job =
-      "'--steps', '300', '--checkpoint-every', '100', '--log-every', '1000'}, ranks = 2, standby = 0, "
-      "metrics_period_seconds = 0.2";
+      "'--steps', '300', '--checkpoint-every', '100', '--log-every', '1000'}, ranks = 2, standby = 0";
   std::string shared;
   {
     Job plain("netns-shared", job + ", netns = false", "", false);
     REQUIRE(plain.events.wait_state("finished", 120));
-    CHECK(plain.samples("node0", "net.eth0.tx_bytes").empty());  // the machine's network: not the executor's to read
     shared = plain.final_weights(kSteps);
   }
   Job own("netns-own", job + ", netns = true", "", false);
@@ -220,11 +244,19 @@ TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-
   const auto ns = inodes(names);
   REQUIRE(own.events.wait_state("finished", 120));
   // The gradients went through each slot's link: megabytes each way.
-  for (const std::string node : {"node0", "node1"}) {
-    double bytes = 0;
-    for (const auto& [t, rate] : own.samples(node, "net.eth0.tx_bytes")) bytes += rate;
-    INFO(node);
-    CHECK(bytes > 1e6);
+  for (const auto& slot : names) {
+    if (slot.substr(slot.size() - 3) == "-sw") continue;
+    const std::string dev = read_command("ip netns exec " + slot + " cat /proc/net/dev");
+    const auto at = dev.find("eth0:");
+    REQUIRE(at != std::string::npos);
+    double rx = 0, tx = 0, skip = 0;
+    std::istringstream in(dev.substr(at + 5));
+    in >> rx;
+    for (int i = 0; i < 7; ++i) in >> skip;
+    in >> tx;
+    INFO(slot << ": rx " << rx << ", tx " << tx);
+    CHECK(rx > 1e6);
+    CHECK(tx > 1e6);
   }
   CHECK(own.final_weights(kSteps) == shared);
   own.destroy();
@@ -232,7 +264,8 @@ TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-
   CHECK(!in_use(ns));
 }
 
-TEST_CASE("a degraded link shows in the node's network metrics, and the default policy evicts and replaces the node") {
+TEST_CASE("a degraded link shows in the node's network metrics, and the default policy evicts and replaces the node" *
+          doctest::skip(kSanitized)) {
   require_namespaces();
   constexpr int kSteps = 800;
   const std::string job =
