@@ -17,6 +17,13 @@
 --    InfiniteHBD trace's hardware, software, stress-test, offline and
 --    maintenance faults): evict the machine and replace it with a standby,
 --    at once. A machine fault of kind "unknown" has no known cause: rung 6.
+--    So is a machine the machine detector finds with network errors of its
+--    own (fault.suspected, kind "outlier", confidence at least
+--    NETWORK_CONFIDENCE, metric TCP retransmits, drops, errors or carrier
+--    changes): its link or NIC loses packets (the peers of a lock-step job
+--    only wait on it, they do not retransmit), and the straggler analysis
+--    cannot name it (every rank's all-reduce is slow alike). A checkpoint
+--    first (outside the cooldown), then evict and replace.
 -- 2. Hang: fault.confirmed from detector "hang" (kinds "not_joined",
 --    "stuck", "mismatch", ...; the evidence is the root-cause verdict, one
 --    event per cause). A verdict with one cause names the rank: isolate its
@@ -61,6 +68,10 @@
 
 -- fault.suspected at or above this confidence triggers a checkpoint.
 local CHECKPOINT_CONFIDENCE = 0.9
+-- A machine detector's network-error outlier at or above this confidence is
+-- rung 1: 0.5 is its own alert threshold (z 4, confidence = z / 8), and its
+-- minimum deviation for these metrics (20 per second) keeps noise out.
+local NETWORK_CONFIDENCE = 0.5
 -- Checkpoints cost minutes of I/O: at most one per this many seconds, even
 -- when several detectors suspect several machines at once.
 local CHECKPOINT_COOLDOWN_S = 600
@@ -222,23 +233,43 @@ ballast.on("fault.confirmed", function(ev)
   return restart_or_escalate(ev, f.subject, why)  -- rung 6
 end)
 
+-- Whether a machine detector's metric counts network errors of the machine
+-- itself (rung 1): not its throughput, which every machine of a lock-step
+-- job loses together.
+local function network_error_metric(metric)
+  if type(metric) ~= "string" then return false end
+  return metric == "net.tcp.retrans" or metric:match("^net%..+_drops$") ~= nil or
+         metric:match("^net%..+_errors$") ~= nil or metric:match("^net%..+%.carrier_changes$") ~= nil
+end
+
 -- A suspected fault is not acted on directly (false positives would evict
 -- healthy machines), but a confident one means a failure is likely soon:
 -- checkpoint now so that the restart loses as little work as possible.
+-- Network errors of one machine, as the machine detector names them, are
+-- rung 1 (see the top).
 ballast.on("fault.suspected", function(ev)
   local f = ev.payload or {}
-  if (f.confidence or 0) < CHECKPOINT_CONFIDENCE then return nil end
+  local network = f.detector == "machine" and f.kind == "outlier" and type(f.subject) == "string" and
+                  not rank_subject(f.subject) and network_error_metric(f.metric)
+  if (f.confidence or 0) < (network and NETWORK_CONFIDENCE or CHECKPOINT_CONFIDENCE) then return nil end
+  local why = string.format("%s suspected on %s with confidence %.2f", f.kind or "fault",
+                            tostring(f.subject), f.confidence)
+  local out = {}
   local now = ballast.now()
   if now - last_checkpoint < CHECKPOINT_COOLDOWN_S then
     ballast.log("info", "checkpoint already taken recently; not repeating for " .. tostring(f.subject))
-    return nil
+  else
+    last_checkpoint = now
+    out[#out + 1] = {action = "checkpoint_now", reason = why}
   end
-  last_checkpoint = now
-  return {
-    action = "checkpoint_now",
-    reason = string.format("%s suspected on %s with confidence %.2f", f.kind or "fault",
-                           tostring(f.subject), f.confidence),
-  }
+  if network then
+    local evict, replace = evict_and_replace(f.subject, string.format("%s: network errors (%s) of its own",
+                                                                      why, f.metric))
+    out[#out + 1] = evict
+    out[#out + 1] = replace
+  end
+  if #out == 0 then return nil end
+  return out
 end)
 
 -- Rung 3: fail-slow. One report can be noise (a slow step, a checkpoint);
@@ -255,16 +286,21 @@ ballast.on("straggler.report", function(ev)
     end
     return nil
   end
-  local culprit = (r.culprits or {})[1]
+  -- The worst rank the analysis names. A stage, DP rank or op type may come
+  -- before it (culprits are sorted by slowdown, and with one pipeline stage
+  -- that stage explains all of it), but a "worker" report's own verdict is
+  -- its slowest ranks; without one, someone has to look.
+  local culprit = nil
+  for _, c in ipairs(r.culprits or {}) do
+    if c.dimension == "rank" then culprit = c; break end
+  end
   if not culprit then
     slow_reports = {}
-    return {action = "escalate", reason = string.format("worker straggler (%.2fx) without a culprit", slowdown)}
-  end
-  if culprit.dimension ~= "rank" then
-    -- A slow stage or optype is not one machine: someone has to look.
-    slow_reports = {}
-    return {action = "escalate", reason = string.format("worker straggler blamed on %s=%s (%.2fx)",
-                                                        culprit.dimension, culprit.name, slowdown)}
+    local first = (r.culprits or {})[1]
+    return {action = "escalate",
+            reason = first and string.format("worker straggler blamed on %s=%s (%.2fx), no rank named",
+                                             first.dimension, first.name, slowdown)
+                     or string.format("worker straggler (%.2fx) without a culprit", slowdown)}
   end
   local blame = {}
   for _, c in ipairs(r.culprits) do

@@ -5,9 +5,13 @@
 // (report -> the policy's action), recovery time (report -> the first step
 // trained after the recovery), steps lost; medians and maxima. Then the
 // default demonstration (examples/configs/demo.lua), --demo-repeats times
-// (1), for its ETTR (median).
+// (1), for its ETTR (median). More kinds, not run by default: `slow` (rank 1
+// at a fifth of its speed, the straggler analysis loaded, 600 steps), `skip`
+// (rank 2 leaves a collective out) and `net` (root: node1's link degraded in
+// job.netns, the machine detector loaded, 2000 steps, the fault 8 s after
+// the start, once the detector's warm-up is over).
 //
-//   bench_e2e [--repeats N] [--kinds crash,hang,nan] [--stall SECONDS] [--no-demo] [--demo-repeats N]
+//   bench_e2e [--repeats N] [--kinds crash,hang,nan,slow,skip,net] [--stall SECONDS] [--no-demo] [--demo-repeats N]
 //
 // Prints JSON lines {"bench","case","metric","value","unit"}.
 #include <sys/wait.h>
@@ -41,13 +45,27 @@ nlohmann::json run_ballast(const std::string& args, const std::string& dir) {
   return nlohmann::json::parse(out, nullptr, false);
 }
 
-std::string config(const std::string& dir, double stall) {
+// One fault kind's run: the injection, the job's length, and what the
+// config needs beside the executor, the hang detector and the placement
+// plugin.
+struct Kind {
+  std::string spec;
+  int steps = 200;
+  std::string plugins;  // more plugins, Lua
+  std::string job;      // more job fields, Lua
+};
+
+std::string config(const std::string& dir, double stall, const Kind& k) {
   const std::string path = dir + "/job.lua";
   std::ofstream(path) << "return {\n  plugins = { 'runner', { path = 'hang', config = { stall_seconds = " << stall
-                      << ", period_seconds = 0.2 } }, 'scheduler' },\n"
-                         "  job = { command = { '" BENCH_E2E_TRAINER "', '--steps', '200', '--checkpoint-every', '20', "
+                      << ", period_seconds = 0.2 } }, 'scheduler', " << k.plugins
+                      << " },\n"
+                         "  job = { command = { '" BENCH_E2E_TRAINER "', '--steps', '"
+                      << k.steps
+                      << "', '--checkpoint-every', '20', "
                          "'--log-every', '1000' }, ranks = 4, standby = 1, progress = false, dir = '"
-                      << dir << "/job' },\n  policy = { script = '" BENCH_E2E_POLICY "', fallback = 'escalate' },\n}\n";
+                      << dir << "/job', " << k.job
+                      << " },\n  policy = { script = '" BENCH_E2E_POLICY "', fallback = 'escalate' },\n}\n";
   return path;
 }
 
@@ -84,15 +102,23 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--kinds crash,hang,nan] [--stall SECONDS] [--no-demo] [--demo-repeats N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--kinds crash,hang,nan,slow,skip,net] [--stall SECONDS] [--no-demo] [--demo-repeats N]\n", argv[0]);
       return 2;
     }
   }
   const char* tmp = std::getenv("TMPDIR");
   const std::string root = std::string(tmp ? tmp : "/tmp") + "/bench-e2e";
   // The fault hits mid-run, at a step between two checkpoints (every 20).
-  const std::map<std::string, std::string> spec = {
-      {"crash", "crash:rank=1@step75"}, {"hang", "hang:rank=2@step75"}, {"nan", "nan@75"}};
+  // The straggler analysis as the demonstration runs it (a clear slowdown only).
+  const std::string straggler =
+      "{ path = 'straggler', config = { window_steps = 50, report_every = 50, min_slowdown = 2 } }";
+  const std::map<std::string, Kind> spec = {
+      {"crash", {"crash:rank=1@step75", 200, "", ""}},
+      {"hang", {"hang:rank=2@step75", 200, "", ""}},
+      {"nan", {"nan@75", 200, "", ""}},
+      {"slow", {"slow:rank=1,factor=5@step75", 600, straggler, ""}},
+      {"skip", {"skip:rank=2@step75", 200, "", ""}},
+      {"net", {"machine:node=1,kind=net@8", 2000, "'machine'", "netns = true"}}};
   for (const auto& kind : kinds) {
     if (!spec.count(kind)) {
       std::fprintf(stderr, "bench_e2e: unknown kind %s\n", kind.c_str());
@@ -104,7 +130,7 @@ int main(int argc, char** argv) {
       const std::string dir = root + "/" + kind + "-" + std::to_string(r);
       fs::remove_all(dir);
       fs::create_directories(dir);
-      const nlohmann::json rep = run_ballast(config(dir, stall) + " --inject '" + spec.at(kind) + "'", dir);
+      const nlohmann::json rep = run_ballast(config(dir, stall, spec.at(kind)) + " --inject '" + spec.at(kind).spec + "'", dir);
       if (!rep.is_object() || rep["incidents"].size() != 1) {
         std::fprintf(stderr, "bench_e2e: %s run %d: no single incident (see %s)\n", kind.c_str(), r, dir.c_str());
         continue;
@@ -113,7 +139,10 @@ int main(int argc, char** argv) {
       ok += rep["state"] == "finished" && i["outcome"] == "recovered";
       const std::string verdict = i["verdict"].is_string() ? i["verdict"].get<std::string>() : "";
       right += (kind == "crash" && verdict == "crashed rank:1") || (kind == "hang" && verdict.find("rank:2") != std::string::npos) ||
-               (kind == "nan" && verdict.rfind("nan ", 0) == 0);
+               (kind == "nan" && verdict.rfind("nan ", 0) == 0) || (kind == "net" && verdict == "outlier node1") ||
+               (kind == "slow" && verdict == "straggler rank:1") ||
+               (kind == "skip" && i["message"].is_string() &&
+                i["message"].get<std::string>().find("rank 2 at step") != std::string::npos);
       for (const char* f : {"detection_latency_s", "decision_latency_s", "recovery_s"})
         if (i[f].is_number()) m[f].push_back(i[f].get<double>());
       if (i["injected_s"].is_number() && i["resumed_s"].is_number())

@@ -204,6 +204,9 @@ bool start_ranks(const LaunchArgs& a, char** argv, const std::string& secret, st
       // ranks: the kernel does, and a rank whose launcher is already gone ends.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
+      // With --json, stdout is the verdict alone: the ranks' output (and
+      // their libraries' logs) goes to stderr.
+      if (a.json) dup2(STDERR_FILENO, STDOUT_FILENO);
       for (const auto& [k, v] : launch::torchrun_env({r, a.n, r, a.n, 0}, a.port)) setenv(k.c_str(), v.c_str(), 1);
       setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
       setenv("BALLAST_TRACE_DIR", a.dir.c_str(), 1);

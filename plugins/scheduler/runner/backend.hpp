@@ -82,7 +82,25 @@ class Backend {
   // it (fault injection: a CPU or memory hog on that "node"). Killed by
   // stop_helpers. -1 on failure.
   virtual pid_t spawn_helper(int slot, void (*fn)()) = 0;
+  // Undo the slot's fault injections: its helpers killed, its network (when
+  // degraded) whole again.
   virtual void stop_helpers(int slot) = 0;
+  // Whether each slot has a network of its own (machine kind=net can be
+  // injected, and the slot's network counters read through its processes).
+  virtual bool network_per_slot() const { return false; }
+  // Degrade a slot's network (fault injection); undone by stop_helpers.
+  virtual bool degrade_network(int slot, std::string* error) {
+    (void)slot;
+    *error = std::string("the ") + name() + " backend gives no slot a network of its own";
+    return false;
+  }
+  // Environment a rank of `slot` gets on top of the job's, when rank 0 runs
+  // on `master_slot`: MASTER_ADDR and the transports' interfaces of a slot
+  // with a network of its own. Empty: torchrun's loopback.
+  virtual std::vector<std::pair<std::string, std::string>> slot_env(int slot, int master_slot) const {
+    (void)slot, (void)master_slot;
+    return {};
+  }
   // Remove what prepare made. Called once, after stop_all.
   virtual void release() = 0;
 };

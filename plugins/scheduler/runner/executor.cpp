@@ -16,8 +16,10 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace ballast::runner {
 
@@ -32,6 +34,16 @@ int64_t wall_ns() {
 }
 
 std::string json_or_empty(const char* s) { return s ? s : ""; }
+
+// Set a variable of a rank's environment, replacing an earlier value.
+void set_env(std::vector<std::pair<std::string, std::string>>* env, const std::string& key, const std::string& value) {
+  for (auto& [k, v] : *env)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  env->emplace_back(key, value);
+}
 
 // Fault injection helpers run in a forked child of a multi-threaded process:
 // system calls only, no allocation through malloc.
@@ -77,6 +89,45 @@ double cpu_seconds(pid_t pid) {
     if (i == 15) stime = std::atof(field.c_str());
   }
   return (utime + stime) / double(sysconf(_SC_CLK_TCK));
+}
+
+// The network counters of a process's namespace, named as the collector
+// names their rates: net.IFACE.rx_bytes / tx_bytes / rx_packets /
+// tx_packets per interface but the loopback, and net.tcp.retrans. False
+// when the process is gone.
+bool read_net_counters(pid_t pid, Executor::NetCounters* out) {
+  const std::string base = "/proc/" + std::to_string(pid) + "/net/";
+  std::ifstream dev(base + "dev");
+  if (!dev) return false;
+  std::map<std::string, double> c;
+  for (std::string line; std::getline(dev, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string iface = line.substr(0, colon);
+    iface.erase(0, iface.find_first_not_of(' '));
+    if (iface == "lo" || iface.empty()) continue;
+    double f[16] = {};
+    if (std::sscanf(line.c_str() + colon + 1, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2], &f[3],
+                    &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]) < 10)
+      continue;
+    const std::string p = "net." + iface + ".";
+    c[p + "rx_bytes"] = f[0];
+    c[p + "rx_packets"] = f[1];
+    c[p + "tx_bytes"] = f[8];
+    c[p + "tx_packets"] = f[9];
+  }
+  // "Tcp: names..." then "Tcp: values...".
+  std::ifstream snmp(base + "snmp");
+  for (std::string names, values; std::getline(snmp, names);) {
+    if (names.rfind("Tcp:", 0) != 0 || !std::getline(snmp, values)) continue;
+    std::istringstream n(names.substr(4)), v(values.substr(4));
+    for (std::string key, val; n >> key && v >> val;)
+      if (key == "RetransSegs") c["net.tcp.retrans"] = std::strtod(val.c_str(), nullptr);
+    break;
+  }
+  if (c.empty()) return false;
+  out->counters = std::move(c);
+  return true;
 }
 
 double rss_bytes(pid_t pid) {
@@ -155,6 +206,13 @@ bool Executor::start(std::string* error) {
   if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
   const int slots = cfg_.nodes() + cfg_.standby;
   if (!backend_->prepare(slots, job_dir_, error)) return false;
+  for (const auto& in : cfg_.injections)
+    if (in.kind == FaultKind::machine && in.machine_kind == "net" && !backend_->network_per_slot()) {
+      *error = in.origin + ": machine kind=net needs a network namespace per node, and this run has none (" +
+               backend_->isolation() + ")";
+      backend_->release();
+      return false;
+    }
   for (int s = 0; s < slots; ++s) slots_.push_back({backend_->slot_name(s), SlotState::standby, 0, 0, ""});
   for (int n = 0; n < cfg_.nodes(); ++n) {
     node_slot_.push_back(n);
@@ -273,6 +331,30 @@ void Executor::post_fault(const std::string& topic, const ballast_fault_report& 
   char c = 0;
   ssize_t n = write(wake_[1], &c, 1);
   (void)n;
+}
+
+void Executor::post_straggler(const ballast_straggler_report& r, int64_t ts_ns) {
+  // Only a report that names a slow worker is a detection (of a slowed rank
+  // or node): a job-wide or a random slowdown names no fault.
+  if (!r.kind || std::strcmp(r.kind, "worker") != 0 || !r.culprits) return;
+  const ballast_straggler_culprit* worst = nullptr;
+  for (uint32_t i = 0; i < r.count && !worst; ++i)
+    if (r.culprits[i].dimension && r.culprits[i].name && std::strcmp(r.culprits[i].dimension, "rank") == 0)
+      worst = &r.culprits[i];
+  if (!worst) return;
+  Message m;
+  m.kind = Message::fault;
+  m.topic = "straggler.report";
+  m.subject = std::string("rank:") + worst->name;
+  m.rank = std::atoi(worst->name);
+  m.fault_kind = "straggler";
+  m.detector = "straggler";
+  m.detected_ns = ts_ns ? ts_ns : wall_ns();
+  m.evidence = nlohmann::json{{"slowdown", r.slowdown}, {"rank_slowdown", worst->slowdown},
+                              {"first_step", r.first_step}, {"last_step", r.last_step}}
+                   .dump();
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_.push_back(std::move(m));
 }
 
 void Executor::post_plan(const ballast_placement_plan& p) {
@@ -421,7 +503,10 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
       rl.argv = cfg_.command;
       rl.env = launch::torchrun_env({rank, cfg_.ranks, l, rpn, n}, master_port_);
       rl.env.emplace_back("BALLAST_BOOTSTRAP_SECRET", secret);
-      for (const auto& [k, v] : cfg_.env) rl.env.emplace_back(k, v);
+      // The slot's network (MASTER_ADDR, transports), then the job's own
+      // environment: each replaces what came before it.
+      for (const auto& [k, v] : backend_->slot_env(node_slot_[size_t(n)], node_slot_[0])) set_env(&rl.env, k, v);
+      for (const auto& [k, v] : cfg_.env) set_env(&rl.env, k, v);
       rl.env.emplace_back("BALLAST_TRACE_DIR", trace_dir_);
       rl.env.emplace_back("BALLAST_JOB_DIR", job_dir_);
       rl.env.emplace_back("BALLAST_CHECKPOINT_DIR", checkpoint_dir_);
@@ -644,10 +729,11 @@ void Executor::on_fault(const Message& m) {
   target->detected_ns = m.detected_ns;
   target->detector = m.detector;
   target->verdict = m.fault_kind + " " + m.subject;
-  if (m.fault_kind == "user_error" || m.fault_kind == "nan") {
-    nlohmann::json ev = nlohmann::json::parse(m.evidence, nullptr, false);
-    if (ev.is_object() && ev.contains("message") && ev["message"].is_string()) target->message = ev["message"];
-  }
+  // The job's own account of it (a user error, a NaN, a collective a rank
+  // left out), for the report.
+  if (nlohmann::json ev = nlohmann::json::parse(m.evidence, nullptr, false);
+      ev.is_object() && ev.contains("message") && ev["message"].is_string())
+    target->message = ev["message"];
   spans_.push_back({"faults", "detected " + target->verdict, m.detected_ns, m.detected_ns, {{"detector", m.detector}}});
   log(BALLAST_LOG_INFO, "incident " + std::to_string(target->id) + " (" + target->fault + "): " + m.topic + " " +
                             target->verdict + " by " + m.detector);
@@ -750,7 +836,8 @@ void Executor::fire_injections() {
         break;
       case FaultKind::machine: {
         const int slot = node_slot_[size_t(in.node)];
-        ok = backend_->spawn_helper(slot, in.machine_kind == "mem" ? mem_hog : cpu_hog) > 0;
+        if (in.machine_kind == "net") ok = backend_->degrade_network(slot, &error);
+        else ok = backend_->spawn_helper(slot, in.machine_kind == "mem" ? mem_hog : cpu_hog) > 0;
         break;
       }
       case FaultKind::nan:
@@ -910,14 +997,15 @@ void Executor::begin(Action a) {
   if (act.name == "replace") {
     // Which node: the subject, or the one evicted last.
     int failed = slot_of_subject(act.subject);
-    // A node a standby already took the place of (the evict's implied
-    // replace ran before the policy's) needs nothing more, also when it was
-    // repaired meanwhile (a slow replace outlasts repair_seconds).
+    // An evicted node a standby already took the place of (the evict's
+    // implied replace ran before the policy's) needs nothing more.
+    // (It may be a standby again by now, repaired.)
     if (failed >= 0 && slots_[size_t(failed)].role != SlotState::active && !slots_[size_t(failed)].replaced_by.empty()) {
       finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
       return;
     }
     if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
+      failed = -1;
       int64_t latest = 0;
       for (size_t s = 0; s < slots_.size(); ++s)
         if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest) latest = slots_[s].evicted_ns, failed = int(s);
@@ -1003,7 +1091,11 @@ void Executor::finish(const std::string& outcome, const std::string& detail) {
   journal("end", f, outcome, full);
   if (f.incident > 0) {
     Incident& inc = incidents_[size_t(f.incident - 1)];
-    if (outcome == "ok" && inc.outcome == "open" && (f.action.name == "pause" || f.action.name == "checkpoint_now")) {
+    // A pause or a checkpoint that is all the policy asked for ends the
+    // incident; one followed by more actions (a checkpoint before an
+    // eviction) does not.
+    if (outcome == "ok" && inc.outcome == "open" && (f.action.name == "pause" || f.action.name == "checkpoint_now") &&
+        queue_.empty()) {
       inc.outcome = "recovered";
       inc.resumed_ns = now();
     }
@@ -1032,6 +1124,9 @@ void Executor::advance() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& s = slots_[i];
     if (s.role != SlotState::evicted || t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
+    // Not while its replace may still be to come: the replace would find no
+    // evicted node, or take the node back as its own standby.
+    if (s.replaced_by.empty() && (current_ || !queue_.empty())) continue;
     if (std::string error; !backend_->restore(int(i), &error)) {
       log(BALLAST_LOG_ERROR, "cannot return the repaired " + s.name + " to the standbys (tried again after " +
                                  "repair_seconds): " + error);
@@ -1099,7 +1194,6 @@ void Executor::advance() {
           if (ns == f.failed_slot) ns = spare;
         slots_[size_t(spare)].role = SlotState::active;
         slots_[size_t(spare)].activated_ns = now();
-        slots_[size_t(spare)].replaced_by.clear();
         slots_[size_t(f.failed_slot)].replaced_by = slots_[size_t(spare)].name;
         f.detail = slots_[size_t(f.failed_slot)].name + " -> " + slots_[size_t(spare)].name + " (" + how + ")";
         const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
@@ -1169,8 +1263,10 @@ void Executor::publish_step(const Report& r) {
   host_->publish(host_, &e);
 }
 
-// Per slot, the processes' CPU (cores) and resident memory, as metric.sample
-// with node = the slot's name: the machine detector compares the nodes.
+// Per slot, the processes' CPU (cores) and resident memory, and with a
+// network of its own its interfaces' bytes and TCP retransmits (rates), as
+// metric.sample with node = the slot's name: the machine detector compares
+// the nodes.
 void Executor::sample_metrics() {
   if (cfg_.metrics_period_s <= 0) return;
   const int64_t t = now();
@@ -1178,15 +1274,20 @@ void Executor::sample_metrics() {
   next_metrics_ns_ = t + int64_t(cfg_.metrics_period_s * 1e9);
   const double dt = metrics_prev_ns_ ? double(t - metrics_prev_ns_) / 1e9 : 0;
   metrics_prev_ns_ = t;
-  std::vector<std::string> names;
+  std::deque<std::string> names;  // the samples point into it
   std::vector<ballast_metric_sample> samples;
   std::map<pid_t, double> cpu_now;
-  names.reserve(slots_.size());
+  std::map<int, NetCounters> net_now;
   for (int n = 0; n < cfg_.nodes(); ++n) {
     const int slot = node_slot_[size_t(n)];
+    const char* node = names.emplace_back(slots_[size_t(slot)].name).c_str();
+    auto add = [&](const std::string& metric, double value) {
+      samples.push_back({node, names.emplace_back(metric).c_str(), t, value, 0});
+    };
     double cores = 0, rss = 0;
     bool have_rate = dt > 0;
-    for (pid_t p : backend_->slot_processes(slot)) {
+    const std::vector<pid_t> procs = backend_->slot_processes(slot);
+    for (pid_t p : procs) {
       const double c = cpu_seconds(p);
       if (c < 0) continue;
       cpu_now[p] = c;
@@ -1195,12 +1296,26 @@ void Executor::sample_metrics() {
       else cores += (c - it->second) / dt;
       rss += rss_bytes(p);
     }
-    names.push_back(slots_[size_t(slot)].name);
-    if (have_rate) samples.push_back({nullptr, "proc.cpu", t, cores, 0});
-    samples.push_back({nullptr, "proc.rss_bytes", t, rss, 0});
-    for (size_t i = samples.size(); i-- > 0 && samples[i].node == nullptr;) samples[i].node = names.back().c_str();
+    if (have_rate) add("proc.cpu", cores);
+    add("proc.rss_bytes", rss);
+    if (!backend_->network_per_slot()) continue;
+    NetCounters c;
+    for (pid_t p : procs)
+      if (read_net_counters(p, &c)) break;
+    if (c.counters.empty()) continue;
+    c.ns = t;
+    auto prev = net_prev_.find(slot);
+    if (prev != net_prev_.end() && t > prev->second.ns) {
+      const double secs = double(t - prev->second.ns) / 1e9;
+      for (const auto& [metric, value] : c.counters) {
+        auto was = prev->second.counters.find(metric);
+        if (was != prev->second.counters.end() && value >= was->second) add(metric, (value - was->second) / secs);
+      }
+    }
+    net_now[slot] = std::move(c);
   }
   cpu_prev_ = std::move(cpu_now);
+  net_prev_ = std::move(net_now);
   if (samples.empty()) return;
   ballast_metric_batch b{sizeof b, uint32_t(samples.size()), samples.data()};
   ballast_event e{};

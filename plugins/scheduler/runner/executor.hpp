@@ -44,9 +44,16 @@ class Executor {
   void stop();
   const std::string& trace_dir() const { return trace_dir_; }
 
+  // A slot's network counters (metrics), by metric name, when read.
+  struct NetCounters {
+    std::map<std::string, double> counters;
+    int64_t ns = 0;
+  };
+
   // Bus handlers, any thread: copy what they need into the inbox.
   void post_action(const ballast_recovery_action& a, int64_t ts_ns);
   void post_fault(const std::string& topic, const ballast_fault_report& f, int64_t ts_ns);
+  void post_straggler(const ballast_straggler_report& r, int64_t ts_ns);
   void post_plan(const ballast_placement_plan& p);
   void post_placement_error(const std::string& message);
 
@@ -160,6 +167,7 @@ class Executor {
   int64_t pause_until_ns_ = 0;
   int64_t next_metrics_ns_ = 0, next_progress_ns_ = 0;
   std::map<pid_t, double> cpu_prev_;       // metrics: cpu seconds per process at the last sample
+  std::map<int, NetCounters> net_prev_;    // metrics: each slot's network counters at the last sample
   int64_t metrics_prev_ns_ = 0;
   std::vector<std::string> pending_plan_;  // the placement plugin's answer
   std::string placement_error_;

@@ -54,8 +54,6 @@ const char* fault_kind_name(FaultKind k) {
   return "?";
 }
 
-bool machine_kind_supported(const std::string& kind) { return kind == "cpu" || kind == "mem"; }
-
 Injection parse_spec(const std::string& spec, const std::string& origin, const JobShape& shape) {
   Injection in;
   in.origin = origin;
@@ -112,9 +110,9 @@ Injection parse_spec(const std::string& spec, const std::string& origin, const J
       in.machine_kind = take("kind");
       if (in.machine_kind != "cpu" && in.machine_kind != "mem" && in.machine_kind != "net")
         throw InjectError(origin + ": machine kind '" + in.machine_kind + "' is not cpu, mem or net");
-      if (!machine_kind_supported(in.machine_kind))
-        throw InjectError(origin + ": machine kind=" + in.machine_kind +
-                          " is not available with the local backend (it needs a network namespace per node)");
+      if (in.machine_kind == "net" && !shape.network_per_node)
+        throw InjectError(origin + ": machine kind=net needs a network namespace per node: set job.netns = true " +
+                          "or \"auto\" (the local backend, run as root)");
       in.spec = "machine:node=" + std::to_string(in.node) + ",kind=" + in.machine_kind + "@" + at_text;
     } else {
       in.rank = parse_index(origin, "rank", take("rank"), shape.ranks, "ranks");

@@ -42,7 +42,8 @@ struct Injection {
 // The shape of the job injections must fit.
 struct JobShape {
   int ranks = 1;
-  int nodes = 1;  // slots running the job (standbys not counted)
+  int nodes = 1;                  // slots running the job (standbys not counted)
+  bool network_per_node = false;  // job.netns asks for a network per node: machine kind=net allowed
 };
 
 // Parse one spec; `origin` names it in errors.
@@ -54,9 +55,5 @@ struct ScheduleOptions {
 
 // Parse a schedule file. Throws InjectError naming the file and line.
 std::vector<Injection> parse_schedule(const std::string& path, const JobShape& shape, const ScheduleOptions& options);
-
-// What the executor can inject here: machine kind=net needs a network
-// namespace per slot, which the local backend does not make.
-bool machine_kind_supported(const std::string& kind);
 
 }  // namespace ballast::runner

@@ -119,7 +119,7 @@ std::string resolve_program(const std::string& program, const std::string& base_
 JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top, const std::string& base_dir) {
   if (!job.is_object()) throw ConfigError("job: want a table { command = {...}, ranks = N, ... }");
   static const char* kKeys[] = {"command", "name", "ranks", "ranks_per_node", "standby", "steps", "dir", "trace_dir",
-                                "env", "cgroups", "stop_grace_seconds", "hello_timeout_seconds",
+                                "env", "cgroups", "netns", "stop_grace_seconds", "hello_timeout_seconds",
                                 "checkpoint_timeout_seconds", "pause_seconds", "unhandled_seconds", "repair_seconds",
                                 "action_tries", "backoff_seconds", "restart_loop_limit", "keep_checkpoints", "metrics_period_seconds",
                                 "placement_timeout_seconds", "progress", "backend", "slurm"};
@@ -156,6 +156,12 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
     }
   }
   c.cgroups = flag(job, "cgroups", true);
+  if (job.contains("netns")) {
+    const auto& v = job["netns"];
+    if (v.is_boolean()) c.netns = v.get<bool>() ? NetnsMode::on : NetnsMode::off;
+    else if (v == "auto") c.netns = NetnsMode::automatic;
+    else throw ConfigError("job.netns: want true, false or \"auto\", got " + v.dump());
+  }
   c.progress = flag(job, "progress", true);
   c.stop_grace_s = number(job, "stop_grace_seconds", c.stop_grace_s, 0, 600);
   c.hello_timeout_s = number(job, "hello_timeout_seconds", c.hello_timeout_s, 0.1, 86400);
@@ -173,6 +179,8 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   if (c.backend != "local" && c.backend != "slurm")
     throw ConfigError("job.backend: want \"local\" or \"slurm\", got \"" + c.backend + "\"");
   if (job.contains("slurm") && c.backend != "slurm") throw ConfigError("job.slurm: only with backend = \"slurm\"");
+  if (c.netns != NetnsMode::off && c.backend != "local")
+    throw ConfigError("job.netns: only with backend = \"local\" (a Slurm node has a network of its own)");
   if (c.backend == "slurm") {
     c.slurm = parse_slurm(job.contains("slurm") ? job["slurm"] : nlohmann::json::object(), base_dir);
     // Per-node metrics come from the agents' collectors: the executor sees no process on a node.
@@ -189,7 +197,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   if (c.report != "text" && c.report != "json" && c.report != "none")
     throw ConfigError("report: want \"text\", \"json\" or \"none\", got \"" + c.report + "\"");
   c.timeline = absolute(text(top, "timeline", "", ""), base_dir);
-  const JobShape shape{c.ranks, c.nodes()};
+  const JobShape shape{c.ranks, c.nodes(), c.netns != NetnsMode::off};
   if (top.contains("inject")) {
     if (!top["inject"].is_array()) throw ConfigError("inject: want a list of fault specs");
     for (const auto& s : top["inject"]) {

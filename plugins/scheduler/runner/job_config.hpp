@@ -5,6 +5,7 @@
 #pragma once
 
 #include "inject.hpp"
+#include "netns.hpp"
 
 #include <map>
 #include <stdexcept>
@@ -41,6 +42,7 @@ struct JobConfig {
   std::string trace_dir;                // BALLAST_TRACE_DIR ("": from the environment, else new in /dev/shm)
   std::map<std::string, std::string> env;
   bool cgroups = true;
+  NetnsMode netns = NetnsMode::off;     // a network namespace per slot (local backend)
   double stop_grace_s = 3;
   double hello_timeout_s = 60;          // a restarted job must be back within this
   double checkpoint_timeout_s = 60;     // checkpoint_now must be answered within this

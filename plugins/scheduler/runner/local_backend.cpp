@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -41,6 +42,29 @@ std::string cgroup_v2_root() {
   return "";
 }
 
+// The cgroups of runs whose process is gone (killed by SIGKILL): their
+// processes died with it (PR_SET_PDEATHSIG), the empty folders are removed.
+void remove_stale_cgroups(const std::string& root) {
+  DIR* d = opendir(root.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    int pid = 0, n = 0, used = 0;
+    if (std::sscanf(e->d_name, "ballast-%d-%d%n", &pid, &n, &used) == 2 && e->d_name[used] == '\0' && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH)
+      stale.push_back(root + "/" + e->d_name);
+  }
+  closedir(d);
+  for (const auto& dir : stale) {
+    if (DIR* sd = opendir(dir.c_str())) {
+      while (dirent* e = readdir(sd))
+        if (std::strncmp(e->d_name, "slot", 4) == 0) rmdir((dir + "/" + e->d_name).c_str());
+      closedir(sd);
+    }
+    rmdir(dir.c_str());
+  }
+}
+
 std::atomic<int> g_backends{0};
 
 double since(std::chrono::steady_clock::time_point t) {
@@ -49,7 +73,7 @@ double since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-LocalBackend::LocalBackend(bool use_cgroups) : use_cgroups_(use_cgroups) {}
+LocalBackend::LocalBackend(bool use_cgroups, NetnsMode netns) : use_cgroups_(use_cgroups), netns_(netns) {}
 
 LocalBackend::~LocalBackend() {
   stop_all(1);
@@ -62,32 +86,58 @@ bool LocalBackend::prepare(int slots, const std::string& /*job_dir*/, std::strin
     return false;
   }
   slot_cgroups_.assign(size_t(slots), "");
-  if (!use_cgroups_) return true;
-  const std::string root = cgroup_v2_root();
-  if (root.empty()) return true;  // process groups only
-  const std::string dir = root + "/ballast-" + std::to_string(getpid()) + "-" + std::to_string(g_backends++);
-  if (mkdir(dir.c_str(), 0755) != 0) return true;
-  cgroup_root_ = dir;
-  for (int s = 0; s < slots; ++s) {
-    const std::string d = dir + "/slot" + std::to_string(s);
-    if (mkdir(d.c_str(), 0755) != 0) {
-      release();
-      slot_cgroups_.assign(size_t(slots), "");
-      return true;
-    }
-    slot_cgroups_[size_t(s)] = d;
+  if (use_cgroups_) make_cgroups(slots);
+  if (netns_ == NetnsMode::off) return true;
+  std::string why;
+  std::vector<std::string> stale;
+  if (SlotNetworks::available(&why)) {
+    SlotNetworks::remove_stale(&stale);
+    networks_.create(slots, &why);
+  }
+  if (!networks_.active() && netns_ == NetnsMode::on) {
+    remove_cgroups();
+    *error = "job.netns = true: cannot make a network namespace per slot: " + why;
+    return false;
+  }
+  if (!networks_.active()) netns_note_ = "no network namespaces (job.netns = \"auto\"): " + why;
+  if (!stale.empty()) {
+    netns_note_ += std::string(netns_note_.empty() ? "" : "; ") + "removed the network namespaces of runs that are gone:";
+    for (const auto& n : stale) netns_note_ += " " + n;
   }
   return true;
 }
 
+void LocalBackend::make_cgroups(int slots) {
+  const std::string root = cgroup_v2_root();
+  if (root.empty()) return;  // process groups only
+  remove_stale_cgroups(root);
+  const std::string dir = root + "/ballast-" + std::to_string(getpid()) + "-" + std::to_string(g_backends++);
+  if (mkdir(dir.c_str(), 0755) != 0) return;
+  cgroup_root_ = dir;
+  for (int s = 0; s < slots; ++s) {
+    const std::string d = dir + "/slot" + std::to_string(s);
+    if (mkdir(d.c_str(), 0755) != 0) {
+      remove_cgroups();
+      slot_cgroups_.assign(size_t(slots), "");
+      return;
+    }
+    slot_cgroups_[size_t(s)] = d;
+  }
+}
+
 std::string LocalBackend::isolation() const {
-  return cgroup_root_.empty() ? "process groups (no writable cgroup v2)" : "a cgroup v2 per slot under " + cgroup_root_;
+  std::string s =
+      cgroup_root_.empty() ? "process groups (no writable cgroup v2)" : "a cgroup v2 per slot under " + cgroup_root_;
+  if (networks_.active()) s += ", " + networks_.describe();
+  if (!netns_note_.empty()) s += "; " + netns_note_;
+  return s;
 }
 
 pid_t LocalBackend::fork_into(int slot) {
   const pid_t parent = getpid();
   const std::string& cg = slot_cgroups_[size_t(slot)];
   const std::string procs = cg.empty() ? std::string() : cg + "/cgroup.procs";
+  const int netns_fd = networks_.active() ? networks_.fd(slot) : -1;
   const pid_t pid = fork();
   if (pid != 0) {
     if (pid > 0) setpgid(pid, pid);  // as the child does: a signal sent before it ran must reach its group
@@ -97,6 +147,12 @@ pid_t LocalBackend::fork_into(int slot) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);
+  if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
+    const char msg[] = "ballast executor: cannot join the slot's network namespace\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(126);
+  }
   if (!procs.empty()) {
     char buf[32];
     const int n = std::snprintf(buf, sizeof buf, "%d", int(getpid()));
@@ -254,7 +310,26 @@ pid_t LocalBackend::spawn_helper(int slot, void (*fn)()) {
   return pid;
 }
 
+bool LocalBackend::degrade_network(int slot, std::string* error) {
+  if (!networks_.active()) return Backend::degrade_network(slot, error);
+  return networks_.degrade(slot, error);
+}
+
+std::vector<std::pair<std::string, std::string>> LocalBackend::slot_env(int /*slot*/, int master_slot) const {
+  if (!networks_.active()) return {};
+  // Rank 0 listens on its slot's address; every transport goes through the
+  // slot's link: UCX over tcp (its shared-memory transports would reach a
+  // peer in another namespace of this machine directly), on eth0.
+  const std::string dev = SlotNetworks::interface();
+  return {{"MASTER_ADDR", SlotNetworks::address(master_slot)},
+          {"UCX_TLS", "tcp"},
+          {"UCX_NET_DEVICES", dev},
+          {"NCCL_SOCKET_IFNAME", dev},
+          {"GLOO_SOCKET_IFNAME", dev}};
+}
+
 void LocalBackend::stop_helpers(int slot) {
+  networks_.repair(slot);
   auto range = helpers_.equal_range(slot);
   for (auto it = range.first; it != range.second; ++it) {
     kill(-it->second, SIGKILL);
@@ -265,6 +340,11 @@ void LocalBackend::stop_helpers(int slot) {
 
 void LocalBackend::release() {
   for (int s = 0; s < int(slot_cgroups_.size()); ++s) stop_helpers(s);
+  remove_cgroups();
+  networks_.destroy();
+}
+
+void LocalBackend::remove_cgroups() {
   for (auto& cg : slot_cgroups_) {
     if (cg.empty()) continue;
     write_text(cg + "/cgroup.kill", "1");

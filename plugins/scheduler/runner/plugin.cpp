@@ -57,7 +57,7 @@ int create(const ballast_host_api* host, void** state) {
     JobConfig cfg = parse_job_config(job, top, base);
     std::unique_ptr<Backend> backend;
     if (cfg.backend == "slurm") backend = std::make_unique<SlurmBackend>(cfg.slurm, cfg.name, cfg.nodes());
-    else backend = std::make_unique<LocalBackend>(cfg.cgroups);
+    else backend = std::make_unique<LocalBackend>(cfg.cgroups, cfg.netns);
     s->executor = std::make_unique<Executor>(host, std::move(cfg), std::move(backend));
     // The hang detector, created after this plugin, finds the job's trace
     // rings through BALLAST_TRACE_DIR.
@@ -86,6 +86,15 @@ int on_fault(void* user, const ballast_event* ev) {
   return BALLAST_OK;
 }
 
+int on_straggler(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_STRAGGLER_REPORT || !ev->payload ||
+      ev->payload_size < sizeof(ballast_straggler_report))
+    return BALLAST_OK;
+  static_cast<State*>(user)->executor->post_straggler(*static_cast<const ballast_straggler_report*>(ev->payload),
+                                                     ev->ts_ns);
+  return BALLAST_OK;
+}
+
 int on_plan(void* user, const ballast_event* ev) {
   auto* s = static_cast<State*>(user);
   if (ev->schema == BALLAST_SCHEMA_PLACEMENT_PLAN && ev->payload && ev->payload_size >= sizeof(ballast_placement_plan))
@@ -103,6 +112,7 @@ int start(void* state) {
   };
   // Inline: the handlers only copy the event into the executor's inbox.
   for (const Sub& sub : {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
+                         Sub{"straggler.report", on_straggler},
                          Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
     uint64_t id = 0;
     const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);

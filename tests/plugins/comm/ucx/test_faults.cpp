@@ -9,12 +9,29 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 
 using namespace ballast::comm;
 
 namespace {
 
 constexpr int64_t kTimeoutMs = 1500;
+
+// Written by a rank of loop() once its communicator is up.
+std::string ready_path(int rank) { return test::kTraceDir + "/ready-" + std::to_string(rank); }
+
+// Waits, bounded, until every rank of loop() is up: a fault meant for the
+// middle of the collectives must not land in a slow start (ASan, load).
+bool all_up(int n) {
+  for (int i = 0; i < 3000; ++i) {
+    bool up = true;
+    for (int r = 0; r < n; ++r) up = up && std::filesystem::exists(ready_path(r));
+    if (up) return true;
+    usleep(10000);
+  }
+  return false;
+}
 
 // Loops allreduces of `count` floats; `fault(rank, iter, &args)` may change
 // or skip one (returning false skips it).
@@ -23,6 +40,7 @@ int loop(int rank, int n, int port, uint64_t count, int iters,
   ballast_comm_config cfg = test::config(rank, n, port, kTimeoutMs);
   Comm* comm = nullptr;
   if (int rc = comm_init(&cfg, &comm); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
+  std::ofstream(ready_path(rank)) << "up\n";
   std::vector<float> in(count + 1, 1.0f), out(count + 1);
   for (int it = 0; it < iters; ++it) {
     ballast_comm_args a{};
@@ -62,7 +80,8 @@ TEST_CASE("a rank killed in the middle of large allreduces: the others fail nami
     const auto res = test::run_ranks(
         3, tls, 20, [&](int r) { return loop(r, 3, port, 1 << 20, 100000, nullptr); },
         [](std::vector<pid_t>& pids) {
-          usleep(600000);
+          all_up(3);
+          usleep(300000);
           kill(pids[1], SIGKILL);
         });
     INFO("tls " << std::string(tls));

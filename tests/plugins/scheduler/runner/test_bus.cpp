@@ -173,6 +173,28 @@ TEST_CASE("evict and replace take a standby chosen by the placement plugin; paus
   ballast_host_stop(job.host);
 }
 
+TEST_CASE("a replace that comes after the evict's own replace is superseded, also once the node is repaired") {
+  Job job("late-replace", "'--steps', '400', '--step-seconds', '0.03', '--checkpoint-every', '50'}, ranks = 2, standby = 1, "
+          "repair_seconds = 0", "", false, true);
+  REQUIRE(job.events.wait_state("running"));
+  job.act(R"({"action": "evict", "subject": "node1", "reason": "test"})");
+  auto ended = [&job](const std::string& action) {
+    int n = 0;
+    for (const auto& e : journal(job.dir)) n += e["event"] == "end" && e["action"] == action;
+    return n;
+  };
+  for (int i = 0; i < 6000 && ended("replace") < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(ended("replace") == 1);  // the evict's own, taking the standby
+  job.act(R"({"action": "replace", "subject": "node1", "reason": "the policy, late"})");
+  for (int i = 0; i < 6000 && ended("replace") < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto j = journal(job.dir);
+  REQUIRE(!j.empty());
+  CHECK(j.back()["action"] == "replace");
+  CHECK(j.back()["outcome"] == "superseded");
+  CHECK(j.back()["detail"].get<std::string>().find("already took the place of node1") != std::string::npos);
+  ballast_host_stop(job.host);
+}
+
 TEST_CASE("the same crash after every restart is a loop, and is escalated") {
   Job job("loop", "'--steps', '40', '--step-seconds', '0.02', '--exit-at', '3'}, ranks = 2, restart_loop_limit = 2",
           "", true);

@@ -89,3 +89,17 @@ TEST_CASE("--inject without a job in the config is refused") {
   CHECK(r.code == 2);
   CHECK(r.output.find("need a config with a job") != std::string::npos);
 }
+
+TEST_CASE("machine kind=net without job.netns, and a job.netns that is not a choice, are refused") {
+  auto r = run(config(kTrainer) + " --inject 'machine:node=1,kind=net@2'");
+  INFO(r.output);
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--inject 'machine:node=1,kind=net@2': machine kind=net needs a network namespace per node: "
+                      "set job.netns = true or \"auto\"") != std::string::npos);
+  const std::string path = scratch() + "/netns.lua";
+  std::ofstream(path) << "return { job = { command = {" << kTrainer << "}, ranks = 2, netns = 'yes' } }\n";
+  auto r2 = run(path);
+  INFO(r2.output);
+  CHECK(r2.code != 0);
+  CHECK(r2.output.find("job.netns: want true, false or \"auto\", got \"yes\"") != std::string::npos);
+}

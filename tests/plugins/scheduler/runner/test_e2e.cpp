@@ -3,7 +3,10 @@
 // are injected into one run: the job recovers from each without a person,
 // the journal holds each action with its cause, and the final weights are
 // bit-identical to a fault-free run with the same seed and steps. A
-// user-code error stops the job with the trainer's message.
+// user-code error stops the job with the trainer's message. A slowed rank
+// (named by the straggler analysis, evicted and replaced) and a rank that
+// leaves a collective out (the trainer names it, the job restarts) are
+// recovered too, to the weights of a fault-free run.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -40,16 +43,24 @@ struct Run {
   std::string dir;
 };
 
+// The straggler analysis as examples/configs/demo.lua runs it: only a clear
+// slowdown (a busy small machine makes step times noisy).
+const std::string kStraggler =
+    "{ path = 'straggler', config = { window_steps = 50, report_every = 50, min_slowdown = 2 } }";
+
 // `ballast run` on a config like examples/configs/demo.lua, its job in dir.
-Run run(const std::string& name, const std::vector<std::string>& injections) {
+Run run(const std::string& name, const std::vector<std::string>& injections, int steps = kSteps,
+        const std::string& more_plugins = "") {
   Run r;
   r.dir = scratch(name);
   const std::string config = r.dir + "/job.lua";
   std::ofstream(config) << "return {\n"
                            "  plugins = { 'runner', { path = 'hang', config = { stall_seconds = 2, period_seconds = 0.2 } },\n"
-                           "              'scheduler' },\n"
+                           "              'scheduler', "
+                        << more_plugins
+                        << " },\n"
                            "  job = { command = { '" BALLAST_BINARY_DIR "/bin/ballast-trainer', '--steps', '"
-                        << kSteps
+                        << steps
                         << "', '--checkpoint-every', '10', '--log-every', '1000' },\n"
                            "          ranks = 4, standby = 1, progress = false, dir = '"
                         << r.dir + "/job"
@@ -89,9 +100,9 @@ std::vector<nlohmann::json> journal(const std::string& dir) {
   return out;
 }
 
-std::string final_checkpoint(const std::string& dir) {
+std::string final_checkpoint(const std::string& dir, int steps = kSteps) {
   char name[64];
-  std::snprintf(name, sizeof name, "/job/checkpoints/step-%08d.safetensors", kSteps);
+  std::snprintf(name, sizeof name, "/job/checkpoints/step-%08d.safetensors", steps);
   return dir + name;
 }
 
@@ -160,4 +171,45 @@ TEST_CASE("a user-code error stops the job with the trainer's message") {
   CHECK(i["verdict"].get<std::string>().rfind("user_error rank:", 0) == 0);
   CHECK(!i["message"].get<std::string>().empty());
   CHECK(r.report["reason"].get<std::string>().find(i["message"].get<std::string>()) != std::string::npos);
+}
+
+TEST_CASE("a slowed rank is evicted and a collective left out is restarted, to the weights of a fault-free run") {
+  constexpr int kLong = 400;
+  Run clean = run("clean-long", {}, kLong, kStraggler);
+  INFO(clean.output);
+  REQUIRE(clean.code == 0);
+  REQUIRE(clean.report.is_object());
+  CHECK(clean.report["state"] == "finished");
+
+  Run faulty = run("slow-skip", {"slow:rank=1,factor=5@step50", "skip:rank=2@step300"}, kLong, kStraggler);
+  INFO(faulty.output);
+  REQUIRE(faulty.code == 0);
+  REQUIRE(faulty.report.is_object());
+  CHECK(faulty.report["state"] == "finished");
+  CHECK(faulty.report["steps"] == kLong);
+  const auto& incidents = faulty.report["incidents"];
+  REQUIRE(incidents.size() == 2);
+  for (const auto& i : incidents) {
+    INFO(i.dump());
+    CHECK(i["outcome"] == "recovered");
+  }
+  // The slowed rank: named by the straggler analysis, its node evicted and replaced.
+  CHECK(incidents[0]["fault"] == "slow:rank=1,factor=5@step50");
+  CHECK(incidents[0]["detector"] == "straggler");
+  CHECK(incidents[0]["verdict"] == "straggler rank:1");
+  int evicted = 0, replaced = 0;
+  for (const auto& a : incidents[0]["actions"]) {
+    evicted += a == "evict: ok";
+    replaced += a == "replace: ok";
+  }
+  CHECK(evicted == 1);
+  CHECK(replaced == 1);
+  // The rank that left a collective out: the others found it out of step,
+  // named it and exited; the job restarted from its last checkpoint.
+  CHECK(incidents[1]["fault"] == "skip:rank=2@step300");
+  CHECK(incidents[1]["detector"] == "executor");
+  CHECK(incidents[1]["message"].get<std::string>().find("rank 2 at step") != std::string::npos);
+  CHECK(incidents[1]["actions"][0] == "restart: ok");
+
+  CHECK(tensor_bytes(final_checkpoint(faulty.dir, kLong)) == tensor_bytes(final_checkpoint(clean.dir, kLong)));
 }

@@ -68,9 +68,20 @@ TEST_CASE("bad specs are refused with the argument named") {
   CHECK(error_of("slow:rank=1,factor=0.5@3").find("factor=0.5") != std::string::npos);
   CHECK(error_of("machine:node=9,kind=cpu@1").find("node 9 is out of range") != std::string::npos);
   CHECK(error_of("machine:node=1,kind=gpu@1").find("kind 'gpu'") != std::string::npos);
-  CHECK(error_of("machine:node=1,kind=net@1").find("network namespace") != std::string::npos);
+  CHECK(error_of("machine:node=1,kind=net@1").find("needs a network namespace per node: set job.netns") !=
+        std::string::npos);
   CHECK(error_of("nan@0").find("step number from 1") != std::string::npos);
   CHECK(error_of("crash:rank=1,color=red@3").find("unknown argument 'color'") != std::string::npos);
+}
+
+TEST_CASE("machine kind=net is taken when the job asks for a network per node") {
+  const JobShape shape{4, 4, true};
+  auto m = parse_spec("machine:node=2,kind=net@step30", "a", shape);
+  CHECK(m.kind == FaultKind::machine);
+  CHECK(m.node == 2);
+  CHECK(m.machine_kind == "net");
+  CHECK(m.at_step == 30);
+  CHECK(m.spec == "machine:node=2,kind=net@step30");
 }
 
 TEST_CASE("a JSON-lines schedule is read in every form, errors name the line") {
