@@ -53,7 +53,10 @@ class PyTorchLaunchTest(unittest.TestCase):
     def launch(self, *train_args, n=3, wait=True):
         cmd = [BALLAST, "launch", "-n", str(n), "--stall", str(STALL), "--trace-dir", self.traces, "--",
                "/usr/bin/python3", TRAIN, "--checkpoint-dir", self.ckpt, *train_args]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The ranks share one pipe: unbuffered (PYTHONUNBUFFERED), print writes
+        # a line and its newline apart and two ranks' lines run together.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if not wait:
             return p
         out, _ = p.communicate(timeout=200)
