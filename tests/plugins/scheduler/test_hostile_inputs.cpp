@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include "hostlist.hpp"
+#include "job.hpp"
+#include "replace.hpp"
 #include "topology.hpp"
 
 #include <functional>
@@ -61,4 +63,12 @@ TEST_CASE("a chain of 200,000 switches is checked in linear time, and a cycle in
   ring += "SwitchName=s" + std::to_string(n - 1) + " Switches=s0\n";
   ring += "SwitchName=top Nodes=gpu[1-4]\n";
   CHECK(contains(error_of([&] { parse_topology_conf(ring, "ring.conf"); }), "cycle in the switch hierarchy"));
+}
+
+TEST_CASE("a number too large for a double is an input error, not a crash (found by fuzz_job_json)") {
+  const std::string huge = "44444444444444444444e444444";
+  CHECK(contains(error_of([&] { ballast::sched::parse_job("{\"tp\": " + huge + "}", "job.json"); }),
+                 "job.json: a number too large"));
+  CHECK(contains(error_of([&] { ballast::sched::parse_plan("{\"dp\": " + huge + "}", "plan.json"); }),
+                 "plan.json: a number too large"));
 }
