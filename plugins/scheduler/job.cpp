@@ -54,6 +54,8 @@ Job parse_job(const std::string& text, const std::string& source) {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(source + ": " + line_col(text, e.byte) + ": malformed JSON");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw InputError(source + ": a number too large for a double");
   }
   if (!j.is_object()) throw InputError(source + ": a job must be a JSON object");
   for (auto& [k, v] : j.items()) {

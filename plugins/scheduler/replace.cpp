@@ -43,6 +43,8 @@ LoadedPlan parse_plan(const std::string& text, const std::string& source) {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(source + ": " + line_col(text, e.byte) + ": malformed JSON");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw InputError(source + ": a number too large for a double");
   }
   if (!j.is_object()) throw InputError(source + ": a plan must be a JSON object");
   if (!j.contains("nodes") || !j["nodes"].is_array()) throw InputError(source + ": missing list \"nodes\"");
@@ -185,6 +187,8 @@ StandbyResult standby_size(const std::string& text, const std::string& source, i
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(source + ": " + line_col(text, e.byte) + ": malformed JSON");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw InputError(source + ": a number too large for a double");
   }
   if (!j.is_array() || j.empty()) throw InputError(source + ": expected a non-empty list of fault events");
   // Down intervals per node (a node is down while any of its faults is open).

@@ -455,6 +455,8 @@ std::vector<NodeState> parse_state(const Topology& topo, const std::string& text
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(source + ": " + line_col(text, e.byte) + ": malformed JSON");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw InputError(source + ": a number too large for a double");
   }
   if (!j.is_object()) throw InputError(source + ": expected an object {\"busy\": [...], \"faulty\": [...]}");
   std::vector<NodeState> st(topo.nodes.size(), kFree);

@@ -996,66 +996,25 @@ void Executor::begin(Action a) {
   }
   if (act.name == "replace") {
     // Which node: the subject, or the one evicted last.
-    int failed = slot_of_subject(act.subject);
+    const int failed = slot_of_subject(act.subject);
     // An evicted node a standby already took the place of (the evict's
-    // implied replace ran before the policy's) needs nothing more.
-    // (It may be a standby again by now, repaired.)
-    if (failed >= 0 && slots_[size_t(failed)].role != SlotState::active && !slots_[size_t(failed)].replaced_by.empty()) {
-      finish("superseded", slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name);
+    // implied replace ran before the policy's; it may be a standby again by
+    // now, repaired) needs nothing more while the job runs. When that
+    // replace's start failed, a try again restarts the job as it is placed.
+    const bool placed = failed >= 0 && slots_[size_t(failed)].role != SlotState::active &&
+                        !slots_[size_t(failed)].replaced_by.empty();
+    const std::string taken = placed ? slots_[size_t(failed)].replaced_by + " already took the place of " +
+                                           slots_[size_t(failed)].name
+                                     : "";
+    if (placed && state_ == State::running) {
+      finish("superseded", taken);
       return;
     }
-    if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
-      failed = -1;
-      int64_t latest = 0;
-      for (size_t s = 0; s < slots_.size(); ++s)
-        if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest) latest = slots_[s].evicted_ns, failed = int(s);
-    }
-    if (failed < 0) {
-      finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
+    if (!placed) {
+      begin_replace(failed, act);
       return;
     }
-    // The node of `rank:N` may already be the standby that replaced it after
-    // this action was asked for (the evict's implied replace ran first).
-    if (slots_[size_t(failed)].role == SlotState::active && slots_[size_t(failed)].activated_ns > act.received_ns) {
-      finish("superseded", slots_[size_t(failed)].name + " already replaced the node it names");
-      return;
-    }
-    if (slots_[size_t(failed)].role == SlotState::active) {
-      // Replace without evict: take it out first.
-      if (std::string error; !backend_->evict(failed, eviction_reason(act), &error)) {
-        finish("failed", error);
-        return;
-      }
-      stop_ranks();
-      backend_->stop_helpers(failed);
-      slots_[size_t(failed)].role = SlotState::evicted;
-      slots_[size_t(failed)].evicted_ns = now();
-      slots_[size_t(failed)].replaced_by.clear();
-    }
-    current_->failed_slot = failed;
-    // Ask the placement plugin which standby keeps the job's layout best.
-    nlohmann::json nodes = nlohmann::json::array();
-    for (int n = 0; n < cfg_.nodes(); ++n)
-      nodes.push_back({{"name", slots_[size_t(node_slot_[size_t(n)])].name}, {"pp_stage", 0}, {"dp_row", n}});
-    std::string spares;
-    for (const auto& s : slots_)
-      if (s.role == SlotState::standby) spares += (spares.empty() ? "" : ",") + s.name;
-    if (spares.empty()) {
-      finish("failed", "no standby node left");
-      return;
-    }
-    const nlohmann::json plan = {{"job", cfg_.name + "-placement"}, {"gpus_per_node", cfg_.ranks_per_node},
-                                 {"tp", cfg_.ranks_per_node},       {"pp", 1},
-                                 {"dp", cfg_.nodes()},              {"nodes", nodes}};
-    pending_plan_.clear();
-    placement_error_.clear();
-    plan_answered_ = false;
-    publish_json("placement.request", {{"topology", job_dir_ + "/topology.conf"},
-                                       {"replace", {{"plan", plan}, {"failed", slots_[size_t(failed)].name}, {"spares", spares}}}});
-    current_->wait = InFlight::placement;
-    current_->deadline_ns = now() + int64_t(cfg_.placement_timeout_s * 1e9);
-    set_state(State::recovering, "replacing " + slots_[size_t(failed)].name);
-    return;
+    current_->detail = taken;
   }
   // restart, rollback
   Checkpoint from;
@@ -1081,6 +1040,64 @@ void Executor::begin(Action a) {
   current_->deadline_ns = now() + int64_t(cfg_.hello_timeout_s * 1e9);
   current_->detail += (current_->detail.empty() ? "" : ", ") +
                       (from.path.empty() ? std::string("from the seed") : "from step " + std::to_string(from.step));
+}
+
+// Takes the evicted node `failed` (or the one evicted last) out and asks the
+// placement plugin which standby takes its place; advance() goes on when the
+// plan comes.
+void Executor::begin_replace(int failed, const Action& act) {
+  if (failed < 0 || slots_[size_t(failed)].role == SlotState::standby) {
+    failed = -1;
+    int64_t latest = 0;
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest) latest = slots_[s].evicted_ns, failed = int(s);
+  }
+  if (failed < 0) {
+    finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
+    return;
+  }
+  // The node of `rank:N` may already be the standby that replaced it after
+  // this action was asked for (the evict's implied replace ran first).
+  if (slots_[size_t(failed)].role == SlotState::active && slots_[size_t(failed)].activated_ns > act.received_ns) {
+    finish("superseded", slots_[size_t(failed)].name + " already replaced the node it names");
+    return;
+  }
+  if (slots_[size_t(failed)].role == SlotState::active) {
+    // Replace without evict: take it out first.
+    if (std::string error; !backend_->evict(failed, eviction_reason(act), &error)) {
+      finish("failed", error);
+      return;
+    }
+    stop_ranks();
+    backend_->stop_helpers(failed);
+    slots_[size_t(failed)].role = SlotState::evicted;
+    slots_[size_t(failed)].evicted_ns = now();
+    slots_[size_t(failed)].replaced_by.clear();
+  }
+  current_->failed_slot = failed;
+  // Ask the placement plugin which standby keeps the job's layout best.
+  nlohmann::json nodes = nlohmann::json::array();
+  for (int n = 0; n < cfg_.nodes(); ++n)
+    nodes.push_back({{"name", slots_[size_t(node_slot_[size_t(n)])].name}, {"pp_stage", 0}, {"dp_row", n}});
+  std::string spares;
+  for (const auto& s : slots_)
+    if (s.role == SlotState::standby) spares += (spares.empty() ? "" : ",") + s.name;
+  if (spares.empty()) {
+    finish("failed", "no standby node left");
+    return;
+  }
+  const nlohmann::json plan = {{"job", cfg_.name + "-placement"}, {"gpus_per_node", cfg_.ranks_per_node},
+                               {"tp", cfg_.ranks_per_node},       {"pp", 1},
+                               {"dp", cfg_.nodes()},              {"nodes", nodes}};
+  pending_plan_.clear();
+  placement_error_.clear();
+  plan_answered_ = false;
+  publish_json("placement.request", {{"topology", job_dir_ + "/topology.conf"},
+                                     {"replace", {{"plan", plan}, {"failed", slots_[size_t(failed)].name}, {"spares", spares}}}});
+  current_->wait = InFlight::placement;
+  current_->deadline_ns = now() + int64_t(cfg_.placement_timeout_s * 1e9);
+  set_state(State::recovering, "replacing " + slots_[size_t(failed)].name);
+  return;
 }
 
 void Executor::finish(const std::string& outcome, const std::string& detail) {

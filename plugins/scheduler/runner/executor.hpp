@@ -101,6 +101,7 @@ class Executor {
   void fire_injections();
   void advance();
   void begin(Action a);
+  void begin_replace(int failed, const Action& act);
   void finish(const std::string& outcome, const std::string& detail);
   bool start_attempt(const Checkpoint& from, std::string* error);
   void stop_ranks();

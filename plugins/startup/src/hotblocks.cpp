@@ -137,6 +137,8 @@ HotProfile read_profile(const std::string& path) {
     j = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path + ": not a JSON profile (byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw Error(path + ": a number too large for a double");
   }
   auto fail = [&](const std::string& what) { return Error(path + ": " + what); };
   if (!j.is_object() || j.value("format", "") != "ballast-startup-hotblocks")

@@ -180,6 +180,8 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint
     j = nlohmann::json::parse(text, on_parse);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path + ": safetensors header is not JSON (byte " + std::to_string(e.byte) + " of the header)");
+  } catch (const nlohmann::json::out_of_range&) {
+    throw Error(path + ": safetensors header has a number too large for a double");
   }
   if (!twice.empty()) throw Error(path + ": safetensors header names tensor \"" + twice + "\" twice");
   if (!j.is_object()) throw Error(path + ": safetensors header is not a JSON object");
@@ -351,7 +353,7 @@ struct FileLoad {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(read_file(sp));
-    } catch (const nlohmann::json::parse_error&) {
+    } catch (const nlohmann::json::exception&) {  // a syntax error or a number out of range
       throw Error(sp + ": not JSON");
     }
     if (!j.is_object() || j.value("format", "") != "ballast-chunk-crc32c" || !j.contains("chunks") ||

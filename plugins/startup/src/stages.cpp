@@ -38,6 +38,8 @@ std::vector<StageRecord> read_stages(const std::string& path) {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
       throw Error(where + ": not JSON (column " + std::to_string(e.byte) + ")");
+    } catch (const nlohmann::json::out_of_range&) {
+      throw Error(where + ": a number too large for a double");
     }
     if (!j.is_object()) throw Error(where + ": not a JSON object");
     auto need = [&](const char* key, auto check, const char* what) {
