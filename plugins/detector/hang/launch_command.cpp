@@ -4,6 +4,8 @@
 #include "launch_env.hpp"
 #include "launch_record.hpp"
 
+#include "command_line.hpp"
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -119,78 +121,68 @@ std::string ended_words(int status) {
   return "";
 }
 
-int usage(const char* prog, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n",
-               prog, why.c_str(), prog);
-  return 2;
-}
-
-}  // namespace
-
-int launch_main(int argc, char** argv) {
+struct LaunchArgs {
   int n = 0, port = 0;
   double stall_s = 10;
   bool json = false;
   std::string dir;
-  int i = 1;
-  for (; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    const char* v = nullptr;
-    if (a == "--json") json = true;
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n"
-                  "Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
-                  "their collective traces; on a failure or a hang print the root cause and stop the job.\n",
-                  argv[0]);
-      return 0;
-    } else if ((a == "-n" || a == "--nproc" || a == "--trace-dir" || a == "--stall" || a == "--port") && (v = value())) {
-      if (a == "--trace-dir") dir = v;
-      else if (a == "--stall") stall_s = std::atof(v);
-      else if (a == "--port") port = std::atoi(v);
-      else n = std::atoi(v);
-    } else return usage(argv[0], "unexpected argument '" + a + "'");
-  }
-  if (n <= 0 || n > 4096) return usage(argv[0], "-n N (1..4096) is required");
-  if (i >= argc) return usage(argv[0], "missing the command after --");
-  if (stall_s <= 0) return usage(argv[0], "--stall must be positive");
-  if (dir.empty()) {
+  int command = 0;  // argv index of the command after --
+};
+
+// The options before "--"; returns -1 to go on, else the exit code (help,
+// usage error).
+int parse_args(int argc, char** argv, LaunchArgs* a) {
+  CLI::App app("Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
+               "their collective traces; on a failure or a hang print the root cause and stop the job.",
+               "ballast launch");
+  app.footer("The command the ranks run comes after --: ballast launch -n N [OPTIONS] -- CMD ARGS...");
+  app.add_option("-n,--nproc", a->n, "ranks to start")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--trace-dir", a->dir, "folder of the trace rings (default: a new one in /dev/shm)");
+  app.add_option("--stall", a->stall_s, "seconds without progress that make a hang (default 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
+  app.add_flag("--json", a->json, "print the verdict as one JSON object");
+  int end = 1;
+  while (end < argc && std::strcmp(argv[end], "--") != 0) ++end;
+  if (int rc = util::parse_command_line(app, end, argv); rc >= 0) return rc;
+  if (end + 1 >= argc) return util::usage_error(app, "missing the command after --");
+  a->command = end + 1;
+  return -1;
+}
+
+// The trace folder and MASTER_PORT; returns -1 to go on, else the exit code.
+int prepare(const char* prog, LaunchArgs* a) {
+  if (a->dir.empty()) {
     // tmpfs: on a disk file system, write-back would fault the ranks' ring stores.
     char shm[] = "/dev/shm/ballast-launch-XXXXXX", tmp[] = "/tmp/ballast-launch-XXXXXX";
-    if (mkdtemp(shm)) dir = shm;
-    else if (mkdtemp(tmp)) dir = tmp;
-    else return usage(argv[0], "cannot create a trace folder in /dev/shm or /tmp");
+    if (mkdtemp(shm)) a->dir = shm;
+    else if (mkdtemp(tmp)) a->dir = tmp;
+    else {
+      std::fprintf(stderr, "%s: cannot create a trace folder in /dev/shm or /tmp: %s\n", prog, std::strerror(errno));
+      return 1;
+    }
   } else {
-    mkdir(dir.c_str(), 0755);
+    mkdir(a->dir.c_str(), 0755);
   }
-  if (port == 0) port = launch::free_port();
-  if (port == 0) {
+  if (a->port == 0) a->port = launch::free_port();
+  if (a->port == 0) {
     std::fprintf(stderr, "%s: found no free port for MASTER_PORT outside ip_local_port_range: give one with --port\n",
-                 argv[0]);
-    return 2;
-  }
-
-  const std::string secret = launch::bootstrap_secret();
-  if (secret.empty()) {
-    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+                 prog);
     return 1;
   }
+  return -1;
+}
 
-  const StopSignals stop_signals;
-  std::vector<pid_t> pids(size_t(n), -1);
-  std::vector<int> codes(size_t(n), -1);  // exit status, -1 while running
+// Fork the ranks, each in a process group of its own; false when a fork
+// failed (the ranks already started are killed).
+bool start_ranks(const LaunchArgs& a, char** argv, const std::string& secret, std::vector<pid_t>* pids) {
   const pid_t launcher = getpid();
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < a.n; ++r) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("ballast launch: fork");
-      for (int k = 0; k < r; ++k) kill(pids[size_t(k)], SIGKILL);
-      return 1;
+      for (int k = 0; k < r; ++k) kill((*pids)[size_t(k)], SIGKILL);
+      return false;
     }
     if (pid == 0) {
       setpgid(0, 0);
@@ -198,55 +190,68 @@ int launch_main(int argc, char** argv) {
       // ranks: the kernel does, and a rank whose launcher is already gone ends.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
-      for (const auto& [k, v] : launch::torchrun_env({r, n, r, n, 0}, port)) setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : launch::torchrun_env({r, a.n, r, a.n, 0}, a.port)) setenv(k.c_str(), v.c_str(), 1);
       setenv("BALLAST_BOOTSTRAP_SECRET", secret.c_str(), 1);
-      setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
-      execvp(argv[i], argv + i);
-      std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[i], std::strerror(errno));
+      setenv("BALLAST_TRACE_DIR", a.dir.c_str(), 1);
+      execvp(argv[a.command], argv + a.command);
+      std::fprintf(stderr, "ballast launch: cannot run %s: %s\n", argv[a.command], std::strerror(errno));
       _exit(127);
     }
     setpgid(pid, pid);  // as the child does: a stop sent before the child ran must reach its group
-    pids[size_t(r)] = pid;
+    (*pids)[size_t(r)] = pid;
   }
-  std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", n, argv[i], port,
-               dir.c_str());
+  return true;
+}
 
+// How the watch ended: every rank done, a rank failed, the job hung, or a
+// stop signal.
+struct WatchEnd {
+  int running = 0;
+  int failed_rank = -1;
+  std::string why;
+};
+
+// Watch the ranks until they are all done, one fails, or the traces (or
+// heartbeats) stop moving for stall_s while an operation is in flight.
+WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<int>& codes) {
+  WatchEnd end;
+  end.running = a.n;
   const auto t0 = std::chrono::steady_clock::now();
   auto last_change = t0;
   uint64_t signature = 0;
-  int running = n, failed_rank = -1;
-  std::string why;
   auto next_scan = t0;
   bool watched = false, warned = false;
-  while (running > 0 && !g_stop_signal) {
+  while (end.running > 0 && !g_stop_signal) {
     // Of the ranks that failed since the last look, the one killed by a
     // signal: the others most likely exited on the error its death caused.
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < a.n; ++r) {
       if (codes[size_t(r)] != -1) continue;
       int st = 0;
       if (waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
       codes[size_t(r)] = st;
-      --running;
+      --end.running;
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      const bool first_signal = failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(failed_rank)]);
-      if (!ok && (failed_rank < 0 || first_signal)) {
-        failed_rank = r;
-        why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
-                            : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+      const bool first_signal =
+          end.failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(end.failed_rank)]);
+      if (!ok && (end.failed_rank < 0 || first_signal)) {
+        end.failed_rank = r;
+        end.why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
+                                : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" +
+                                      strsignal(WTERMSIG(st)) + ")";
       }
     }
-    if (failed_rank >= 0) break;
+    if (end.failed_rank >= 0) break;
     if (std::chrono::steady_clock::now() >= next_scan) {
       next_scan = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       std::vector<std::string> errors;
-      const auto rings = read_dir(dir, &errors);
+      const auto rings = read_dir(a.dir, &errors);
       // Ranks that write no trace ring (no Ballast comm plugin) may still
       // say how far they are through heartbeat files.
-      const auto beats = rings.empty() ? read_heartbeats(dir, &errors) : std::vector<Heartbeat>{};
+      const auto beats = rings.empty() ? read_heartbeats(a.dir, &errors) : std::vector<Heartbeat>{};
       if (!rings.empty() || !beats.empty()) {
         if (warned && !watched)
           std::fprintf(stderr, "ballast launch: %s appeared in %s: hang detection is on\n",
-                       rings.empty() ? "heartbeats" : "trace rings", dir.c_str());
+                       rings.empty() ? "heartbeats" : "trace rings", a.dir.c_str());
         watched = true;
       } else if (!watched && !warned && since(t0) >= kUnwatchedWarnSeconds) {
         warned = true;
@@ -255,66 +260,62 @@ int launch_main(int argc, char** argv) {
                      "off for this job (ranks exiting are still watched). Run collectives through a Ballast comm "
                      "plugin, or write a heartbeat (Python: ballast.Heartbeat; the format: "
                      "plugins/detector/hang/README.md)\n",
-                     dir.c_str(), kUnwatchedWarnSeconds);
+                     a.dir.c_str(), kUnwatchedWarnSeconds);
       }
       const uint64_t sig = rings.empty() ? heartbeat_signature(beats) : progress_signature(rings);
       const bool waiting = rings.empty() ? heartbeats_running(beats) : in_flight(rings);
       if (sig != signature) {
         signature = sig;
         last_change = std::chrono::steady_clock::now();
-      } else if (waiting && since(last_change) >= stall_s) {
-        why = "no " + std::string(rings.empty() ? "heartbeat" : "collective progress") + " for " +
-              std::to_string(int(since(last_change))) + " s";
+      } else if (waiting && since(last_change) >= a.stall_s) {
+        end.why = "no " + std::string(rings.empty() ? "heartbeat" : "collective progress") + " for " +
+                  std::to_string(int(since(last_change))) + " s";
         break;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (running == 0 && failed_rank < 0) return 0;
-  if (const int sig = g_stop_signal) {
-    std::fprintf(stderr, "ballast launch: interrupted by SIG%s: stopping the %d running rank(s)\n", sigabbrev_np(sig), running);
-    stop_ranks(pids, codes);
-    std::fprintf(stderr, "ballast launch: job interrupted (SIG%s); traces kept in %s\n", sigabbrev_np(sig), dir.c_str());
-    return 128 + sig;
-  }
+  return end;
+}
 
-  // Something went wrong: find the root cause while the processes are as
-  // they were, then stop the job.
+// Something went wrong: find the root cause while the processes are as they
+// were, print it and record it, then stop the job. Returns the exit code.
+int report_and_stop(const LaunchArgs& a, const WatchEnd& end, const std::vector<pid_t>& pids, std::vector<int>& codes) {
   std::vector<std::string> errors;
-  const auto rings = read_dir(dir, &errors);
-  const auto beats = read_heartbeats(dir, &errors);
+  const auto rings = read_dir(a.dir, &errors);
+  const auto beats = read_heartbeats(a.dir, &errors);
   Verdict v = !rings.empty() ? analyze(rings, Options{}) : analyze_heartbeats(beats);
   LaunchRecord record;
-  record.failed_rank = failed_rank;
+  record.failed_rank = end.failed_rank;
   record.verdict_ns = wall_now();
   record.verdict_json = v.to_json();
-  if (failed_rank >= 0) {
-    record.reason = "rank " + std::to_string(failed_rank) + " (pid " + std::to_string(pids[size_t(failed_rank)]) + ") " + why;
-    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+  if (end.failed_rank >= 0) {
+    record.reason = "rank " + std::to_string(end.failed_rank) + " (pid " +
+                    std::to_string(pids[size_t(end.failed_rank)]) + ") " + end.why;
   } else {
-    record.reason = "the job hangs: " + why;
-    std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
+    record.reason = "the job hangs: " + end.why;
   }
+  std::fprintf(stderr, "ballast launch: %s\n", record.reason.c_str());
   for (const auto& e : errors) std::fprintf(stderr, "ballast launch: warning: %s\n", e.c_str());
-  if (json) {
+  if (a.json) {
     std::printf("%s\n", v.to_json().c_str());
     std::fflush(stdout);
   } else {
     std::fputs(v.to_text().c_str(), stderr);
     // "healthy" beside a failed rank reads as a contradiction: it speaks of
     // the collectives only.
-    if (v.verdict == "healthy" && failed_rank >= 0)
+    if (v.verdict == "healthy" && end.failed_rank >= 0)
       std::fprintf(stderr, rings.empty() && beats.empty()
                                ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none wrote a heartbeat)\n"
                                : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
-                   dir.c_str());
+                   a.dir.c_str());
   }
   // What each rank's process was when the verdict was given: the launcher
   // ends the others next, and a later `ballast analyze` must see them as
   // they were.
   char me[256] = {0};
   gethostname(me, sizeof me - 1);
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < a.n; ++r) {
     LaunchRank k;
     k.rank = r;
     k.pid = pids[size_t(r)];
@@ -325,18 +326,51 @@ int launch_main(int argc, char** argv) {
   }
   // The Python stacks of the ranks that can give them (after the verdict:
   // it does not wait for them).
-  for (const auto& [rank, stack] : collect_stacks(dir, beats, 1000))
+  for (const auto& [rank, stack] : collect_stacks(a.dir, beats, 1000))
     std::fprintf(stderr, "ballast launch: rank %d's Python stacks:\n%s%s", rank, stack.c_str(),
                  !stack.empty() && stack.back() == '\n' ? "" : "\n");
   std::string err;
-  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
+  if (!write_launch_record(a.dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
   stop_ranks(pids, codes);
   record.stopped_ns = wall_now();
   for (auto& k : record.ranks)
     if (k.stopped_by_launcher) k.ended = ended_words(codes[size_t(k.rank)]) + ", stopped by the launcher";
-  if (!write_launch_record(dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
-  std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", dir.c_str(), dir.c_str());
+  if (!write_launch_record(a.dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
+  std::fprintf(stderr, "ballast launch: job stopped; traces kept in %s (ballast analyze %s)\n", a.dir.c_str(),
+               a.dir.c_str());
   return 1;
+}
+
+}  // namespace
+
+int launch_main(int argc, char** argv) {
+  LaunchArgs a;
+  if (int rc = parse_args(argc, argv, &a); rc >= 0) return rc;
+  if (int rc = prepare(argv[0], &a); rc >= 0) return rc;
+  const std::string secret = launch::bootstrap_secret();
+  if (secret.empty()) {
+    std::fprintf(stderr, "%s: cannot make a bootstrap secret: %s\n", argv[0], std::strerror(errno));
+    return 1;
+  }
+
+  const StopSignals stop_signals;
+  std::vector<pid_t> pids(size_t(a.n), -1);
+  std::vector<int> codes(size_t(a.n), -1);  // exit status, -1 while running
+  if (!start_ranks(a, argv, secret, &pids)) return 1;
+  std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", a.n, argv[a.command],
+               a.port, a.dir.c_str());
+
+  const WatchEnd end = watch(a, pids, codes);
+  if (end.running == 0 && end.failed_rank < 0) return 0;
+  if (const int sig = g_stop_signal) {
+    std::fprintf(stderr, "ballast launch: interrupted by SIG%s: stopping the %d running rank(s)\n", sigabbrev_np(sig),
+                 end.running);
+    stop_ranks(pids, codes);
+    std::fprintf(stderr, "ballast launch: job interrupted (SIG%s); traces kept in %s\n", sigabbrev_np(sig),
+                 a.dir.c_str());
+    return 128 + sig;
+  }
+  return report_and_stop(a, end, pids, codes);
 }
 
 }  // namespace ballast::hang

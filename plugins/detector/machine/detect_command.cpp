@@ -3,6 +3,8 @@
 #include "config.hpp"
 #include "metric_names.hpp"
 
+#include "command_line.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -80,19 +82,18 @@ NameCounts map_exporter_names(MetricsTable* t) {
 
 namespace {
 
-const char* kUsage =
-    "usage: ballast detect --metrics FILE.csv[.gz] [--config FILE.lua] [--json]\n"
+const char* kDescription =
     "Replays a CSV with columns ts,node,metric,value (ts in seconds) through the\n"
     "faulty-machine detector and prints one line per alert (--json: one JSON object\n"
     "{\"node\",\"metric\",\"ts\",\"score\",\"kind\",\"since\"} per line, then one with\n"
     "\"kind\":\"summary\": series checked and ignored). Exporter names (DCGM exporter,\n"
     "node-exporter, plain gpu_util, net_tx_gbps, ...) are mapped to the detector's\n"
-    "(plugins/detector/common/README.md); a labelled series is one quoted CSV field.\n"
-    "--config: a Lua table with keys period, lateness, window, threshold, continuity,\n"
-    "silent_after, rel_floor, abs_floor, spread_memory, warmup, min_nodes,\n"
-    "max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors,\n"
-    "hold_peers\n"
-    "(see plugins/detector/machine/README.md).\n";
+    "(plugins/detector/common/README.md); a labelled series is one quoted CSV field.";
+
+const char* kConfigHelp =
+    "a Lua table with keys period, lateness, window, threshold, continuity, silent_after, rel_floor, abs_floor, "
+    "spread_memory, warmup, min_nodes, max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors, "
+    "hold_peers (plugins/detector/machine/README.md)";
 
 bool load_config(const std::string& path, DetectorConfig* config, std::string* error) {
   std::ifstream in(path, std::ios::binary);
@@ -141,30 +142,13 @@ bool load_config(const std::string& path, DetectorConfig* config, std::string* e
 }  // namespace
 
 static int detect_run(int argc, char** argv) {
+  CLI::App app(kDescription, "ballast detect");
   std::string metrics, config_path;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if ((a == "--metrics" || a == "--config") && i + 1 < argc) {
-      (a == "--metrics" ? metrics : config_path) = argv[++i];
-    } else if (a.rfind("--metrics=", 0) == 0) {
-      metrics = a.substr(10);
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "%s: unexpected argument '%s'\n%s", argv[0], a.c_str(), kUsage);
-      return 2;
-    }
-  }
-  if (metrics.empty()) {
-    std::fprintf(stderr, "%s: --metrics FILE is required\n%s", argv[0], kUsage);
-    return 2;
-  }
+  app.add_option("--metrics", metrics, "the metrics CSV, plain or gzip")->required();
+  app.add_option("--config", config_path, kConfigHelp);
+  app.add_flag("--json", json, "JSON lines instead of text");
+  if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   DetectorConfig config;
   std::string error;
   if (!config_path.empty() && !load_config(config_path, &config, &error)) {

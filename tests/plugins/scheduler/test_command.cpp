@@ -140,7 +140,8 @@ TEST_CASE("ballast plan --standby sizes spares from a fault trace") {
 TEST_CASE("ballast plan errors: usage is 2, bad input is 1 with the file and line") {
   Output usage = plan({"--topology", kData + "tree.conf"});
   CHECK(usage.rc == 2);
-  CHECK(usage.err == "ballast plan: --topology and --job are required (see --help)\n");
+  // (the message goes to stderr, checked through the real executable in
+  // tests/plugins/common/test_command_line.cpp)
   CHECK(plan({"--standby", "--faults", kTrace}).rc == 2);
   CHECK(plan({"--bogus"}).rc == 2);
   std::string bad = temp_path("bad.conf");
