@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "crc32c.hpp"
+
 namespace ballast::startup {
 
 // A failure with a message that names the file and the field.
@@ -15,12 +17,10 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// CRC-32C (Castagnoli), with the SSE4.2 instruction when the CPU has it.
-// crc32c_update(0, ...) starts a new checksum; chain calls to extend it.
-uint32_t crc32c_update(uint32_t crc, const void* data, size_t size);
-inline uint32_t crc32c(const void* data, size_t size) { return crc32c_update(0, data, size); }
-// crc32c(A || B) from crc32c(A), crc32c(B) and the length of B.
-uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+// CRC-32C: plugins/common's, shared with libballast's journal frames.
+using util::crc32c;
+using util::crc32c_combine;
+using util::crc32c_update;
 
 // SHA-256, for keys (lockfile + platform), as 64 lowercase hex digits.
 class Sha256 {
