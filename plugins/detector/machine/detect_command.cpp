@@ -95,50 +95,6 @@ const char* kConfigHelp =
     "spread_memory, warmup, min_nodes, max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors, "
     "hold_peers (plugins/detector/machine/README.md)";
 
-bool load_config(const std::string& path, DetectorConfig* config, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = path + ": cannot open: " + std::strerror(errno);
-    return false;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ConfigText text;
-  if (!parse_lua_table(ss.str(), path, &text, error)) return false;
-  // Nested `min_deviation = { ["pattern"] = n }` arrives as dotted keys.
-  for (std::string table : {"min_deviation", "rel_floors"}) {
-    nlohmann::json entries = nlohmann::json::object();
-    std::string prefix = table + ".";
-    for (auto it = text.begin(); it != text.end();) {
-      if (it->first.rfind(prefix, 0) == 0) {
-        entries[it->first.substr(prefix.size())] = it->second;
-        it = text.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!entries.empty()) text[table] = entries.dump();
-  }
-  const auto& known = config_keys();
-  for (const auto& [key, value] : text) {
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      *error = path + ": unknown key '" + key + "'";
-      return false;
-    }
-  }
-  auto get = [&](const std::string& k, std::string* v) {
-    auto it = text.find(k);
-    if (it == text.end()) return false;
-    *v = it->second;
-    return true;
-  };
-  if (!apply_config(get, config, error)) {
-    *error = path + ": " + *error;
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 static int detect_run(int argc, char** argv) {
@@ -151,7 +107,7 @@ static int detect_run(int argc, char** argv) {
   if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   DetectorConfig config;
   std::string error;
-  if (!config_path.empty() && !load_config(config_path, &config, &error)) {
+  if (!config_path.empty() && !load_config_file(config_path, &config, &error)) {
     std::fprintf(stderr, "ballast detect: %s\n", error.c_str());
     return 1;
   }
