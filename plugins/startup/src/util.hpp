@@ -10,6 +10,8 @@
 
 #include "crc32c.hpp"
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace ballast::startup {
 
 // A failure with a message that names the file and the field.
@@ -22,19 +24,19 @@ using util::crc32c;
 using util::crc32c_combine;
 using util::crc32c_update;
 
-// SHA-256, for keys (lockfile + platform), as 64 lowercase hex digits.
+// SHA-256 (OpenSSL's libcrypto), for keys (lockfile + platform), as 64
+// lowercase hex digits. Throws Error when OpenSSL fails.
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, size_t size);
   std::string hex();  // finishes the hash; call once
 
  private:
-  void block(const uint8_t* p);
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  uint64_t total_ = 0;
-  size_t used_ = 0;
+  evp_md_ctx_st* ctx_;
 };
 
 int64_t wall_ns();       // CLOCK_REALTIME
