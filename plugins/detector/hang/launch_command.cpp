@@ -5,6 +5,7 @@
 #include "launch_record.hpp"
 
 #include "command_line.hpp"
+#include "progress.hpp"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -203,6 +205,20 @@ bool start_ranks(const LaunchArgs& a, char** argv, const std::string& secret, st
   return true;
 }
 
+// The progress line of the watch: "3 of 4 ranks running, 12 s, 1530
+// collectives (125/s), last progress 0.2 s ago".
+std::string watch_status(int running, int n, double elapsed, const std::vector<RankRing>& rings, double idle) {
+  char text[256];
+  int len = std::snprintf(text, sizeof text, "%d of %d ranks running, %.0f s", running, n, elapsed);
+  uint64_t ops = 0;  // the furthest rank's operations
+  for (const auto& r : rings)
+    if (!r.records.empty()) ops = std::max(ops, r.records.back().seq);
+  if (!rings.empty() && len > 0 && size_t(len) < sizeof text)
+    std::snprintf(text + len, sizeof text - size_t(len), ", %llu collectives (%.0f/s), last progress %.1f s ago",
+                  static_cast<unsigned long long>(ops), elapsed > 0 ? double(ops) / elapsed : 0.0, idle);
+  return text;
+}
+
 // How the watch ended: every rank done, a rank failed, the job hung, or a
 // stop signal.
 struct WatchEnd {
@@ -221,6 +237,9 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
   uint64_t signature = 0;
   auto next_scan = t0;
   bool watched = false, warned = false;
+  // On a terminal, until the verdict: ranks running, time, collectives and
+  // their rate, the last progress (erased before any other message).
+  util::ProgressLine progress(stderr, "ballast launch", false, a.json);
   while (end.running > 0 && !g_stop_signal) {
     // Of the ranks that failed since the last look, the one killed by a
     // signal: the others most likely exited on the error its death caused.
@@ -249,12 +268,15 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
       // say how far they are through heartbeat files.
       const auto beats = rings.empty() ? read_heartbeats(a.dir, &errors) : std::vector<Heartbeat>{};
       if (!rings.empty() || !beats.empty()) {
-        if (warned && !watched)
+        if (warned && !watched) {
+          progress.clear();
           std::fprintf(stderr, "ballast launch: %s appeared in %s: hang detection is on\n",
                        rings.empty() ? "heartbeats" : "trace rings", a.dir.c_str());
+        }
         watched = true;
       } else if (!watched && !warned && since(t0) >= kUnwatchedWarnSeconds) {
         warned = true;
+        progress.clear();
         std::fprintf(stderr,
                      "ballast launch: warning: no trace ring and no heartbeat in %s after %.0f s: hang detection is "
                      "off for this job (ranks exiting are still watched). Run collectives through a Ballast comm "
@@ -272,6 +294,7 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
                   std::to_string(int(since(last_change))) + " s";
         break;
       }
+      progress.status(watch_status(end.running, a.n, since(t0), rings, since(last_change)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

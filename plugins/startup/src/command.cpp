@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "command_line.hpp"
+#include "progress.hpp"
 #include "hotblocks.hpp"
 #include "loader.hpp"
 #include "snapshot.hpp"
@@ -175,6 +178,14 @@ int cmd_prefetch(const ballast_host_api* host, PrefetchArgs a, const std::vector
   if (!cmd.empty()) {
     rc = run_process(cmd, {}, [&](int pid) { pf.watch(pid); });
     pf.stop();  // the job is over: what is left is no longer needed
+  } else {
+    // Alone, on a terminal: how far, how fast, how long yet (the job's own
+    // output would mix with it, so not while a command runs).
+    util::ProgressLine progress(stderr, "ballast startup prefetch", true, json);
+    while (!pf.idle()) {
+      progress.update(double(pf.done_bytes()), double(pf.planned_bytes()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   pf.wait();
   const PrefetchStats& s = pf.stats();
