@@ -52,9 +52,10 @@ volatile uint32_t g_sink;
 
 int main(int argc, char** argv) {
   int runs = 9;
-  CLI::App app("The start-up plugin's SHA-256 keys (snapshot key over a lockfile, shared-load segment name) "
-               "against CRC-32C over the same bytes; JSON lines on stdout (docs/benchmarks.md).",
-               "bench_startup_keys");
+  CLI::App app(
+      "The start-up plugin's SHA-256 keys (snapshot key over a lockfile, shared-load segment name) "
+      "against CRC-32C over the same bytes; JSON lines on stdout (docs/benchmarks.md).",
+      "bench_startup_keys");
   app.add_option("--runs", runs, "runs per figure (the median is reported; default 9)")->check(CLI::PositiveNumber);
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
 
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
   for (size_t kib : {4, 1024}) {
     const std::string lock = (dir / ("lock-" + std::to_string(kib))).string();
     std::string text;
-    for (size_t i = 0; text.size() < kib * 1024; ++i) text += "package-" + std::to_string(i) + "==1.2." + std::to_string(i % 97) + "\n";
+    for (size_t i = 0; text.size() < kib * 1024; ++i)
+      text += "package-" + std::to_string(i) + "==1.2." + std::to_string(i % 97) + "\n";
     text.resize(kib * 1024);
     std::ofstream(lock) << text;
     const std::string c = "environment_key_" + std::to_string(kib) + "kib";
@@ -83,8 +85,9 @@ int main(int argc, char** argv) {
     emit(c, "crc32c_mb_per_s", double(text.size()) / crc / 1e6, "MB/s");
     emit(c, "sha256_vs_crc32c", crc / sha, "ratio");
   }
-  const std::string id = "/data/checkpoints/step-12000/model-00001-of-00008.safetensors|2049|1837465|4294967296|"
-                         "1732456789.123456789|8388608";
+  const std::string id =
+      "/data/checkpoints/step-12000/model-00001-of-00008.safetensors|2049|1837465|4294967296|"
+      "1732456789.123456789|8388608";
   const double seg = per_call(runs, 100000, [&] {
     ballast::startup::Sha256 h;
     h.update(id.data(), id.size());

@@ -17,7 +17,8 @@ size_t distance(std::string_view a, std::string_view b) {
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[a.size()][b.size()];
 }
@@ -116,7 +117,7 @@ std::string unknown_argument(const CLI::App& app, const std::string& arg) {
   const auto words = valid_words(app, &has_subcommands);
   const bool option = arg.size() > 1 && arg[0] == '-';
   const std::string word = option ? arg.substr(0, arg.find('=')) : arg;
-  std::string what = option ? "unknown option '" + word + "'"
+  std::string what = option            ? "unknown option '" + word + "'"
                      : has_subcommands ? "unknown command '" + arg + "'"
                                        : "unexpected argument '" + arg + "'";
   if (const std::string near = closest(word, words); !near.empty()) what += " (did you mean '" + near + "'?)";
@@ -147,7 +148,8 @@ int parse_command_line(CLI::App& app, int argc, char** argv, std::FILE* out, std
 
 int parse_command_line(CLI::App& app, std::vector<std::string> args, std::FILE* out, std::FILE* err) {
   std::reverse(args.begin(), args.end());  // CLI11 takes them last first
-  return parse_with(app, [&] { app.parse(args); }, out, err);
+  return parse_with(
+      app, [&] { app.parse(args); }, out, err);
 }
 
 }  // namespace ballast::util

@@ -24,8 +24,7 @@ inline constexpr int kUsageError = 2;
 int parse_command_line(CLI::App& app, int argc, char** argv, std::FILE* out = stdout, std::FILE* err = stderr);
 
 // The same for arguments already split off argv (argv[0] not included).
-int parse_command_line(CLI::App& app, std::vector<std::string> args, std::FILE* out = stdout,
-                       std::FILE* err = stderr);
+int parse_command_line(CLI::App& app, std::vector<std::string> args, std::FILE* out = stdout, std::FILE* err = stderr);
 
 // A finite number in [min, max] (CLI::Range lets NaN through).
 CLI::Validator NumberIn(double min, double max);

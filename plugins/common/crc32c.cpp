@@ -116,8 +116,10 @@ uint32_t crc32c_update(uint32_t crc, const void* data, size_t size) {
   crc = ~crc;
 #if defined(__x86_64__)
   static const bool hw = __builtin_cpu_supports("sse4.2");
-  if (!hw) crc = crc_soft(crc, p, size);
-  else crc = size >= 3 * 4096 ? crc_hw3(crc, p, size) : crc_hw(crc, p, size);
+  if (!hw)
+    crc = crc_soft(crc, p, size);
+  else
+    crc = size >= 3 * 4096 ? crc_hw3(crc, p, size) : crc_hw(crc, p, size);
 #else
   crc = crc_soft(crc, p, size);
 #endif

@@ -83,8 +83,10 @@ size_t Gunzip::read(char* out, size_t cap) {
       continue;
     }
     state_ = State::failed;
-    if (between_members_) error_ = "garbage after the end of the gzip stream";
-    else error_ = std::string("corrupt gzip stream: ") + (zs.msg ? zs.msg : "zlib error " + std::to_string(rc));
+    if (between_members_)
+      error_ = "garbage after the end of the gzip stream";
+    else
+      error_ = std::string("corrupt gzip stream: ") + (zs.msg ? zs.msg : "zlib error " + std::to_string(rc));
   }
   return produced;
 }

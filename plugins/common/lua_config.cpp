@@ -71,7 +71,9 @@ class ToJson {
   bool value(const std::string& path, int depth, nlohmann::json* out, std::string* error) {
     if (++values_ > kMaxValues) return fail(path, "more than a million values", error);
     switch (lua_type(L_, -1)) {
-      case LUA_TBOOLEAN: *out = bool(lua_toboolean(L_, -1)); return true;
+      case LUA_TBOOLEAN:
+        *out = bool(lua_toboolean(L_, -1));
+        return true;
       case LUA_TSTRING: {
         size_t n = 0;
         const char* s = lua_tolstring(L_, -1, &n);
@@ -86,8 +88,10 @@ class ToJson {
         if (!std::isfinite(lua_tonumber(L_, -1))) return fail(path, "not a finite number", error);
         *out = double(lua_tonumber(L_, -1));
         return true;
-      case LUA_TTABLE: return table(path, depth, out, error);
-      default: return fail(path, std::string("a ") + luaL_typename(L_, -1) + " is not a configuration value", error);
+      case LUA_TTABLE:
+        return table(path, depth, out, error);
+      default:
+        return fail(path, std::string("a ") + luaL_typename(L_, -1) + " is not a configuration value", error);
     }
   }
 

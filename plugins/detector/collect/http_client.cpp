@@ -60,7 +60,7 @@ bool HttpClient::get(const std::string& url, std::string* body, std::string* err
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, message);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, long(options_.timeout_ms));
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // the host's timer thread: no SIGALRM
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);         // the host's timer thread: no SIGALRM
   curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");  // gzip when the exporter offers it
   if (!options_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_file.c_str());
   curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, options_.insecure ? 0L : 1L);

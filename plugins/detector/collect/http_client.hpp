@@ -8,13 +8,13 @@
 namespace ballast::collect {
 
 struct HttpOptions {
-  int timeout_ms = 500;          // the whole request, connection included
-  std::string ca_file;           // PEM CA bundle to verify the server with (default: the system's)
-  bool insecure = false;         // do not verify the server's certificate (tests, self-signed exporters)
-  std::string username;          // basic auth when not empty
+  int timeout_ms = 500;   // the whole request, connection included
+  std::string ca_file;    // PEM CA bundle to verify the server with (default: the system's)
+  bool insecure = false;  // do not verify the server's certificate (tests, self-signed exporters)
+  std::string username;   // basic auth when not empty
   std::string password;
-  std::string bearer_token;      // Authorization: Bearer ... when not empty
-  size_t max_body = 64u << 20;   // a larger response is an error
+  std::string bearer_token;     // Authorization: Bearer ... when not empty
+  size_t max_body = 64u << 20;  // a larger response is an error
 };
 
 // One client per endpoint and thread: it keeps its connection open between

@@ -43,10 +43,14 @@ std::string read_small_file(const std::string& path) {
 
 const char* kind_of(yaml_event_type_t t) {
   switch (t) {
-    case YAML_MAPPING_START_EVENT: return "a mapping";
-    case YAML_SEQUENCE_START_EVENT: return "a list";
-    case YAML_ALIAS_EVENT: return "an alias";
-    default: return "not a scalar";
+    case YAML_MAPPING_START_EVENT:
+      return "a mapping";
+    case YAML_SEQUENCE_START_EVENT:
+      return "a list";
+    case YAML_ALIAS_EVENT:
+      return "an alias";
+    default:
+      return "not a scalar";
   }
 }
 
@@ -102,7 +106,7 @@ Meta read_meta(const std::string& path) {
   Events ev(path, text);
   Meta m;
   size_t last_line = 1;
-  ev.next();  // stream start
+  ev.next();                                              // stream start
   if (ev.next().type == YAML_STREAM_END_EVENT) return m;  // an empty file
   // A document: one mapping, or nothing (a file of comments).
   const yaml_event_t& root = ev.next();
@@ -110,8 +114,9 @@ Meta read_meta(const std::string& path) {
     ev.next();  // document end
   } else {
     if (root.type != YAML_MAPPING_START_EVENT)
-      fail(path, ev.line(), "", std::string("expected a mapping of 'key: value', got ") +
-                                    (root.type == YAML_SCALAR_EVENT ? "a scalar" : kind_of(root.type)));
+      fail(path, ev.line(), "",
+           std::string("expected a mapping of 'key: value', got ") +
+               (root.type == YAML_SCALAR_EVENT ? "a scalar" : kind_of(root.type)));
     std::set<std::string> seen;
     int* sizes[] = {&m.dp, &m.pp, &m.tp, &m.dsp, &m.vpp, &m.world};
     const char* size_keys[] = {"dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_size"};
@@ -125,8 +130,8 @@ Meta read_meta(const std::string& path) {
       const yaml_event_t& v = ev.next();
       last_line = ev.line();
       if (v.type != YAML_SCALAR_EVENT)
-        fail(path, ev.line(), key, std::string("expected a scalar value, got ") + kind_of(v.type) +
-                                       " (meta.yaml is one flat mapping)");
+        fail(path, ev.line(), key,
+             std::string("expected a scalar value, got ") + kind_of(v.type) + " (meta.yaml is one flat mapping)");
       const std::string value = ev.scalar();
       if (key == "trial_name") {
         m.trial_name = value;
@@ -137,12 +142,12 @@ Meta read_meta(const std::string& path) {
     }
     ev.next();  // document end
   }
-  if (ev.next().type != YAML_STREAM_END_EVENT)
-    fail(path, ev.line(), "", "a second YAML document: meta.yaml holds one");
+  if (ev.next().type != YAML_STREAM_END_EVENT) fail(path, ev.line(), "", "a second YAML document: meta.yaml holds one");
 
   if (uint64_t(std::max(m.dp, 1)) * uint64_t(std::max(m.pp, 1)) > kMaxGridCells)
-    fail(path, last_line, "dp_size", "dp_size " + std::to_string(m.dp) + " times pp_size " + std::to_string(m.pp) +
-                                         " is more than " + std::to_string(kMaxGridCells));
+    fail(path, last_line, "dp_size",
+         "dp_size " + std::to_string(m.dp) + " times pp_size " + std::to_string(m.pp) + " is more than " +
+             std::to_string(kMaxGridCells));
   // In 64 bits: four sizes of up to 2^31 each would wrap an int.
   const uint64_t product = uint64_t(m.dp) * uint64_t(m.pp) * uint64_t(m.tp) * uint64_t(m.dsp);
   if (m.world && m.dp && m.pp && uint64_t(m.world) != product)

@@ -30,8 +30,9 @@ TEST_CASE("hello.seen is valid JSON with quotes, backslashes and control charact
   ballast_host* host = nullptr;
   REQUIRE(ballast_host_create("test-node", &host) == BALLAST_OK);
   const std::string plugin = std::string(BALLAST_PLUGIN_DIR) + "/ballast-hello.so";
-  REQUIRE_MESSAGE(ballast_host_load_plugin(host, plugin.c_str(), "{ greeting = 'say \"hi\"\\\\ \\n\\t' }") == BALLAST_OK,
-                  ballast_last_error());
+  REQUIRE_MESSAGE(
+      ballast_host_load_plugin(host, plugin.c_str(), "{ greeting = 'say \"hi\"\\\\ \\n\\t' }") == BALLAST_OK,
+      ballast_last_error());
   ballast_subscribe_options queued{};
   queued.size = sizeof queued;
   queued.delivery = BALLAST_DELIVER_QUEUED;

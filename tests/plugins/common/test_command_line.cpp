@@ -147,7 +147,8 @@ TEST_CASE("ballast: every command answers a usage error with exit 2 and names th
   };
   const std::vector<Case> cases = {
       {"detect --metrics m.csv --jsn", "ballast detect: unknown option '--jsn' (did you mean '--json'?)"},
-      {"suspects --events - --min-scor 1", "ballast suspects: unknown option '--min-scor' (did you mean '--min-score'?)"},
+      {"suspects --events - --min-scor 1",
+       "ballast suspects: unknown option '--min-scor' (did you mean '--min-score'?)"},
       {"whatif --trac t.csv", "ballast whatif: unknown option '--trac' (did you mean '--trace'?)"},
       {"launch -n 2 --stal 3 -- true", "ballast launch: unknown option '--stal' (did you mean '--stall'?)"},
       {"launch -n 2", "ballast launch: missing the command after --"},

@@ -39,7 +39,7 @@ TEST_CASE("parse_proc_stat: what is not a stat line is refused, the output left 
   s.state = 'q';
   CHECK_FALSE(parse_proc_stat("", &s));
   CHECK_FALSE(parse_proc_stat("4242 no parenthesis S 1 2 3", &s));
-  CHECK_FALSE(parse_proc_stat("4242 (short) S 1 2 3 4 5 6 7 8 9 10", &s));      // ends before rss
+  CHECK_FALSE(parse_proc_stat("4242 (short) S 1 2 3 4 5 6 7 8 9 10", &s));  // ends before rss
   CHECK_FALSE(parse_proc_stat("4242 (x) SS 1 4242 4242 0 -1 0 0 0 0 0 1 2 0 0 20 0 1 0 5 6 7", &s));
   CHECK_FALSE(parse_proc_stat("4242 (x) S 1 4242 4242 0 -1 0 0 0 0 0 1x 2 0 0 20 0 1 0 5 6 7", &s));
   CHECK(s.state == 'q');
