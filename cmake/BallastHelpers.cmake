@@ -71,6 +71,9 @@ endfunction()
 function(ballast_add_bench name)
   cmake_parse_arguments(B "" "" "SOURCES;LIBRARIES" ${ARGN})
   add_executable(${name} ${B_SOURCES})
-  target_link_libraries(${name} PRIVATE ${B_LIBRARIES})
+  # Every benchmark answers --help and refuses unknown options the way the
+  # `ballast` commands do (plugins/common/command_line.hpp).
+  target_link_libraries(${name} PRIVATE ${B_LIBRARIES} ballast_plugin_common)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/bench")
+  set_property(GLOBAL APPEND PROPERTY BALLAST_BENCHES ${name})
 endfunction()

@@ -520,52 +520,6 @@ int event_from_json(const nlohmann::json& json, OwnedEvent* out, std::string* er
 
 // ---- CRC-32C --------------------------------------------------------------------
 
-namespace {
-
-struct Crc32cTable {
-  uint32_t t[256];
-  Crc32cTable() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // reflected Castagnoli
-      t[i] = c;
-    }
-  }
-};
-
-uint32_t crc32c_soft(uint32_t crc, const unsigned char* p, size_t n) {
-  static const Crc32cTable table;
-  for (size_t i = 0; i < n; ++i) crc = table.t[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return crc;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p, size_t n) {
-  uint64_t c = crc;
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = __builtin_ia32_crc32di(c, v);
-    p += 8;
-    n -= 8;
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
-  return c32;
-}
-#endif
-
-}  // namespace
-
-uint32_t crc32c(const void* data, size_t size) {
-  const auto* p = static_cast<const unsigned char*>(data);
-#if defined(__x86_64__)
-  static const bool hw = __builtin_cpu_supports("sse4.2");
-  if (hw) return ~crc32c_sse42(~0u, p, size);
-#endif
-  return ~crc32c_soft(~0u, p, size);
-}
-
 // ---- frames ---------------------------------------------------------------------
 
 namespace {

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crc32c.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,6 +80,8 @@ void encode_frame(const ballast_event& event, std::vector<unsigned char>* out);
 int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed,
                  std::string* error);
 
-uint32_t crc32c(const void* data, size_t size);
+// The frames' checksum: CRC-32C, the one implementation plugins use too
+// (plugins/common, linked into libballast).
+using util::crc32c;
 
 }  // namespace ballast

@@ -14,6 +14,7 @@
 //
 //   bench_bus [--runs N] [--quick] [--only inline|sides|queued] [--subs 1|4|16]
 #include "bus.hpp"
+#include "command_line.hpp"
 
 #include <ballast/events.h>
 
@@ -256,20 +257,16 @@ int main(int argc, char** argv) {
   uint64_t scale = 1;
   std::string only;  // one group of cases; all when empty
   unsigned only_subs = 0;  // one subscriber count; all when 0
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::max(1, std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      scale = 10;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else if (std::strcmp(argv[i], "--subs") == 0 && i + 1 < argc) {
-      only_subs = static_cast<unsigned>(std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_bus [--runs N] [--quick] [--only inline|sides|queued] [--subs 1|4|16]\n");
-      return 2;
-    }
-  }
+  bool quick = false;
+  CLI::App app("The bus: events per second delivered inline, to side threads and queued, against a plain "
+               "function call; JSON lines on stdout (docs/benchmarks.md).",
+               "bench_bus");
+  app.add_option("--runs", runs, "runs per case (the median is reported; default 7)")->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "a tenth of the events");
+  app.add_option("--only", only, "one group of cases")->check(CLI::IsMember({"inline", "sides", "queued"}));
+  app.add_option("--subs", only_subs, "one subscriber count")->check(CLI::IsMember({1, 4, 16}));
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  if (quick) scale = 10;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   emit("machine", "cpu_share", cpu_share(), "cores");
   emit("machine", "hardware_threads", hw, "threads");

@@ -15,6 +15,7 @@
 
 #include "../../tests/core/cluster/cluster_harness.hpp"
 #include "slurm.hpp"
+#include "command_line.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -501,16 +502,14 @@ void bench_slurm(const std::string& dir) {
 
 int main(int argc, char** argv) {
   std::string only;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") g_quick = true, g_runs = 1;
-    else if (a == "--runs" && i + 1 < argc) g_runs = std::atoi(argv[++i]);
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: bench_cluster [--quick] [--runs N] [--only ingest|nodes|agent|failover|slurm]\n");
-      return 2;
-    }
-  }
+  CLI::App app("Cluster mode: controller ingest, nodes per controller, agent cost, fail-over and the Slurm "
+               "backend, with real etcd, TLS links and Slurm daemons; JSON lines on stdout (docs/benchmarks.md).",
+               "bench_cluster");
+  app.add_flag("--quick", g_quick, "one short run of each case");
+  app.add_option("--runs", g_runs, "runs per case (the median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--only", only, "one case")->check(CLI::IsMember({"ingest", "nodes", "agent", "failover", "slurm"}));
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  if (g_quick && app.count("--runs") == 0) g_runs = 1;
   signal(SIGPIPE, SIG_IGN);
   g_port = 41000 + static_cast<int>(getpid() % 2000) * 8;
   std::string dir = scratch_dir("bench-cluster");

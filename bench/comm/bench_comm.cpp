@@ -14,6 +14,8 @@
 // One JSON object per line: {"bench","case","metric","value","unit"}.
 // busbw follows nccl-tests: algbw = bytes / time (GB = 1e9), busbw = algbw * 2(n-1)/n,
 // with time the median call.
+#include "command_line.hpp"
+
 #include <tsc_clock.hpp>
 #include <ucx_comm.hpp>
 
@@ -486,30 +488,19 @@ int main(int argc, char** argv) {
   int reps = 3;
   bool quick = false, trace_only = false;
   std::vector<uint64_t> sizes;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--trace-only") trace_only = true;
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--ranks" && i + 1 < argc) {
-      ranks.clear();
-      std::stringstream s(argv[++i]);
-      std::string x;
-      while (std::getline(s, x, ',')) ranks.push_back(std::atoi(x.c_str()));
-    } else if (a == "--sizes" && i + 1 < argc) {
-      std::stringstream s(argv[++i]);
-      std::string x;
-      while (std::getline(s, x, ',')) sizes.push_back(std::strtoull(x.c_str(), nullptr, 10));
-    } else if (a == "--tls" && i + 1 < argc) {
-      tlss.clear();
-      std::stringstream s(argv[++i]);
-      std::string x;
-      while (std::getline(s, x, ',')) tlss.push_back(x == "sm" ? "sm,self" : x);
-    } else {
-      std::fprintf(stderr, "usage: bench_comm [--ranks 2,4] [--tls sm,tcp] [--reps N] [--quick] [--sizes B,B,...] [--trace-only]\n");
-      return 2;
-    }
-  }
+  CLI::App app("Allreduce latency and bus bandwidth of the UCX comm plugin against Open MPI and the memcpy "
+               "ceiling, and the cost of a trace record; JSON lines on stdout (docs/benchmarks.md).",
+               "bench_comm");
+  app.add_option("--ranks", ranks, "rank counts (default 2,4)")->delimiter(',')->check(CLI::Range(2, 64));
+  app.add_option("--tls", tlss, "UCX transports: sm, tcp (default both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sm", "tcp"}))
+      ->transform([](std::string t) { return t == "sm" ? std::string("sm,self") : t; });
+  app.add_option("--reps", reps, "rounds (default 3)")->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "fewer sizes and iterations");
+  app.add_option("--sizes", sizes, "bandwidth sizes in bytes, replacing the default ones")->delimiter(',');
+  app.add_flag("--trace-only", trace_only, "the cost of a trace record only");
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   char dir[] = "/dev/shm/ballast-bench-comm-XXXXXX";  // tmpfs, as in production
   if (!mkdtemp(dir)) {
     std::perror("bench_comm: cannot create a trace folder in /dev/shm");

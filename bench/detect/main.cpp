@@ -297,19 +297,8 @@ bool has(int argc, char** argv, const char* name) {
 
 bool load_config(const char* path, DetectorConfig* config) {
   if (!path) return true;
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ballast::machine::ConfigText text;
   std::string error;
-  auto get = [&](const std::string& k, std::string* v) {
-    auto it = text.find(k);
-    if (it == text.end()) return false;
-    *v = it->second;
-    return true;
-  };
-  if (!ballast::machine::parse_lua_table(ss.str(), path, &text, &error) ||
-      !ballast::machine::apply_config(get, config, &error)) {
+  if (!ballast::machine::load_config_file(path, config, &error)) {
     std::fprintf(stderr, "bench_detect: %s\n", error.c_str());
     return false;
   }

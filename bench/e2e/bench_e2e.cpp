@@ -14,6 +14,8 @@
 //   bench_e2e [--repeats N] [--kinds crash,hang,nan,slow,skip,net] [--stall SECONDS] [--no-demo] [--demo-repeats N]
 //
 // Prints JSON lines {"bench","case","metric","value","unit"}.
+#include "command_line.hpp"
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -91,21 +93,19 @@ int main(int argc, char** argv) {
   bool demo = true;
   int demo_repeats = 1;
   std::vector<std::string> kinds = {"crash", "hang", "nan"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--repeats" && i + 1 < argc) repeats = std::atoi(argv[++i]);
-    else if (a == "--stall" && i + 1 < argc) stall = std::atof(argv[++i]);
-    else if (a == "--no-demo") demo = false;
-    else if (a == "--demo-repeats" && i + 1 < argc) demo_repeats = std::atoi(argv[++i]);
-    else if (a == "--kinds" && i + 1 < argc) {
-      kinds.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
-    } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--kinds crash,hang,nan,slow,skip,net] [--stall SECONDS] [--no-demo] [--demo-repeats N]\n", argv[0]);
-      return 2;
-    }
-  }
+  bool no_demo = false;
+  CLI::App app("The whole loop: `ballast run` with the bundled trainer, one fault per run; detection, decision "
+               "and recovery times, steps lost, then the demonstration's ETTR. JSON lines on stdout.",
+               "bench_e2e");
+  app.add_option("--repeats", repeats, "runs per fault kind (default 5)")->check(CLI::PositiveNumber);
+  app.add_option("--kinds", kinds, "fault kinds (default crash,hang,nan; also slow, skip, net)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"crash", "hang", "nan", "slow", "skip", "net"}));
+  app.add_option("--stall", stall, "the hang detector's stall, seconds (default 3)")->check(CLI::PositiveNumber);
+  app.add_flag("--no-demo", no_demo, "skip the demonstration");
+  app.add_option("--demo-repeats", demo_repeats, "runs of the demonstration (default 1)")->check(CLI::PositiveNumber);
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  demo = !no_demo;
   const char* tmp = std::getenv("TMPDIR");
   const std::string root = std::string(tmp ? tmp : "/tmp") + "/bench-e2e";
   // The fault hits mid-run, at a step between two checkpoints (every 20).

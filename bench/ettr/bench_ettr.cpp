@@ -13,6 +13,7 @@
 // Checkpoints every --checkpoint-interval-s of training; a fault loses the
 // work since the last one. Evicted nodes come back as spares when the trace
 // says their fault ended; a job with no spare left waits for the next one.
+#include "command_line.hpp"
 #include "fault_trace.hpp"
 
 #include "error.hpp"
@@ -28,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 
 namespace {
 
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
   std::string script = std::string(BALLAST_SOURCE_DIR) + "/scripts/default.lua";
   std::vector<double> scales = {1, 10, 60};
   int standbys = -1;
-  CLI::App app{"bench_ettr: ETTR of a job of the InfiniteHBD trace's size, Ballast against a cold requeue"};
+  CLI::App app{"ETTR of a job of the InfiniteHBD trace's size, Ballast against a cold requeue; JSON lines on stdout", "bench_ettr"};
   app.add_option("--trace", trace, "InfiniteHBD fault trace (JSON)");
   app.add_option("--policy", script, "recovery policy that chooses each recovery");
   app.add_option("--standbys", standbys, "spare nodes (default: the P99 of nodes under a fault at once, hourly)");
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   app.add_option("--hang-share", c.hang_share)->check(CLI::Range(0.0, 1.0));
   app.add_option("--crash-detect-s", c.crash_detect_s)->check(CLI::NonNegativeNumber);
   app.add_option("--queue-s", c.queue_s)->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   try {
     const auto faults = ballast::faults::read_trace(trace);
     if (faults.empty()) throw std::runtime_error(trace + ": no faults");

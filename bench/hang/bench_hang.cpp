@@ -14,6 +14,8 @@
 // iterations (20261125 by default). One JSON object per line:
 // {"bench","case","metric","value","unit"}; a case is FAULT/NRANKS/BYTES, and
 // "all" sums the faults.
+#include "command_line.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <poll.h>
@@ -196,14 +198,6 @@ struct Tally {
   }
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream in(s);
-  std::string x;
-  while (std::getline(in, x, ',')) v.push_back(x);
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,26 +206,18 @@ int main(int argc, char** argv) {
   std::string tls = "sm,self";
   std::vector<uint64_t> sizes = {65536, 4u << 20};
   unsigned seed = 20261125;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--ranks" && v) n = std::atoi(argv[++i]);
-    else if (a == "--reps" && v) reps = std::atoi(argv[++i]);
-    else if (a == "--stall" && v) stall = std::atof(argv[++i]);
-    else if (a == "--seed" && v) seed = unsigned(std::strtoul(argv[++i], nullptr, 10));
-    else if (a == "--tls" && v) tls = std::string(argv[++i]) == "sm" ? "sm,self" : argv[i];
-    else if (a == "--bytes" && v) {
-      sizes.clear();
-      for (const auto& b : split(argv[++i])) sizes.push_back(std::strtoull(b.c_str(), nullptr, 10));
-    } else {
-      std::fprintf(stderr, "usage: bench_hang [--ranks N] [--reps N] [--stall S] [--bytes B,B,...] [--tls sm|tcp] [--seed N]\n");
-      return 2;
-    }
-  }
-  if (n < 2 || reps < 1 || stall <= 0 || sizes.empty()) {
-    std::fprintf(stderr, "bench_hang: --ranks must be at least 2, --reps and --stall positive\n");
-    return 2;
-  }
+  CLI::App app("How fast and how well `ballast launch` names the rank behind a failed or hung job, against "
+               "Mycroft's published figures; JSON lines on stdout (docs/benchmarks.md).",
+               "bench_hang");
+  app.add_option("--ranks", n, "ranks per job (default 4)")->check(CLI::Range(2, 64));
+  app.add_option("--reps", reps, "runs per fault and size (default 5)")->check(CLI::PositiveNumber);
+  app.add_option("--stall", stall, "launch's --stall, seconds (default 10)")->check(CLI::PositiveNumber);
+  app.add_option("--bytes", sizes, "message sizes (default 65536,4194304)")->delimiter(',');
+  app.add_option("--tls", tls, "UCX transport: sm or tcp (default sm)")
+      ->check(CLI::IsMember({"sm", "tcp"}))
+      ->transform([](std::string t) { return t == "sm" ? std::string("sm,self") : t; });
+  app.add_option("--seed", seed, "picks the faulty ranks and iterations (default 20261125)");
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   emit("mycroft_published", "anomaly_within_15s", 90, "%");
   emit("mycroft_published", "root_cause_within_20s", 60, "%");
   std::mt19937 rng(seed);

@@ -5,6 +5,8 @@
 // empty profiler table (the ceiling: what NCCL's indirect calls cost alone).
 // CPU time of the calling thread, ns per operation (each side timed around
 // its calls, so the clock reads count in both), median of the runs.
+#include "command_line.hpp"
+
 #include <nccl_profiler_v5.h>
 
 #include <dlfcn.h>
@@ -107,13 +109,16 @@ void line(const char* c, const char* metric, double value, const char* unit) {
 
 int main(int argc, char** argv) {
   int runs = 9, ops = 200000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::atoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--quick") == 0) ops = 20000, runs = 3;
-    else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--quick]\n", argv[0]);
-      return 2;
-    }
+  bool quick = false;
+  CLI::App app("The stand-alone NCCL profiler's cost per operation, without a GPU, against an empty profiler table; "
+               "JSON lines on stdout.",
+               "bench_nccl_profiler");
+  app.add_option("--runs", runs, "runs (the median is reported; default 9)")->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "a tenth of the operations, 3 runs");
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  if (quick) {
+    ops = 20000;
+    if (app.count("--runs") == 0) runs = 3;
   }
   const std::string dir = std::filesystem::temp_directory_path() / ("bench-nccl-profiler-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

@@ -9,6 +9,7 @@
 // 200000 calls (argv[1] sets the calls per run). The machines are shared and
 // often oversubscribed: besides wall-clock time per call, the thread's CPU
 // time per call is reported, which other processes do not inflate.
+#include "command_line.hpp"
 #include "error.hpp"
 #include "policy.hpp"
 
@@ -103,7 +104,11 @@ void report(const char* c, Figures f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) kCalls = std::max(1000, std::atoi(argv[1]));
+  CLI::App app("The cost of one Lua policy handler call, end to end, against a bare lua_pcall; JSON lines on "
+               "stdout (docs/benchmarks.md).",
+               "bench_policy");
+  app.add_option("CALLS", kCalls, "calls per run (default 200000)")->check(CLI::Range(1000, 1000000000));
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   std::string path = (std::filesystem::temp_directory_path() / "ballast-bench-policy.lua").string();
   std::ofstream(path) << kScript;
   std::unique_ptr<ballast::Policy> policy;

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "command_line.hpp"
 #include "hostlist.hpp"
 #include "placement.hpp"
 
@@ -135,10 +136,14 @@ void run_instance(const Topology& topo, const std::vector<NodeState>& st, Job jo
 int main(int argc, char** argv) {
   int patterns = 100;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true, patterns = 10;
-    else if (!std::strcmp(argv[i], "--patterns") && i + 1 < argc) patterns = std::atoi(argv[++i]);
-  }
+  CLI::App app("Placement quality and speed against the baselines, on Arnold's three simulated settings and on "
+               "100,000-GPU clusters; JSON lines on "
+               "stdout (docs/benchmarks.md).",
+               "bench_sched");
+  app.add_flag("--quick", quick, "10 patterns");
+  app.add_option("--patterns", patterns, "free-node patterns per setting (default 100)")->check(CLI::PositiveNumber);
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  if (quick && app.count("--patterns") == 0) patterns = 10;
   struct Setting {
     const char* name;
     int minipods, nodes, dp, tp, pp;

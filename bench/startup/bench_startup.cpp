@@ -17,6 +17,8 @@
 // Cold runs: before every run, syncfs() and posix_fadvise(DONTNEED) on every
 // file of the data set, and the environment directory is deleted; mincore()
 // over all files then checks how much is still resident (printed).
+#include "command_line.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -644,60 +646,44 @@ void bench_reads(const Data& d, int reps) {
 
 int main(int argc, char** argv) {
   Config c;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (k == "--dir") c.dir = val();
-    else if (k == "--reps") c.reps = std::stoi(val());
-    else if (k == "--ckpt-mib") c.ckpt_mib = std::stoull(val());
-    else if (k == "--tree-mib") c.tree_mib = std::stoull(val());
-    else if (k == "--files") c.files = std::stoull(val());
-    else if (k == "--keep") c.keep = true;
-    else if (k == "--reads-only") c.reads_only = true;
-    else if (k == "--no-reads") c.no_reads = true;
-    else if (k == "--reuse") c.reuse = c.keep = true;
-    else if (k == "--trace") c.trace = true;
-    else if (k == "--settle") settle_s = std::stoi(val());
-    else if (k == "--reads") {
-      read_variants.clear();
-      std::stringstream list(val());
-      for (std::string one; std::getline(list, one, ',');) {
-        if (std::find(kReadVariants.begin(), kReadVariants.end(), one) == kReadVariants.end()) {
-          std::fprintf(stderr, "bench_startup: --reads: unknown variant \"%s\"\n", one.c_str());
-          return 2;
-        }
-        read_variants.push_back(one);
-      }
-    }
-    else if (k == "--cases") {
-      std::vector<std::string> known = c.cases;
-      known.insert(known.end(), c.extra_cases.begin(), c.extra_cases.end());
-      c.cases.clear();
-      std::stringstream list(val());
-      for (std::string one; std::getline(list, one, ',');) {
-        if (std::find(known.begin(), known.end(), one) == known.end()) {
-          std::fprintf(stderr, "bench_startup: --cases: unknown case \"%s\"\n", one.c_str());
-          return 2;
-        }
-        c.cases.push_back(one);
-      }
-      // Every case is compared with plain, the striped_prefetch_* ones with striped.
-      auto add = [&](const char* base) {
-        if (std::find(c.cases.begin(), c.cases.end(), base) == c.cases.end()) c.cases.insert(c.cases.begin(), base);
-      };
-      bool need_plain = false, need_striped = false;
-      for (const auto& one : c.cases) (one.rfind("striped_prefetch_", 0) == 0 ? need_striped : need_plain) = true;
-      if (need_striped) add("striped");
-      if (need_plain) add("plain");
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_startup [--dir DIR] [--reps N] [--ckpt-mib N] [--tree-mib N] [--files N] [--keep] [--reuse] [--trace] [--settle S]\n"
-                   "                     [--reads-only | --no-reads] [--cases plain,snapshot,prefetch,striped,all,prefetch_wrong,prefetch_stale,\n"
-                   "                              striped_prefetch_wrong,striped_prefetch_stale]\n"
-                   "                     [--reads buffered_sequential,striped_8,striped_8_direct,striped_2,striped_4,striped_8_16m,\n"
-                   "                              buffered_sequential_ready_dst,striped_8_ready_dst]\n");
-      return 2;
-    }
+  std::vector<std::string> known_cases = c.cases;
+  known_cases.insert(known_cases.end(), c.extra_cases.begin(), c.extra_cases.end());
+  std::vector<std::string> cases;
+  CLI::App app("A cold job start on this machine, plain and with each start-up technique alone and together, "
+               "plus the checkpoint read modes against the device's O_DIRECT ceiling; JSON lines on stdout "
+               "(docs/benchmarks.md).",
+               "bench_startup");
+  app.add_option("--dir", c.dir, "where the data set is made (default startup-bench)");
+  app.add_option("--reps", c.reps, "rounds (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--ckpt-mib", c.ckpt_mib, "checkpoint size (default 2560)")->check(CLI::PositiveNumber);
+  app.add_option("--tree-mib", c.tree_mib, "size of the imported tree (default 300)")->check(CLI::PositiveNumber);
+  app.add_option("--files", c.files, "files of the imported tree (default 4000)")->check(CLI::PositiveNumber);
+  app.add_flag("--keep", c.keep, "keep the data set in DIR");
+  app.add_flag("--reuse", c.reuse, "use the data set an earlier --keep run left in DIR (implies --keep)");
+  app.add_flag("--trace", c.trace, "per start, on stderr: memory counters and the job's CPU time");
+  app.add_option("--settle", settle_s, "seconds of pause after each drop (default 15)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--reads-only", c.reads_only, "the checkpoint read modes only");
+  app.add_flag("--no-reads", c.no_reads, "the start cases only");
+  app.add_option("--cases", cases, "a subset of the start cases (plain, or striped for the striped_prefetch_* "
+                                   "ones, is always run: the base they are compared with)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(known_cases));
+  app.add_option("--reads", read_variants, "checkpoint read variants beside the O_DIRECT ceiling (default "
+                                           "buffered_sequential,striped_8,striped_8_direct)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kReadVariants));
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  if (c.reuse) c.keep = true;
+  if (!cases.empty()) {
+    c.cases = cases;
+    // Every case is compared with plain, the striped_prefetch_* ones with striped.
+    auto add = [&](const char* base) {
+      if (std::find(c.cases.begin(), c.cases.end(), base) == c.cases.end()) c.cases.insert(c.cases.begin(), base);
+    };
+    bool need_plain = false, need_striped = false;
+    for (const auto& one : c.cases) (one.rfind("striped_prefetch_", 0) == 0 ? need_striped : need_plain) = true;
+    if (need_striped) add("striped");
+    if (need_plain) add("plain");
   }
   try {
     emit("machine", "loadavg_1m_start", loadavg(), "load");

@@ -9,6 +9,8 @@
 //    through the start-up plugin's loader (--striped N), possibly mapping the
 //    node's shared copy (--share 1) that another process is reading or has
 //    read; the job then checksums the bytes it got, as a consumer touches them.
+#include "command_line.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,19 +52,18 @@ int main(int argc, char** argv) {
   std::string imports, env, ckpt, stages;
   unsigned striped = 0;
   bool share = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--imports") imports = v;
-    else if (k == "--env") env = v;
-    else if (k == "--ckpt") ckpt = v;
-    else if (k == "--striped") striped = unsigned(std::stoul(v));
-    else if (k == "--stages") stages = v;
-    else if (k == "--share") share = v == "1";
-    else {
-      std::fprintf(stderr, "bench_startup_job: unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  std::string share_flag;
+  CLI::App app("The job whose cold start bench_startup measures: imports files, reads its environment, loads a "
+               "checkpoint.",
+               "bench_startup_job");
+  app.add_option("--imports", imports, "file listing the files it imports, in order");
+  app.add_option("--env", env, "installed environment it reads");
+  app.add_option("--ckpt", ckpt, "checkpoint it loads");
+  app.add_option("--striped", striped, "readers of a striped load (0: one plain read)");
+  app.add_option("--stages", stages, "stage log to append to");
+  app.add_option("--share", share_flag, "1: share the load among this node's processes")->check(CLI::IsMember({"0", "1"}));
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  share = share_flag == "1";
   StageLog log(nullptr, stages);
   std::vector<char> buf;
   uint32_t acc = 0;

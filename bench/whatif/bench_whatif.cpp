@@ -6,6 +6,8 @@
 // Prints one JSON object per line; values are medians of N runs. The peer is
 // the published Python tool of arXiv 2505.05713 (about 1.8 s for AR on this
 // kind of machine): it is not available here, so its figure is quoted.
+#include "command_line.hpp"
+
 #include <time.h>
 
 #include <algorithm>
@@ -143,16 +145,12 @@ void scaling(const std::string& dir, int repeat) {
 int main(int argc, char** argv) {
   int repeat = 15;
   std::string dir = std::string(BALLAST_SOURCE_DIR) + "/tests/data/stragglers";
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc)
-      repeat = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--data") && i + 1 < argc)
-      dir = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--repeat N] [--data DIR]\n", argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app("Time of the whole what-if analysis of the AR and ST traces, and how it grows with ranks and steps; "
+               "JSON lines on stdout (docs/benchmarks.md).",
+               "bench_whatif");
+  app.add_option("--repeat", repeat, "runs per trace (default 15)")->check(CLI::PositiveNumber);
+  app.add_option("--data", dir, "folder of the traces");
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   try {
     real_trace(dir, "AR", repeat);
     real_trace(dir, "ST", repeat * 4);

@@ -3,6 +3,7 @@
 // other NAME runs the subcommand a plugin offers through "ballast.command".
 #include "commands.hpp"
 
+#include "command_line.hpp"
 #include "plugin_commands.hpp"
 
 #include <CLI/CLI.hpp>
@@ -48,23 +49,25 @@ int run_main(int argc, char** argv) {
     argv[1] = argv0.data();
     int rc = ballast::run_plugin_command(name, probes(), argc - 1, argv + 1);
     if (rc >= 0) return rc;
-    std::fprintf(stderr, "ballast: unknown command '%s' (no built-in and no plugin offers it)\n", name.c_str());
+    std::vector<std::string> known{"run", "plugins", "policy", "journal"};
+    for (const auto& [command, summary] : ballast::list_plugin_commands(probes())) known.push_back(command);
+    std::string hint = ballast::util::closest(name, known);
+    if (!hint.empty()) hint = " (did you mean '" + hint + "'?)";
+    std::fprintf(stderr, "ballast: unknown command '%s'%s: no built-in and no plugin offers it\n", name.c_str(),
+                 hint.c_str());
     std::fputs(plugin_commands_footer().c_str(), stderr);
-    return 2;
+    return ballast::util::kUsageError;
   }
 
-  CLI::App app{"Ballast keeps large distributed training jobs running."};
+  CLI::App app{"Ballast keeps large distributed training jobs running.", "ballast"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "ballast " BALLAST_VERSION);
   app.footer([] { return plugin_commands_footer(); });
   ballast::cli::add_run(app);
   ballast::cli::add_plugins(app);
   ballast::cli::add_policy(app);
   ballast::cli::add_journal(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   return ballast::cli::exit_code();
 }
 

@@ -17,6 +17,8 @@
 // writes "comm_loop: rank R: fault KIND at iteration I, monotonic_ns T" to
 // stderr (CLOCK_MONOTONIC, the same clock in every process of the host), so
 // that a harness can time how long the detection took.
+#include <nlohmann/json.hpp>
+
 #include <ballast/comm.h>
 #include <ballast/host.h>
 
@@ -292,11 +294,17 @@ int main(int argc, char** argv) {
   if (rank == 0 && !lat.empty()) {
     double sum = 0;
     for (double x : lat) sum += x;
-    std::printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"ranks\":%d,\"iters\":%ld,\"p50_us\":%.3f,"
-                "\"p99_us\":%.3f,\"mean_us\":%.3f,\"check\":\"%s\"}\n",
-                op_name.c_str(), dtype_name.c_str(), (unsigned long long)bytes, n, iters, lat[lat.size() / 2],
-                lat[std::min(lat.size() - 1, lat.size() * 99 / 100)], sum / double(lat.size()),
-                check ? (bad ? "failed" : "passed") : "off");
+    const auto us = [](double v) { return std::round(v * 1000) / 1000; };
+    const nlohmann::ordered_json j = {{"op", op_name},
+                                      {"dtype", dtype_name},
+                                      {"bytes", bytes},
+                                      {"ranks", n},
+                                      {"iters", iters},
+                                      {"p50_us", us(lat[lat.size() / 2])},
+                                      {"p99_us", us(lat[std::min(lat.size() - 1, lat.size() * 99 / 100)])},
+                                      {"mean_us", us(sum / double(lat.size()))},
+                                      {"check", check ? (bad ? "failed" : "passed") : "off"}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   }
   api->destroy(comm);
   ballast_host_destroy(host);

@@ -20,24 +20,65 @@ typedef struct hello {
   uint64_t period_ns;
 } hello;
 
+/* Writes s as a JSON string (quoted; '"', '\\' and control characters
+ * escaped; other bytes as they are) at out, which has room for
+ * json_string_size(s) bytes; returns the end. */
+static size_t json_string_size(const char* s) { return 6 * strlen(s) + 3; }
+
+static char* json_string(char* out, const char* s) {
+  static const char hex[] = "0123456789abcdef";
+  *out++ = '"';
+  for (; *s; ++s) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') {
+      *out++ = '\\';
+      *out++ = (char)c;
+    } else if (c < 0x20) {
+      *out++ = '\\';
+      *out++ = 'u';
+      *out++ = '0';
+      *out++ = '0';
+      *out++ = hex[c >> 4];
+      *out++ = hex[c & 15];
+    } else {
+      *out++ = (char)c;
+    }
+  }
+  *out++ = '"';
+  *out = '\0';
+  return out;
+}
+
 static int on_suspected(void* user, const ballast_event* ev) {
   hello* h = (hello*)user;
   const ballast_fault_report* report = (const ballast_fault_report*)ev->payload;
   const char* subject = "unknown";
-  char json[256];
+  char* json;
+  char* end;
+  int rc;
   ballast_event out;
   if (ev->schema == BALLAST_SCHEMA_FAULT_REPORT && report != NULL && report->subject != NULL)
     subject = report->subject;
-  snprintf(json, sizeof json, "{\"greeting\":\"%s\",\"subject\":\"%s\"}", h->greeting, subject);
+  /* The greeting comes from the config and the subject from another plugin:
+   * either may hold quotes or control characters. */
+  json = (char*)malloc(32 + json_string_size(h->greeting) + json_string_size(subject));
+  if (json == NULL) return BALLAST_ENOMEM;
+  end = json + sprintf(json, "{\"greeting\":");
+  end = json_string(end, h->greeting);
+  end += sprintf(end, ",\"subject\":");
+  end = json_string(end, subject);
+  end += sprintf(end, "}");
   memset(&out, 0, sizeof out);
   out.size = sizeof out;
   out.schema = BALLAST_SCHEMA_JSON;
   out.topic = "hello.seen";
   out.source.rank = -1;
   out.payload = json;
-  out.payload_size = strlen(json);
+  out.payload_size = (uint64_t)(end - json);
   h->host->counter_add(h->host, "seen", 1);
-  return h->host->publish(h->host, &out);
+  rc = h->host->publish(h->host, &out); /* the host copies the payload */
+  free(json);
+  return rc;
 }
 
 static void on_tick(void* user) {

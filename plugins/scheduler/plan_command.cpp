@@ -1,6 +1,7 @@
 #include "plan_command.hpp"
 
-#include <CLI/CLI.hpp>
+#include "command_line.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +12,7 @@
 namespace ballast::sched {
 namespace {
 
-// A missing option: exit code 2, like CLI11's own parse errors.
+// A missing option: a usage error, like the parser's own.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -165,18 +166,13 @@ int plan_command(int argc, char** argv) {
   app.add_option("--fleet", a.fleet, "nodes in the traced fleet (default: nodes seen in the trace)");
   app.add_option("--percentile", a.percentile, "percentile of time covered (default 99)");
   app.add_option("--window", a.window, "hours: count nodes failing within a window (default 0: down at once)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help is success; any other parse error a usage error
-  }
+  if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   try {
     if (a.standby) return run_standby(a);
     if (!a.replace.empty()) return run_replace(a);
     return run_place(a);
   } catch (const UsageError& e) {
-    std::cerr << "ballast plan: " << e.what() << " (see --help)\n";
-    return 2;
+    return util::usage_error(app, e.what());
   } catch (const InputError& e) {
     std::cerr << "ballast plan: " << e.what() << "\n";
     return 1;

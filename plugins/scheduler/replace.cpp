@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -19,7 +20,8 @@ nlohmann::json plan_to_json(const Plan& p, const Topology& topo, const Job& job)
   }
   return {{"job", p.job},
           {"algorithm", p.algorithm},
-          {"topology", topo.source},
+          // Absolute: a plan read from another folder (--replace) still finds it.
+          {"topology", topo.source.empty() ? "" : std::filesystem::absolute(topo.source).lexically_normal().string()},
           {"gpus_per_node", job.gpus_per_node},
           {"tp", job.tp},
           {"pp", job.pp},

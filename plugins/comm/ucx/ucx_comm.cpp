@@ -4,6 +4,7 @@
 #include "engine.hpp"
 #include "host_error.hpp"
 
+#include "proc_stat.hpp"
 #include "reduce.hpp"
 
 #include <poll.h>
@@ -37,16 +38,8 @@ std::string hex(uint64_t v) {
 
 // The scheduler state of a local process: 'R', 'S', 'T' (stopped), 'Z', ... or 0 when gone.
 char proc_state(int pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "r");
-  if (!f) return 0;
-  char buf[512];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  return p && p[1] == ' ' ? p[2] : 0;
+  util::ProcStat s;
+  return util::read_proc_stat(pid, &s) ? s.state : 0;
 }
 
 std::string state_words(char st) {

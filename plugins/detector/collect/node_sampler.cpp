@@ -1,5 +1,7 @@
 #include "node_sampler.hpp"
 
+#include "proc_stat.hpp"
+
 #include <dirent.h>
 #include <unistd.h>
 
@@ -235,27 +237,18 @@ void NodeSampler::processes(int64_t ts, std::vector<Sample>* out, int* failed) {
     std::string dir = options_.proc_root + "/" + std::to_string(pid);
     std::string stat;
     if (!slurp(dir + "/stat", &stat)) continue;  // exited between listing and reading
-    size_t rp = stat.rfind(')');
-    if (rp == std::string::npos) {
+    util::ProcStat ps;
+    if (!util::parse_proc_stat(stat, &ps)) {
       ++*failed;
       continue;
     }
-    // Fields after the command: state(3) ... utime(14) stime(15) ... starttime(22) vsize(23) rss(24).
-    std::istringstream f(stat.substr(rp + 2));
-    std::string tok;
-    std::vector<std::string> fields;
-    while (f >> tok && fields.size() < 22) fields.push_back(tok);
-    if (fields.size() < 22) {
-      ++*failed;
-      continue;
-    }
-    double utime = std::strtod(fields[11].c_str(), nullptr), stime = std::strtod(fields[12].c_str(), nullptr);
-    std::string key = std::to_string(pid) + ":" + fields[19] + ":";
+    std::string key = std::to_string(pid) + ":" + std::to_string(ps.start_time) + ":";
     double r;
     bool reset;
     ++count;
-    rss += std::strtod(fields[21].c_str(), nullptr) * static_cast<double>(page_size_);
-    if (rates_.rate(key + "cpu", utime + stime, ts, &r, &reset)) cpu += r / static_cast<double>(ticks_per_s_);
+    rss += static_cast<double>(ps.rss_pages) * static_cast<double>(page_size_);
+    if (rates_.rate(key + "cpu", static_cast<double>(ps.utime + ps.stime), ts, &r, &reset))
+      cpu += r / static_cast<double>(ticks_per_s_);
     std::string text;
     if (slurp(dir + "/status", &text)) {
       auto kv = key_values(text);

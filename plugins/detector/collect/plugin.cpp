@@ -9,6 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -52,6 +56,37 @@ std::vector<std::string> list_of(const std::string& text) {
     }
   }
   return out;
+}
+
+// A secret from KEY (in the config) or KEY_file (a file holding it, one
+// trailing newline dropped): a file keeps it out of the config. False with
+// *why when both are given or the file cannot be read.
+template <class Get>
+bool secret(const Get& get, const std::string& key, std::string* out, std::string* why) {
+  std::string v, file;
+  const bool inline_value = get(key.c_str(), &v);
+  if (!get((key + "_file").c_str(), &file)) {
+    if (inline_value) *out = v;
+    return true;
+  }
+  if (inline_value) {
+    *why = "config keys '" + key + "' and '" + key + "_file': give one";
+    return false;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    *why = "config key '" + key + "_file': cannot open " + file + ": " + std::strerror(errno);
+    return false;
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    *why = "config key '" + key + "_file': cannot read " + file;
+    return false;
+  }
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  *out = text;
+  return true;
 }
 
 void tick(void* user) {
@@ -127,8 +162,26 @@ int create(const ballast_host_api* host, void** state) {
   if (get("cgroup", &v)) o.cgroups = list_of(v);
   if (get("gpu", &v)) s->gpu = v != "false";
   if (get("nvml_library", &v)) s->nvml_library = v;
-  int timeout_ms = 500;
-  if (get("scrape_timeout_ms", &v)) timeout_ms = std::atoi(v.c_str());
+  HttpOptions http;
+  if (get("scrape_timeout_ms", &v)) {
+    char* e = nullptr;
+    const long ms = std::strtol(v.c_str(), &e, 10);
+    if (*e || ms < 1 || ms > 600000)
+      return bad("config key 'scrape_timeout_ms': expected milliseconds in 1..600000, got '" + v + "'");
+    http.timeout_ms = static_cast<int>(ms);
+  }
+  if (get("scrape_ca_file", &v)) http.ca_file = v;
+  if (get("scrape_insecure", &v)) {
+    if (v != "true" && v != "false") return bad("config key 'scrape_insecure': expected true or false, got '" + v + "'");
+    http.insecure = v == "true";
+  }
+  if (get("scrape_username", &v)) http.username = v;
+  std::string why;
+  if (!secret(get, "scrape_password", &http.password, &why) ||
+      !secret(get, "scrape_bearer_token", &http.bearer_token, &why))
+    return bad(why);
+  if (!http.password.empty() && http.username.empty())
+    return bad("config key 'scrape_password': needs 'scrape_username'");
   std::string prefix;
   if (get("scrape_prefix", &v)) prefix = v;
   bool map_names = true;
@@ -138,8 +191,9 @@ int create(const ballast_host_api* host, void** state) {
   }
   if (get("scrape", &v)) {
     for (const auto& url : list_of(v)) {
-      if (url.rfind("http://", 0) != 0) return bad("config key 'scrape': only http:// URLs, got '" + url + "'");
-      s->scrapers.push_back(std::make_unique<Scraper>(url, prefix, timeout_ms, map_names));
+      if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
+        return bad("config key 'scrape': only http:// and https:// URLs, got '" + url + "'");
+      s->scrapers.push_back(std::make_unique<Scraper>(url, prefix, http, map_names));
       s->scrape_errors.emplace_back();
     }
   }

@@ -2,14 +2,6 @@
 
 #include <ballast/events.h>
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -160,117 +152,9 @@ std::string series_name(const PromSample& s) {
   return n + "}";
 }
 
-bool http_get(const std::string& url, int timeout_ms, std::string* body, std::string* error) {
-  auto fail = [&](const std::string& what) {
-    *error = url + ": " + what;
-    return false;
-  };
-  if (url.rfind("http://", 0) != 0) return fail("only http:// URLs are supported");
-  std::string rest = url.substr(7);
-  size_t slash = rest.find('/');
-  std::string hostport = rest.substr(0, slash), path = slash == std::string::npos ? "/" : rest.substr(slash);
-  size_t colon = hostport.rfind(':');
-  std::string host = hostport.substr(0, colon), port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
-  if (!host.empty() && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto left_ms = [&] {
-    auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    return d < 0 ? 0 : static_cast<int>(d);
-  };
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0) return fail(std::string("cannot resolve: ") + gai_strerror(rc));
-  int fd = -1;
-  std::string why = "cannot connect";
-  for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-      why = std::string("cannot connect: ") + std::strerror(errno);
-      close(fd);
-      fd = -1;
-      continue;
-    }
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (poll(&p, 1, left_ms()) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err) {
-      why = err ? std::string("cannot connect: ") + std::strerror(err) : "connect timed out";
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0) return fail(why);
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + hostport +
-                    "\r\nAccept: text/plain;version=0.0.4\r\nUser-Agent: ballast-collect\r\n\r\n";
-  size_t sent = 0;
-  while (sent < req.size()) {
-    pollfd p{fd, POLLOUT, 0};
-    if (poll(&p, 1, left_ms()) != 1) {
-      close(fd);
-      return fail("timed out sending the request");
-    }
-    ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) {
-      close(fd);
-      return fail(std::string("send failed: ") + std::strerror(errno));
-    }
-    if (n > 0) sent += static_cast<size_t>(n);
-  }
-  std::string resp;
-  char buf[65536];
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    int ready = poll(&p, 1, left_ms());
-    if (ready != 1) {
-      close(fd);
-      return fail("timed out reading the response");
-    }
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      close(fd);
-      return fail(std::string("recv failed: ") + std::strerror(errno));
-    }
-    resp.append(buf, static_cast<size_t>(n));
-    if (resp.size() > (64u << 20)) {
-      close(fd);
-      return fail("response larger than 64 MiB");
-    }
-  }
-  close(fd);
-  size_t head_end = resp.find("\r\n\r\n");
-  if (resp.rfind("HTTP/", 0) != 0 || head_end == std::string::npos) return fail("malformed HTTP response");
-  int status = std::atoi(resp.c_str() + resp.find(' ') + 1);
-  if (status != 200) return fail("HTTP status " + std::to_string(status));
-  std::string head = resp.substr(0, head_end);
-  for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  *body = resp.substr(head_end + 4);
-  if (head.find("transfer-encoding: chunked") != std::string::npos) {
-    std::string plain;
-    size_t at = 0;
-    for (;;) {
-      size_t eol = body->find("\r\n", at);
-      if (eol == std::string::npos) return fail("truncated chunked body");
-      size_t size = std::strtoul(body->c_str() + at, nullptr, 16);
-      if (size == 0) break;
-      if (eol + 2 + size > body->size()) return fail("truncated chunked body");
-      plain.append(*body, eol + 2, size);
-      at = eol + 2 + size + 2;
-    }
-    *body = std::move(plain);
-  }
-  return true;
-}
-
 bool Scraper::scrape(int64_t ts, std::vector<Sample>* out, std::string* error) {
   std::string body;
-  if (!http_get(url_, timeout_ms_, &body, error)) return false;
+  if (!http_.get(url_, &body, error)) return false;
   std::vector<PromSample> series;
   if (!parse_exposition(body, &series, error)) {
     *error = url_ + ":" + *error;

@@ -1,8 +1,9 @@
 // Prometheus text exposition (format 0.0.4, what node-exporter and the DCGM
-// exporter serve): an HTTP GET over a plain socket, a parser, and a scraper
-// turning series into collector samples.
+// exporter serve): a parser, and a scraper turning series into collector
+// samples, over HTTP or HTTPS (http_client.hpp, libcurl).
 #pragma once
 
+#include "http_client.hpp"
 #include "metric_names.hpp"
 #include "samples.hpp"
 
@@ -26,11 +27,6 @@ bool parse_exposition(const std::string& text, std::vector<PromSample>* out, std
 // `name{k="v",...}` with the label values escaped again: the sample's metric name.
 std::string series_name(const PromSample& s);
 
-// GET http://HOST:PORT/PATH (HTTP/1.0, no TLS) within timeout_ms. False with
-// *error naming the URL on a connection error, a timeout, a status other
-// than 200 or a malformed response.
-bool http_get(const std::string& url, int timeout_ms, std::string* body, std::string* error);
-
 // Scrapes one endpoint each round: counters (and the _sum/_count/_bucket of
 // histograms and summaries) become per-second rates, gauges stay values;
 // NaN/Inf are flagged BALLAST_SAMPLE_INVALID, counters going backwards
@@ -39,18 +35,25 @@ bool http_get(const std::string& url, int timeout_ms, std::string* body, std::st
 // (plugins/detector/common: DCGM exporter, node-exporter, plain names):
 // those get the detector's name (`gpu0.util`, `net.eth0.tx_bytes`, `cpu.user`),
 // in its unit, combined as the table says, without the prefix.
+// The endpoint's connection is kept open between scrapes.
 class Scraper {
  public:
-  explicit Scraper(std::string url, std::string prefix = "", int timeout_ms = 500,
-                   bool map_names = false)
-      : url_(std::move(url)), prefix_(std::move(prefix)), timeout_ms_(timeout_ms),
-        map_names_(map_names) {}
+  Scraper(std::string url, std::string prefix, HttpOptions http, bool map_names)
+      : url_(std::move(url)), prefix_(std::move(prefix)), http_(std::move(http)), map_names_(map_names) {}
+  explicit Scraper(std::string url, std::string prefix = "", int timeout_ms = 500, bool map_names = false)
+      : Scraper(std::move(url), std::move(prefix), timeout_only(timeout_ms), map_names) {}
   bool scrape(int64_t ts_ns, std::vector<Sample>* out, std::string* error);
   const std::string& url() const { return url_; }
+  long connections() const { return http_.connections(); }
 
  private:
+  static HttpOptions timeout_only(int timeout_ms) {
+    HttpOptions o;
+    o.timeout_ms = timeout_ms;
+    return o;
+  }
   std::string url_, prefix_;
-  int timeout_ms_;
+  HttpClient http_;
   bool map_names_;
   Rates rates_;
   detector_names::Normaliser names_;

@@ -2,6 +2,8 @@
 
 #include "fusion_json.hpp"
 
+#include "command_line.hpp"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -15,54 +17,27 @@ namespace ballast::fusion {
 
 namespace {
 
-const char* kUsage =
-    "usage: ballast suspects --events FILE|- [--json] [--min-score X] [--half-life S]\n"
+const char* kDescription =
     "Replays recorded events (JSON lines; a journal through `ballast journal cat FILE --json`)\n"
     "through the suspect fusion: fault.suspected, fault.confirmed, node.silent (machine and hang\n"
     "detectors), straggler.report (culprit ranks), placement.plan (ranks to nodes). Prints the\n"
     "job's suspects ranked, each with every detector's evidence; --json prints each change of\n"
-    "the ranking as a suspects.ranking event (JSON lines), the last one being the final list.\n";
+    "the ranking as a suspects.ranking event (JSON lines), the last one being the final list.";
 
 constexpr size_t kMaxLine = 16u << 20;  // one event line
 constexpr size_t kMaxDepth = 64;        // nesting of one event
-
-bool number_arg(const char* flag, const char* text, double min, double* out) {
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  if (end == text || *end || !(v >= min) || v > 1e12) {
-    std::fprintf(stderr, "ballast suspects: %s: expected a number >= %g, got '%s'\n", flag, min, text);
-    return false;
-  }
-  *out = v;
-  return true;
-}
 
 int run(int argc, char** argv) {
   std::string path;
   bool json = false;
   FusionConfig config;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--events" && i + 1 < argc) {
-      path = argv[++i];
-    } else if (a == "--min-score" && i + 1 < argc) {
-      if (!number_arg("--min-score", argv[++i], 0, &config.min_score)) return 2;
-    } else if (a == "--half-life" && i + 1 < argc) {
-      if (!number_arg("--half-life", argv[++i], 0, &config.half_life_s)) return 2;
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "ballast suspects: unexpected argument '%s'\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-  }
-  if (path.empty()) {
-    std::fprintf(stderr, "ballast suspects: --events FILE is required\n%s", kUsage);
-    return 2;
-  }
+  CLI::App app(kDescription, "ballast suspects");
+  app.add_option("--events", path, "the events, JSON lines (- for stdin)")->required();
+  app.add_flag("--json", json, "each change of the ranking as a JSON line");
+  app.add_option("--min-score", config.min_score, "least score of a suspect listed")->check(util::NumberIn(0, 1e12));
+  app.add_option("--half-life", config.half_life_s, "seconds for evidence to lose half its weight")
+      ->check(util::NumberIn(0, 1e12));
+  if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   std::ifstream file;
   if (path != "-") {
     file.open(path, std::ios::binary);

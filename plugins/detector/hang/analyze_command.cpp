@@ -3,40 +3,28 @@
 #include "heartbeat.hpp"
 #include "launch_record.hpp"
 
+#include "command_line.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
 namespace ballast::hang {
 
 int analyze_main(int argc, char** argv) {
+  CLI::App app("Root cause of a hung, failed, mismatched or slow collective from the trace rings in DIR.",
+               "ballast analyze");
   std::string dir, chrome;
   bool json = false;
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--chrome" && i + 1 < argc) chrome = argv[++i];
-    else if (a == "--slow-ms" && i + 1 < argc) opt.slow_ms = std::atof(argv[++i]);
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: %s DIR [--json] [--chrome FILE] [--slow-ms N]\n"
-                  "Root cause of a hung, failed, mismatched or slow collective from the trace rings in DIR.\n",
-                  argv[0]);
-      return 0;
-    } else if (!a.empty() && a[0] != '-' && dir.empty()) dir = a;
-    else {
-      std::fprintf(stderr, "%s: unexpected argument '%s' (usage: %s DIR [--json] [--chrome FILE] [--slow-ms N])\n",
-                   argv[0], a.c_str(), argv[0]);
-      return 2;
-    }
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "%s: missing DIR, the folder of the *.btrace rings (BALLAST_TRACE_DIR)\n", argv[0]);
-    return 2;
-  }
+  app.add_option("DIR", dir, "the folder of the *.btrace rings (BALLAST_TRACE_DIR)")->required();
+  app.add_flag("--json", json, "print one JSON object");
+  app.add_option("--chrome", chrome, "write a Chrome/Perfetto trace of the rings");
+  app.add_option("--slow-ms", opt.slow_ms, "a rank entering collectives this much later than the others is slow (default 1000)")
+      ->check(CLI::PositiveNumber);
+  if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   std::vector<std::string> errors;
   auto rings = read_dir(dir, &errors);
   // A job `ballast launch` stopped: the ranks it ended itself are analysed
@@ -51,9 +39,10 @@ int analyze_main(int argc, char** argv) {
     if (const auto it = states.find(r.header.rank); it != states.end()) r.state = it->second;
   const auto beats = rings.empty() ? read_heartbeats(dir, &errors) : std::vector<Heartbeat>{};
   if (rings.empty() && beats.empty()) {
-    for (const auto& e : errors) std::fprintf(stderr, "%s: %s\n", argv[0], e.c_str());
-    std::fprintf(stderr, "%s: no readable trace ring (*.btrace) or heartbeat (*.heartbeat) in %s\n", argv[0], dir.c_str());
-    return 2;
+    for (const auto& e : errors) std::fprintf(stderr, "ballast analyze: %s\n", e.c_str());
+    std::fprintf(stderr, "ballast analyze: no readable trace ring (*.btrace) or heartbeat (*.heartbeat) in %s\n",
+                 dir.c_str());
+    return 1;
   }
   Verdict v = !rings.empty() ? analyze(rings, opt) : analyze_heartbeats(beats, states);
   for (const auto& e : errors) v.warnings.push_back(e);
@@ -61,8 +50,8 @@ int analyze_main(int argc, char** argv) {
     std::ofstream f(chrome);
     f << chrome_trace(rings);
     if (!f) {
-      std::fprintf(stderr, "%s: cannot write %s\n", argv[0], chrome.c_str());
-      return 2;
+      std::fprintf(stderr, "ballast analyze: cannot write %s\n", chrome.c_str());
+      return 1;
     }
   }
   if (json) {

@@ -4,12 +4,16 @@
 #include "launch_env.hpp"
 #include "launch_record.hpp"
 
+#include "command_line.hpp"
+#include "progress.hpp"
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -119,13 +123,6 @@ std::string ended_words(int status) {
   return "";
 }
 
-int usage(const char* prog, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n",
-               prog, why.c_str(), prog);
-  return 2;
-}
-
 struct LaunchArgs {
   int n = 0, port = 0;
   double stall_s = 10;
@@ -134,36 +131,24 @@ struct LaunchArgs {
   int command = 0;  // argv index of the command after --
 };
 
-// The options; returns -1 to go on, else the exit code (help, usage error).
+// The options before "--"; returns -1 to go on, else the exit code (help,
+// usage error).
 int parse_args(int argc, char** argv, LaunchArgs* a) {
-  int i = 1;
-  for (; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    const char* v = nullptr;
-    if (arg == "--json") a->json = true;
-    else if (arg == "-h" || arg == "--help") {
-      std::printf("usage: %s -n N [--trace-dir DIR] [--stall SECONDS] [--port PORT] [--json] -- CMD ARGS...\n"
-                  "Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
-                  "their collective traces; on a failure or a hang print the root cause and stop the job.\n",
-                  argv[0]);
-      return 0;
-    } else if ((arg == "-n" || arg == "--nproc" || arg == "--trace-dir" || arg == "--stall" || arg == "--port") &&
-               (v = value())) {
-      if (arg == "--trace-dir") a->dir = v;
-      else if (arg == "--stall") a->stall_s = std::atof(v);
-      else if (arg == "--port") a->port = std::atoi(v);
-      else a->n = std::atoi(v);
-    } else return usage(argv[0], "unexpected argument '" + arg + "'");
-  }
-  if (a->n <= 0 || a->n > 4096) return usage(argv[0], "-n N (1..4096) is required");
-  if (i >= argc) return usage(argv[0], "missing the command after --");
-  if (a->stall_s <= 0) return usage(argv[0], "--stall must be positive");
-  a->command = i;
+  CLI::App app("Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
+               "their collective traces; on a failure or a hang print the root cause and stop the job.",
+               "ballast launch");
+  app.footer("The command the ranks run comes after --: ballast launch -n N [OPTIONS] -- CMD ARGS...");
+  app.add_option("-n,--nproc", a->n, "ranks to start")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--trace-dir", a->dir, "folder of the trace rings (default: a new one in /dev/shm)");
+  app.add_option("--stall", a->stall_s, "seconds without progress that make a hang (default 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
+  app.add_flag("--json", a->json, "print the verdict as one JSON object");
+  int end = 1;
+  while (end < argc && std::strcmp(argv[end], "--") != 0) ++end;
+  if (int rc = util::parse_command_line(app, end, argv); rc >= 0) return rc;
+  if (end + 1 >= argc) return util::usage_error(app, "missing the command after --");
+  a->command = end + 1;
   return -1;
 }
 
@@ -174,7 +159,10 @@ int prepare(const char* prog, LaunchArgs* a) {
     char shm[] = "/dev/shm/ballast-launch-XXXXXX", tmp[] = "/tmp/ballast-launch-XXXXXX";
     if (mkdtemp(shm)) a->dir = shm;
     else if (mkdtemp(tmp)) a->dir = tmp;
-    else return usage(prog, "cannot create a trace folder in /dev/shm or /tmp");
+    else {
+      std::fprintf(stderr, "%s: cannot create a trace folder in /dev/shm or /tmp: %s\n", prog, std::strerror(errno));
+      return 1;
+    }
   } else {
     mkdir(a->dir.c_str(), 0755);
   }
@@ -182,7 +170,7 @@ int prepare(const char* prog, LaunchArgs* a) {
   if (a->port == 0) {
     std::fprintf(stderr, "%s: found no free port for MASTER_PORT outside ip_local_port_range: give one with --port\n",
                  prog);
-    return 2;
+    return 1;
   }
   return -1;
 }
@@ -220,6 +208,20 @@ bool start_ranks(const LaunchArgs& a, char** argv, const std::string& secret, st
   return true;
 }
 
+// The progress line of the watch: "3 of 4 ranks running, 12 s, 1530
+// collectives (125/s), last progress 0.2 s ago".
+std::string watch_status(int running, int n, double elapsed, const std::vector<RankRing>& rings, double idle) {
+  char text[256];
+  int len = std::snprintf(text, sizeof text, "%d of %d ranks running, %.0f s", running, n, elapsed);
+  uint64_t ops = 0;  // the furthest rank's operations
+  for (const auto& r : rings)
+    if (!r.records.empty()) ops = std::max(ops, r.records.back().seq);
+  if (!rings.empty() && len > 0 && size_t(len) < sizeof text)
+    std::snprintf(text + len, sizeof text - size_t(len), ", %llu collectives (%.0f/s), last progress %.1f s ago",
+                  static_cast<unsigned long long>(ops), elapsed > 0 ? double(ops) / elapsed : 0.0, idle);
+  return text;
+}
+
 // How the watch ended: every rank done, a rank failed, the job hung, or a
 // stop signal.
 struct WatchEnd {
@@ -238,6 +240,9 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
   uint64_t signature = 0;
   auto next_scan = t0;
   bool watched = false, warned = false;
+  // On a terminal, until the verdict: ranks running, time, collectives and
+  // their rate, the last progress (erased before any other message).
+  util::ProgressLine progress(stderr, "ballast launch", false, a.json);
   while (end.running > 0 && !g_stop_signal) {
     // Of the ranks that failed since the last look, the one killed by a
     // signal: the others most likely exited on the error its death caused.
@@ -266,12 +271,15 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
       // say how far they are through heartbeat files.
       const auto beats = rings.empty() ? read_heartbeats(a.dir, &errors) : std::vector<Heartbeat>{};
       if (!rings.empty() || !beats.empty()) {
-        if (warned && !watched)
+        if (warned && !watched) {
+          progress.clear();
           std::fprintf(stderr, "ballast launch: %s appeared in %s: hang detection is on\n",
                        rings.empty() ? "heartbeats" : "trace rings", a.dir.c_str());
+        }
         watched = true;
       } else if (!watched && !warned && since(t0) >= kUnwatchedWarnSeconds) {
         warned = true;
+        progress.clear();
         std::fprintf(stderr,
                      "ballast launch: warning: no trace ring and no heartbeat in %s after %.0f s: hang detection is "
                      "off for this job (ranks exiting are still watched). Run collectives through a Ballast comm "
@@ -289,6 +297,7 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
                   std::to_string(int(since(last_change))) + " s";
         break;
       }
+      progress.status(watch_status(end.running, a.n, since(t0), rings, since(last_change)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

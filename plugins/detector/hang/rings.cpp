@@ -1,5 +1,7 @@
 #include "rings.hpp"
 
+#include "proc_stat.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -35,22 +37,10 @@ bool on_this_host(const char* host) {
 // The state letter of pid in /proc/PID/stat (0 when it cannot be read) and
 // the CPU time of all its threads, in clock ticks.
 char read_stat(int32_t pid, uint64_t* cpu_ticks) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "r");
-  if (!f) return 0;
-  char buf[512];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name before it may hold spaces and parentheses
-  unsigned long long utime = 0, stime = 0;
-  char st = 0;
-  // After the name: state, then 10 fields, then utime and stime (proc(5)).
-  if (!p || std::sscanf(p + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &st, &utime, &stime) != 3)
-    return 0;
-  *cpu_ticks = utime + stime;
-  return st;
+  util::ProcStat s;
+  if (!util::read_proc_stat(pid, &s)) return 0;
+  *cpu_ticks = s.utime + s.stime;
+  return s.state;
 }
 
 }  // namespace

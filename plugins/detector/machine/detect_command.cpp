@@ -3,6 +3,8 @@
 #include "config.hpp"
 #include "metric_names.hpp"
 
+#include "command_line.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -80,94 +82,32 @@ NameCounts map_exporter_names(MetricsTable* t) {
 
 namespace {
 
-const char* kUsage =
-    "usage: ballast detect --metrics FILE.csv[.gz] [--config FILE.lua] [--json]\n"
+const char* kDescription =
     "Replays a CSV with columns ts,node,metric,value (ts in seconds) through the\n"
     "faulty-machine detector and prints one line per alert (--json: one JSON object\n"
     "{\"node\",\"metric\",\"ts\",\"score\",\"kind\",\"since\"} per line, then one with\n"
     "\"kind\":\"summary\": series checked and ignored). Exporter names (DCGM exporter,\n"
     "node-exporter, plain gpu_util, net_tx_gbps, ...) are mapped to the detector's\n"
-    "(plugins/detector/common/README.md); a labelled series is one quoted CSV field.\n"
-    "--config: a Lua table with keys period, lateness, window, threshold, continuity,\n"
-    "silent_after, rel_floor, abs_floor, spread_memory, warmup, min_nodes,\n"
-    "max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors,\n"
-    "hold_peers\n"
-    "(see plugins/detector/machine/README.md).\n";
+    "(plugins/detector/common/README.md); a labelled series is one quoted CSV field.";
 
-bool load_config(const std::string& path, DetectorConfig* config, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = path + ": cannot open: " + std::strerror(errno);
-    return false;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ConfigText text;
-  if (!parse_lua_table(ss.str(), path, &text, error)) return false;
-  // Nested `min_deviation = { ["pattern"] = n }` arrives as dotted keys.
-  for (std::string table : {"min_deviation", "rel_floors"}) {
-    nlohmann::json entries = nlohmann::json::object();
-    std::string prefix = table + ".";
-    for (auto it = text.begin(); it != text.end();) {
-      if (it->first.rfind(prefix, 0) == 0) {
-        entries[it->first.substr(prefix.size())] = it->second;
-        it = text.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!entries.empty()) text[table] = entries.dump();
-  }
-  const auto& known = config_keys();
-  for (const auto& [key, value] : text) {
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      *error = path + ": unknown key '" + key + "'";
-      return false;
-    }
-  }
-  auto get = [&](const std::string& k, std::string* v) {
-    auto it = text.find(k);
-    if (it == text.end()) return false;
-    *v = it->second;
-    return true;
-  };
-  if (!apply_config(get, config, error)) {
-    *error = path + ": " + *error;
-    return false;
-  }
-  return true;
-}
+const char* kConfigHelp =
+    "a Lua table with keys period, lateness, window, threshold, continuity, silent_after, rel_floor, abs_floor, "
+    "spread_memory, warmup, min_nodes, max_outlier_fraction, max_metrics, metrics, min_deviation, rel_floors, "
+    "hold_peers (plugins/detector/machine/README.md)";
 
 }  // namespace
 
 static int detect_run(int argc, char** argv) {
+  CLI::App app(kDescription, "ballast detect");
   std::string metrics, config_path;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if ((a == "--metrics" || a == "--config") && i + 1 < argc) {
-      (a == "--metrics" ? metrics : config_path) = argv[++i];
-    } else if (a.rfind("--metrics=", 0) == 0) {
-      metrics = a.substr(10);
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "%s: unexpected argument '%s'\n%s", argv[0], a.c_str(), kUsage);
-      return 2;
-    }
-  }
-  if (metrics.empty()) {
-    std::fprintf(stderr, "%s: --metrics FILE is required\n%s", argv[0], kUsage);
-    return 2;
-  }
+  app.add_option("--metrics", metrics, "the metrics CSV, plain or gzip")->required();
+  app.add_option("--config", config_path, kConfigHelp);
+  app.add_flag("--json", json, "JSON lines instead of text");
+  if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   DetectorConfig config;
   std::string error;
-  if (!config_path.empty() && !load_config(config_path, &config, &error)) {
+  if (!config_path.empty() && !load_config_file(config_path, &config, &error)) {
     std::fprintf(stderr, "ballast detect: %s\n", error.c_str());
     return 1;
   }

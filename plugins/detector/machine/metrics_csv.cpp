@@ -2,23 +2,19 @@
 
 #include "detector.hpp"
 
-#include <zlib.h>
+#include "gzip_reader.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <unordered_map>
 
 namespace ballast::machine {
 
 namespace {
 
-struct GzCloser {
-  void operator()(gzFile f) const { gzclose(f); }
-};
+constexpr size_t kMaxLine = 16u << 20;  // one CSV record
 
 std::string trim(const std::string& s, size_t b, size_t e) {
   while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
@@ -77,48 +73,21 @@ bool split(const std::string& line, std::vector<std::string>* fields, std::strin
   }
 }
 
-// Reads whole lines of any length; false at the end or on a stream error.
-bool next_line(gzFile f, std::string* line, bool* failed) {
-  line->clear();
-  char buf[4096];
-  for (;;) {
-    if (!gzgets(f, buf, sizeof buf)) {
-      int err = 0;
-      gzerror(f, &err);
-      if (err != Z_OK && err != Z_STREAM_END) *failed = true;
-      return !line->empty() && !*failed;
-    }
-    *line += buf;
-    if (!line->empty() && line->back() == '\n') {
-      line->pop_back();
-      return true;
-    }
-  }
-}
-
 }  // namespace
 
 bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* error) {
-  std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
-  if (!f) {
-    *error = path + ": cannot open: " + std::strerror(errno);
-    return false;
-  }
-  gzbuffer(f.get(), 1 << 16);
+  util::MaybeGzipFile f;
+  if (!f.open(path, error)) return false;
   std::string line;
-  bool failed = false;
   size_t lineno = 0;
   auto stream_error = [&] {
-    int err = 0;
-    const char* msg = gzerror(f.get(), &err);
-    *error = path + ":" + std::to_string(lineno + 1) + ": cannot read: " +
-             (err == Z_BUF_ERROR ? "truncated gzip stream (unexpected end of file)" : msg);
+    *error = path + ":" + std::to_string(lineno + 1) + ": " + f.error();
     return false;
   };
   // Header.
   do {
-    if (!next_line(f.get(), &line, &failed)) {
-      if (failed) return stream_error();
+    if (!f.getline(&line, kMaxLine)) {
+      if (f.failed()) return stream_error();
       *error = path + ": empty file: expected a header ts,node,metric,value";
       return false;
     }
@@ -155,7 +124,7 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     ids.emplace(s, id);
     return id;
   };
-  while (next_line(f.get(), &line, &failed)) {
+  while (f.getline(&line, kMaxLine)) {
     ++lineno;
     if (trim(line, 0, line.size()).empty()) continue;
     std::string where = path + ":" + std::to_string(lineno) + ": ";
@@ -214,7 +183,7 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     last_ts[r.node] = r.ts_ns;
     out->rows.push_back(r);
   }
-  if (failed) return stream_error();
+  if (f.failed()) return stream_error();
   return true;
 }
 

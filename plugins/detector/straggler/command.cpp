@@ -1,6 +1,6 @@
 #include "command.hpp"
 
-#include <CLI/CLI.hpp>
+#include "command_line.hpp"
 
 #include <filesystem>
 #include <string>
@@ -26,15 +26,7 @@ int run_whatif(int argc, char** argv, std::FILE* out, std::FILE* err) {
                  "else sizes from the trace)");
   app.add_flag("--json", json, "print one JSON object");
   app.add_option("--timeline", timeline_path, "write a Chrome/Perfetto trace of the recorded and the ideal run");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), out);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(err, "%s: %s\n%s", app.get_name().c_str(), e.what(), app.help().c_str());
-    return 2;
-  }
+  if (int rc = util::parse_command_line(app, argc, argv, out, err); rc >= 0) return rc;
 
   try {
     Meta meta;

@@ -133,31 +133,37 @@ void write_timeline(const Timeline& timeline, const std::string& path) {
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
 
+  // One event per line, each written by nlohmann-json as it is made (a
+  // timeline has an event per operation: no document held in memory).
   FILE* out = f.get();
   std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", out);
+  bool first = true;
+  auto put = [&](const nlohmann::ordered_json& e) {
+    std::fputs(first ? "" : ",\n", out);
+    std::fputs(e.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str(), out);
+    first = false;
+  };
   const char* names[] = {"recorded", "ideal (no stragglers)"};
   for (int pid = 1; pid <= 2; ++pid) {
-    std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"%s\"}},\n", pid,
-                 names[pid - 1]);
-    std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}},\n", pid,
-                 pid);
+    put({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", names[pid - 1]}}}});
+    put({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
     for (int32_t rank : ranks)
-      std::fprintf(out,
-                   "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}},\n",
-                   pid, rank, rank);
+      put({{"ph", "M"},
+           {"name", "thread_name"},
+           {"pid", pid},
+           {"tid", rank},
+           {"args", {{"name", "rank " + std::to_string(rank)}}}});
   }
-  bool first = true;
   for (int pid = 1; pid <= 2; ++pid) {
     for (const auto& e : pid == 1 ? timeline.original : timeline.ideal) {
-      std::string_view name = optype_name(e.type), group = report_name(e.type);
-      std::fprintf(
-          out,
-          "%s{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"name\":\"%.*s %d\",\"cat\":\"%.*s\",\"ts\":%.3f,\"dur\":%.3f,"
-          "\"args\":{\"step\":%lld}}",
-          first ? "" : ",\n", pid, e.rank, static_cast<int>(name.size()), name.data(), e.seq,
-          static_cast<int>(group.size()), group.data(), (e.start - origin) * 1e6, e.duration * 1e6,
-          static_cast<long long>(e.step));
-      first = false;
+      put({{"ph", "X"},
+           {"pid", pid},
+           {"tid", e.rank},
+           {"name", std::string(optype_name(e.type)) + " " + std::to_string(e.seq)},
+           {"cat", std::string(report_name(e.type))},
+           {"ts", std::round((e.start - origin) * 1e9) / 1e3},
+           {"dur", std::round(e.duration * 1e9) / 1e3},
+           {"args", {{"step", e.step}}}});
     }
   }
   std::fputs("\n]}\n", out);

@@ -1,6 +1,6 @@
 #include "trace.hpp"
 
-#include <zlib.h>
+#include "gzip_reader.hpp"
 
 #include <algorithm>
 #include <array>
@@ -95,14 +95,6 @@ Buffer read_file(const std::string& path) {
   fail(path, line, column, what);
 }
 
-struct InflateStream {
-  z_stream zs{};
-  bool open = false;
-  ~InflateStream() {
-    if (open) inflateEnd(&zs);
-  }
-};
-
 Buffer gunzip(const Buffer& data, const std::string& path) {
   Buffer out;
   // The last member's trailer holds the text size modulo 2^32: a good first guess.
@@ -112,39 +104,14 @@ Buffer gunzip(const Buffer& data, const std::string& path) {
     guess = t[0] | (t[1] << 8) | (t[2] << 16) | (static_cast<size_t>(t[3]) << 24);
   }
   out.reserve(std::max(guess + 1, data.size() * 4 + 1024));
-
-  InflateStream s;
-  if (inflateInit2(&s.zs, 15 + 32) != Z_OK) throw TraceError(path + ": zlib initialisation failed");
-  s.open = true;
-  s.zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));  // zlib does not write it
-  s.zs.avail_in = static_cast<uInt>(data.size());
-  size_t produced = 0;
+  util::Gunzip z;
+  z.feed(data.data(), data.size(), true);
   for (;;) {
-    if (produced == out.capacity()) out.reserve(out.capacity() * 2);
-    s.zs.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    s.zs.avail_out = static_cast<uInt>(std::min<size_t>(out.capacity() - produced, 1u << 30));
-    uInt before = s.zs.avail_out;
-    int rc = inflate(&s.zs, Z_NO_FLUSH);
-    produced += before - s.zs.avail_out;
-    out.set_size(produced);
-    if (rc == Z_STREAM_END) {
-      if (s.zs.avail_in == 0) break;
-      // Concatenated gzip members are one stream (gzip -c a b > c).
-      if (s.zs.avail_in >= 2 && s.zs.next_in[0] == 0x1f && s.zs.next_in[1] == 0x8b) {
-        inflateReset(&s.zs);
-        continue;
-      }
-      fail_truncated(path, std::string_view(out.data(), produced), "garbage after the end of the gzip stream");
-    }
-    if (rc == Z_OK) continue;
-    if (rc == Z_BUF_ERROR && s.zs.avail_out == 0) continue;
-    if (rc == Z_BUF_ERROR && s.zs.avail_in == 0)
-      fail_truncated(path, std::string_view(out.data(), produced),
-                     "truncated gzip stream: the file ends inside the compressed data");
-    fail_truncated(path, std::string_view(out.data(), produced),
-                   std::string("corrupt gzip stream: ") + (s.zs.msg ? s.zs.msg : "zlib error " + std::to_string(rc)));
+    if (out.size() == out.capacity()) out.reserve(out.capacity() * 2);
+    out.set_size(out.size() + z.read(out.data() + out.size(), out.capacity() - out.size()));
+    if (z.done()) return out;
+    if (z.failed()) fail_truncated(path, out.view(), z.error());
   }
-  return out;
 }
 
 class FieldParser {
@@ -343,64 +310,8 @@ Trace parse_trace_csv(std::string_view text, const std::string& source) {
 
 Trace read_trace(const std::string& path) {
   Buffer data = read_file(path);
-  if (data.size() >= 2 && static_cast<unsigned char>(data.data()[0]) == 0x1f &&
-      static_cast<unsigned char>(data.data()[1]) == 0x8b)
-    return parse_trace_csv(gunzip(data, path).view(), path);
+  if (util::is_gzip(data.data(), data.size())) return parse_trace_csv(gunzip(data, path).view(), path);
   return parse_trace_csv(data.view(), path);
-}
-
-Meta read_meta(const std::string& path) {
-  Buffer buf = read_file(path);
-  std::string_view text = buf.view();
-  Meta m;
-  size_t line = 0, pos = 0;
-  while (pos < text.size()) {
-    ++line;
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view ln = trim_cr(text.substr(pos, end - pos));
-    pos = end + 1;
-    if (size_t hash = ln.find('#'); hash != std::string_view::npos) ln = ln.substr(0, hash);
-    while (!ln.empty() && (ln.back() == ' ' || ln.back() == '\t')) ln.remove_suffix(1);
-    if (ln.find_first_not_of(" \t") == std::string_view::npos) continue;
-    size_t colon = ln.find(':');
-    if (colon == std::string_view::npos) fail(path, line, "", "expected 'key: value', got " + quoted(ln));
-    std::string_view key = ln.substr(0, colon);
-    std::string_view value = ln.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
-      value = value.substr(1, value.size() - 2);
-    auto size_of = [&]() {
-      int v = 0;
-      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-      if (ec != std::errc() || p != value.data() + value.size() || v <= 0 || v > (1 << 20))
-        fail(path, line, key, quoted(value) + " is not a positive integer up to 1048576");
-      return v;
-    };
-    if (key == "trial_name")
-      m.trial_name = std::string(value);
-    else if (key == "dp_size")
-      m.dp = size_of();
-    else if (key == "pp_size")
-      m.pp = size_of();
-    else if (key == "tp_size")
-      m.tp = size_of();
-    else if (key == "dsp_size")
-      m.dsp = size_of();
-    else if (key == "vpp_size")
-      m.vpp = size_of();
-    else if (key == "world_size")
-      m.world = size_of();
-  }
-  if (uint64_t(std::max(m.dp, 1)) * uint64_t(std::max(m.pp, 1)) > kMaxGridCells)
-    fail(path, line, "dp_size", "dp_size " + std::to_string(m.dp) + " times pp_size " + std::to_string(m.pp) +
-                                    " is more than " + std::to_string(kMaxGridCells));
-  // In 64 bits: four sizes of up to 2^31 each would wrap an int.
-  const uint64_t product = uint64_t(m.dp) * uint64_t(m.pp) * uint64_t(m.tp) * uint64_t(m.dsp);
-  if (m.world && m.dp && m.pp && uint64_t(m.world) != product)
-    fail(path, line, "world_size",
-         std::to_string(m.world) + " is not dp_size*pp_size*tp_size*dsp_size = " + std::to_string(product));
-  return m;
 }
 
 }  // namespace ballast::straggler

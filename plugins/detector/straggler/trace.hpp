@@ -58,7 +58,10 @@ inline constexpr uint64_t kMaxGridCells = uint64_t{1} << 20;
 Trace read_trace(const std::string& path);
 // Parse CSV text; `source` names it in errors. Throws TraceError.
 Trace parse_trace_csv(std::string_view text, const std::string& source);
-// Read meta.yaml (flat "key: value" lines). Throws TraceError.
+// Read meta.yaml (libyaml): one mapping, block or flow style, `---` allowed;
+// dp_size, pp_size, tp_size, dsp_size, vpp_size, world_size, trial_name
+// read, other scalar keys skipped; a nested value, an alias, a duplicate key
+// or a second document is refused. Throws TraceError naming the file and line.
 Meta read_meta(const std::string& path);
 
 }  // namespace ballast::straggler

@@ -1,6 +1,7 @@
 #include "executor.hpp"
 
 #include "launch_env.hpp"
+#include "proc_stat.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -74,21 +75,9 @@ void mem_hog() {
 
 // CPU seconds of a process (utime + stime), -1 if it is gone.
 double cpu_seconds(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
-  std::ifstream in(path);
-  std::string text;
-  if (!std::getline(in, text)) return -1;
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::atof(field.c_str());
-    if (i == 15) stime = std::atof(field.c_str());
-  }
-  return (utime + stime) / double(sysconf(_SC_CLK_TCK));
+  util::ProcStat s;
+  if (!util::read_proc_stat(int(pid), &s)) return -1;
+  return double(s.utime + s.stime) / double(sysconf(_SC_CLK_TCK));
 }
 
 // The network counters of a process's namespace, named as the collector

@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.hpp"
+#include "progress.hpp"
 #include "hotblocks.hpp"
 #include "loader.hpp"
 #include "snapshot.hpp"
@@ -28,15 +31,10 @@ namespace ballast::startup {
 
 namespace {
 
-const char* kUsage =
-    "usage: ballast startup SUBCOMMAND ...\n"
-    "  report [--json] STAGES_FILE               where the start-up time went\n"
-    "  record [--profile FILE] [--block-kib N] [--exclude PREFIX] -- CMD...   record the blocks CMD reads\n"
-    "  prefetch PROFILE [--threads N] [--budget-mib N] [-- CMD...]   warm them (while CMD runs)\n"
-    "  env --lock FILE --dir DIR --store DIR [--cap-mib N] -- INSTALL...   restore or build a snapshot\n"
-    "  load FILE... [--stripes N] [--chunk-mib N] [--direct|--buffered] [--share] [--write-sums] [--json]\n"
-    "  time STAGE -- CMD...                       time CMD as one stage\n"
-    "common: --stages FILE appends stage timings (default: $BALLAST_STARTUP_STAGES)\n";
+const char* kFooter =
+    "Commands that run a program take it after --: ballast startup time STAGE -- CMD ARGS...\n"
+    "--stages FILE appends stage timings (default: $BALLAST_STARTUP_STAGES).\n"
+    "Run 'ballast startup COMMAND --help' for a command's options.";
 
 // Splits argv at the first "--": options before, the command after.
 void split_command(int argc, char** argv, std::vector<std::string>& opts, std::vector<std::string>& cmd) {
@@ -49,16 +47,6 @@ void split_command(int argc, char** argv, std::vector<std::string>& opts, std::v
     }
     (after ? cmd : opts).push_back(a);
   }
-}
-
-int parse(CLI::App& app, std::vector<std::string> args) {
-  std::reverse(args.begin(), args.end());
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  return -1;
 }
 
 // The interposer library: $BALLAST_STARTUP_TRACE_LIB, else next to this
@@ -89,32 +77,43 @@ StageRecord stage(const std::string& name, int64_t start, uint64_t bytes, int st
   return r;
 }
 
-int cmd_report(const std::vector<std::string>& args) {
-  CLI::App app("where the start-up time went", "ballast startup report");
+struct ReportArgs {
   bool json = false;
   std::string file;
-  app.add_flag("--json", json, "one JSON object");
-  app.add_option("FILE", file, "stage log (JSON lines)")->required();
-  if (int rc = parse(app, args); rc >= 0) return rc;
+};
+
+void add_report(CLI::App& top, ReportArgs& a) {
+  CLI::App* app = top.add_subcommand("report", "where the start-up time went");
+  app->add_flag("--json", a.json, "one JSON object");
+  app->add_option("FILE", a.file, "stage log (JSON lines)")->required();
+}
+
+int cmd_report(const ReportArgs& a) {
+  const bool json = a.json;
+  const std::string& file = a.file;
   nlohmann::json rep = stage_report(read_stages(file));
   rep["file"] = file;
   std::fputs(json ? (rep.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n").c_str() : stage_report_text(rep).c_str(), stdout);
   return 0;
 }
 
-int cmd_record(const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
-  CLI::App app("record the blocks a command reads", "ballast startup record");
+struct RecordArgs {
   std::string profile = "ballast-startup.profile.json";
   uint64_t block_kib = 256;
   std::vector<std::string> exclude;
-  app.add_option("--profile", profile, "hot-block profile to write");
-  app.add_option("--exclude", exclude, "leave out files under this path prefix (repeatable)");
-  app.add_option("--block-kib", block_kib, "block size in KiB (power of two)");
-  if (int rc = parse(app, args); rc >= 0) return rc;
-  if (cmd.empty()) {
-    std::fprintf(stderr, "ballast startup record: no command after --\n");
-    return 2;
-  }
+};
+
+void add_record(CLI::App& top, RecordArgs& a) {
+  CLI::App* app = top.add_subcommand("record", "record the blocks a command reads (the command after --)");
+  app->add_option("--profile", a.profile, "hot-block profile to write");
+  app->add_option("--exclude", a.exclude, "leave out files under this path prefix (repeatable)");
+  app->add_option("--block-kib", a.block_kib, "block size in KiB (power of two)");
+}
+
+int cmd_record(RecordArgs a, const std::vector<std::string>& cmd) {
+  const std::string& profile = a.profile;
+  const uint64_t block_kib = a.block_kib;
+  std::vector<std::string>& exclude = a.exclude;
   std::string lib = trace_library();
   if (lib.empty() || !fs::exists(lib)) {
     std::fprintf(stderr, "ballast startup record: interposer library not found (%s); set BALLAST_STARTUP_TRACE_LIB\n",
@@ -140,19 +139,28 @@ int cmd_record(const std::vector<std::string>& args, const std::vector<std::stri
   return rc;
 }
 
-int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& args,
-                 const std::vector<std::string>& cmd) {
-  CLI::App app("warm the page cache from a hot-block profile", "ballast startup prefetch");
+struct PrefetchArgs {
   std::string profile, stages;
   PrefetchOptions o;
   uint64_t budget_mib = 0;
   bool json = false;
-  app.add_option("PROFILE", profile, "hot-block profile")->required();
-  app.add_option("--threads", o.threads, "parallel readers");
-  app.add_option("--budget-mib", budget_mib, "most bytes to prefetch (default: half of MemAvailable)");
-  app.add_option("--stages", stages, "stage log to append to");
-  app.add_flag("--json", json, "print the outcome as JSON");
-  if (int rc = parse(app, args); rc >= 0) return rc;
+};
+
+void add_prefetch(CLI::App& top, PrefetchArgs& a) {
+  CLI::App* app = top.add_subcommand("prefetch", "warm the page cache from a hot-block profile (while the command "
+                                                 "after -- runs)");
+  app->add_option("PROFILE", a.profile, "hot-block profile")->required();
+  app->add_option("--threads", a.o.threads, "parallel readers");
+  app->add_option("--budget-mib", a.budget_mib, "most bytes to prefetch (default: half of MemAvailable)");
+  app->add_option("--stages", a.stages, "stage log to append to");
+  app->add_flag("--json", a.json, "print the outcome as JSON");
+}
+
+int cmd_prefetch(const ballast_host_api* host, PrefetchArgs a, const std::vector<std::string>& cmd) {
+  const std::string &profile = a.profile, &stages = a.stages;
+  PrefetchOptions& o = a.o;
+  const uint64_t budget_mib = a.budget_mib;
+  const bool json = a.json;
   o.budget_bytes = budget_mib << 20;
   StageLog log(host, stages);
   const int64_t t0 = wall_ns();
@@ -170,6 +178,14 @@ int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& a
   if (!cmd.empty()) {
     rc = run_process(cmd, {}, [&](int pid) { pf.watch(pid); });
     pf.stop();  // the job is over: what is left is no longer needed
+  } else {
+    // Alone, on a terminal: how far, how fast, how long yet (the job's own
+    // output would mix with it, so not while a command runs).
+    util::ProgressLine progress(stderr, "ballast startup prefetch", true, json);
+    while (!pf.idle()) {
+      progress.update(double(pf.done_bytes()), double(pf.planned_bytes()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   pf.wait();
   const PrefetchStats& s = pf.stats();
@@ -192,24 +208,29 @@ int cmd_prefetch(const ballast_host_api* host, const std::vector<std::string>& a
   return cmd.empty() ? (s.errors ? 1 : 0) : rc;
 }
 
-int cmd_env(const ballast_host_api* host, const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
-  CLI::App app("restore or build a dependency snapshot", "ballast startup env");
+struct EnvArgs {
   EnvOptions o;
   std::string stages;
   uint64_t cap_mib = 20480;
   bool json = false;
-  app.add_option("--lock", o.lockfiles, "lockfile(s) the key is made of")->required();
-  app.add_option("--dir", o.dir, "environment directory the install fills")->required();
-  app.add_option("--store", o.store, "snapshot store directory")->required();
-  app.add_option("--cap-mib", cap_mib, "size cap of the store (LRU eviction)");
-  app.add_option("--platform", o.platform, "platform string in the key (default: OS, CPU, glibc)");
-  app.add_option("--stages", stages, "stage log to append to");
-  app.add_flag("--json", json, "print the outcome as JSON");
-  if (int rc = parse(app, args); rc >= 0) return rc;
-  if (cmd.empty()) {
-    std::fprintf(stderr, "ballast startup env: no install command after --\n");
-    return 2;
-  }
+};
+
+void add_env(CLI::App& top, EnvArgs& a) {
+  CLI::App* app = top.add_subcommand("env", "restore or build a dependency snapshot (the install command after --)");
+  app->add_option("--lock", a.o.lockfiles, "lockfile(s) the key is made of")->required();
+  app->add_option("--dir", a.o.dir, "environment directory the install fills")->required();
+  app->add_option("--store", a.o.store, "snapshot store directory")->required();
+  app->add_option("--cap-mib", a.cap_mib, "size cap of the store (LRU eviction)");
+  app->add_option("--platform", a.o.platform, "platform string in the key (default: OS, CPU, glibc)");
+  app->add_option("--stages", a.stages, "stage log to append to");
+  app->add_flag("--json", a.json, "print the outcome as JSON");
+}
+
+int cmd_env(const ballast_host_api* host, EnvArgs a, const std::vector<std::string>& cmd) {
+  EnvOptions& o = a.o;
+  const std::string& stages = a.stages;
+  const uint64_t cap_mib = a.cap_mib;
+  const bool json = a.json;
   o.cap_bytes = cap_mib << 20;
   o.install = cmd;
   StageLog log(host, stages);
@@ -232,24 +253,35 @@ int cmd_env(const ballast_host_api* host, const std::vector<std::string>& args, 
   return r.exit_code;
 }
 
-int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args) {
-  CLI::App app("striped checkpoint reads", "ballast startup load");
+struct LoadArgs {
   std::vector<std::string> files;
   LoadOptions o;
   uint64_t chunk_mib = 8;
   bool direct = false, buffered = false, no_verify = false, write = false, json = false;
   std::string stages;
-  app.add_option("FILE", files, "safetensors or raw shard files")->required();
-  app.add_option("--stripes", o.stripes, "parallel readers per file");
-  app.add_option("--chunk-mib", chunk_mib, "stripe unit in MiB");
-  app.add_flag("--direct", direct, "O_DIRECT into a fresh allocation (default: map the file, read it into the page cache)");
-  app.add_flag("--buffered", buffered, "never O_DIRECT (the default: map the file, read it into the page cache)");
-  app.add_flag("--share", o.share, "share one read among the processes of this node (/dev/shm)");
-  app.add_flag("--no-verify", no_verify, "ignore FILE.crc32c");
-  app.add_flag("--write-sums", write, "write FILE.crc32c after loading");
-  app.add_option("--stages", stages, "stage log to append to");
-  app.add_flag("--json", json, "one JSON object per file");
-  if (int rc = parse(app, args); rc >= 0) return rc;
+};
+
+void add_load(CLI::App& top, LoadArgs& a) {
+  CLI::App* app = top.add_subcommand("load", "striped checkpoint reads");
+  app->add_option("FILE", a.files, "safetensors or raw shard files")->required();
+  app->add_option("--stripes", a.o.stripes, "parallel readers per file");
+  app->add_option("--chunk-mib", a.chunk_mib, "stripe unit in MiB");
+  app->add_flag("--direct", a.direct,
+                "O_DIRECT into a fresh allocation (default: map the file, read it into the page cache)");
+  app->add_flag("--buffered", a.buffered, "never O_DIRECT (the default: map the file, read it into the page cache)");
+  app->add_flag("--share", a.o.share, "share one read among the processes of this node (/dev/shm)");
+  app->add_flag("--no-verify", a.no_verify, "ignore FILE.crc32c");
+  app->add_flag("--write-sums", a.write, "write FILE.crc32c after loading");
+  app->add_option("--stages", a.stages, "stage log to append to");
+  app->add_flag("--json", a.json, "one JSON object per file");
+}
+
+int cmd_load(const ballast_host_api* host, LoadArgs a) {
+  const std::vector<std::string>& files = a.files;
+  LoadOptions& o = a.o;
+  const uint64_t chunk_mib = a.chunk_mib;
+  const bool direct = a.direct, buffered = a.buffered, no_verify = a.no_verify, write = a.write, json = a.json;
+  const std::string& stages = a.stages;
   o.chunk_bytes = chunk_mib << 20;
   o.direct = direct ? 1 : buffered ? 0 : -1;
   o.verify = !no_verify;
@@ -286,16 +318,18 @@ int cmd_load(const ballast_host_api* host, const std::vector<std::string>& args)
   return rc;
 }
 
-int cmd_time(const ballast_host_api* host, const std::vector<std::string>& args, const std::vector<std::string>& cmd) {
-  CLI::App app("time a command as one start-up stage", "ballast startup time");
+struct TimeArgs {
   std::string name, stages;
-  app.add_option("STAGE", name, "stage name (comm_init, first_step, ...)")->required();
-  app.add_option("--stages", stages, "stage log to append to");
-  if (int rc = parse(app, args); rc >= 0) return rc;
-  if (cmd.empty()) {
-    std::fprintf(stderr, "ballast startup time: no command after --\n");
-    return 2;
-  }
+};
+
+void add_time(CLI::App& top, TimeArgs& a) {
+  CLI::App* app = top.add_subcommand("time", "time the command after -- as one start-up stage");
+  app->add_option("STAGE", a.name, "stage name (comm_init, first_step, ...)")->required();
+  app->add_option("--stages", a.stages, "stage log to append to");
+}
+
+int cmd_time(const ballast_host_api* host, const TimeArgs& a, const std::vector<std::string>& cmd) {
+  const std::string &name = a.name, &stages = a.stages;
   StageLog log(host, stages);
   const int64_t t0 = wall_ns();
   int rc = run_process(cmd);
@@ -306,20 +340,38 @@ int cmd_time(const ballast_host_api* host, const std::vector<std::string>& args,
 }  // namespace
 
 int run_command(const ballast_host_api* host, int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  std::string sub = argv[1];
+  CLI::App app("Start-up optimiser: stage profile, hot-block prefetch, dependency snapshots, striped checkpoint "
+               "loads.",
+               "ballast startup");
+  app.require_subcommand(1);
+  ReportArgs report;
+  RecordArgs record;
+  PrefetchArgs prefetch;
+  EnvArgs env;
+  LoadArgs load;
+  TimeArgs timing;
+  add_report(app, report);
+  add_record(app, record);
+  add_prefetch(app, prefetch);
+  add_env(app, env);
+  add_load(app, load);
+  add_time(app, timing);
+  app.footer(kFooter);
   std::vector<std::string> opts, cmd;
-  split_command(argc - 2, argv + 2, opts, cmd);
+  split_command(argc - 1, argv + 1, opts, cmd);
+  if (int rc = util::parse_command_line(app, opts); rc >= 0) return rc;
+  CLI::App* verb = app.get_subcommands().front();
+  const std::string sub = verb->get_name();
+  const bool takes_command = sub == "record" || sub == "prefetch" || sub == "env" || sub == "time";
+  if (!takes_command && !cmd.empty()) return util::usage_error(app, "takes no command after --");
+  if (takes_command && cmd.empty() && sub != "prefetch") return util::usage_error(app, "missing the command after --");
   try {
-    if (sub == "report") return cmd_report(opts);
-    if (sub == "record") return cmd_record(opts, cmd);
-    if (sub == "prefetch") return cmd_prefetch(host, opts, cmd);
-    if (sub == "env") return cmd_env(host, opts, cmd);
-    if (sub == "load") return cmd_load(host, opts);
-    if (sub == "time") return cmd_time(host, opts, cmd);
+    if (sub == "report") return cmd_report(report);
+    if (sub == "record") return cmd_record(record, cmd);
+    if (sub == "prefetch") return cmd_prefetch(host, prefetch, cmd);
+    if (sub == "env") return cmd_env(host, env, cmd);
+    if (sub == "load") return cmd_load(host, load);
+    return cmd_time(host, timing, cmd);
   } catch (const Error& e) {
     std::fprintf(stderr, "ballast startup %s: %s\n", sub.c_str(), e.what());
     return 1;
@@ -327,8 +379,6 @@ int run_command(const ballast_host_api* host, int argc, char** argv) {
     std::fprintf(stderr, "ballast startup %s: %s\n", sub.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr, "ballast startup: unknown subcommand \"%s\"\n%s", sub.c_str(), kUsage);
-  return 2;
 }
 
 }  // namespace ballast::startup

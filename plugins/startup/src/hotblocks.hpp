@@ -83,6 +83,9 @@ class Prefetcher {
   void stop();  // ask the threads to finish their current read and return
   void wait();  // join
   const PrefetchStats& stats() const { return stats_; }  // after wait()
+  // While it runs (any thread): the bytes read so far, of those planned.
+  uint64_t done_bytes() const { return done_bytes_.load(); }
+  uint64_t planned_bytes() const { return stats_.planned_bytes; }  // fixed at construction
 
  private:
   struct Piece {

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -13,202 +15,37 @@
 
 namespace ballast::startup {
 
-namespace {
-
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-
-uint32_t crc_soft(uint32_t crc, const uint8_t* p, size_t n) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
-  return crc;
-}
-
-// Appending n zero bytes to a message is a linear map on its CRC: a 32x32
-// matrix over GF(2), built by repeated squaring of the one-zero-bit map.
-// shift(len) o crc(A) ^ crc(B) = crc(A || B) when len = |B|.
-struct Gf2Matrix {
-  uint32_t col[32];
-};
-
-uint32_t gf2_times(const Gf2Matrix& m, uint32_t v) {
-  uint32_t out = 0;
-  for (int i = 0; v != 0; ++i, v >>= 1)
-    if (v & 1) out ^= m.col[i];
-  return out;
-}
-
-Gf2Matrix gf2_square(const Gf2Matrix& m) {
-  Gf2Matrix out{};
-  for (int i = 0; i < 32; ++i) out.col[i] = gf2_times(m, m.col[i]);
-  return out;
-}
-
-Gf2Matrix gf2_multiply(const Gf2Matrix& a, const Gf2Matrix& b) {  // a after b
-  Gf2Matrix out{};
-  for (int i = 0; i < 32; ++i) out.col[i] = gf2_times(a, b.col[i]);
-  return out;
-}
-
-Gf2Matrix zeros_operator(uint64_t bytes) {
-  Gf2Matrix bit{};  // one zero bit
-  bit.col[0] = 0x82F63B78u;
-  for (int i = 1; i < 32; ++i) bit.col[i] = 1u << (i - 1);
-  Gf2Matrix power = gf2_square(gf2_square(gf2_square(bit)));  // one zero byte
-  Gf2Matrix result{};
-  for (int i = 0; i < 32; ++i) result.col[i] = 1u << i;  // identity
-  for (; bytes != 0; bytes >>= 1) {
-    if (bytes & 1) result = gf2_multiply(power, result);
-    power = gf2_square(power);
-  }
-  return result;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
-  uint64_t c = crc;
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = __builtin_ia32_crc32di(c, v);
-    p += 8;
-    n -= 8;
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
-  return c32;
-}
-
-// The crc32 instruction has a latency of three cycles and a throughput of
-// one: three independent lanes run about three times faster, and their CRCs
-// are joined with the zero-append operator (cached for the last lane length).
-__attribute__((target("sse4.2"))) uint32_t crc_hw3(uint32_t state, const uint8_t* p, size_t n) {
-  const size_t lane = (n / 3) & ~size_t(7);
-  uint64_t c0 = state, c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
-  const uint8_t* p1 = p + lane;
-  const uint8_t* p2 = p + 2 * lane;
-  for (size_t i = 0; i < lane; i += 8) {
-    uint64_t v0, v1, v2;
-    std::memcpy(&v0, p + i, 8);
-    std::memcpy(&v1, p1 + i, 8);
-    std::memcpy(&v2, p2 + i, 8);
-    c0 = __builtin_ia32_crc32di(c0, v0);
-    c1 = __builtin_ia32_crc32di(c1, v1);
-    c2 = __builtin_ia32_crc32di(c2, v2);
-  }
-  thread_local size_t cached_lane = 0;
-  thread_local Gf2Matrix shift{};
-  if (cached_lane != lane) {
-    shift = zeros_operator(lane);
-    cached_lane = lane;
-  }
-  // Finalised CRCs of the three lanes, joined, then back to a running state.
-  uint32_t f = ~uint32_t(c0);
-  f = gf2_times(shift, f) ^ ~uint32_t(c1);
-  f = gf2_times(shift, f) ^ ~uint32_t(c2);
-  return crc_hw(~f, p + 3 * lane, n - 3 * lane);
-}
-#endif
-
-}  // namespace
-
-uint32_t crc32c_update(uint32_t crc, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-#if defined(__x86_64__)
-  static const bool hw = __builtin_cpu_supports("sse4.2");
-  if (!hw) crc = crc_soft(crc, p, size);
-  else crc = size >= 3 * 4096 ? crc_hw3(crc, p, size) : crc_hw(crc, p, size);
-#else
-  crc = crc_soft(crc, p, size);
-#endif
-  return ~crc;
-}
-
-uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
-  return gf2_times(zeros_operator(length_b), crc_a) ^ crc_b;
-}
-
-// ---- SHA-256 (FIPS 180-4) ---------------------------------------------------
+// ---- SHA-256 (OpenSSL) ---------------------------------------------------------
 
 namespace {
-constexpr uint32_t kK[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+// Fetched once: an implicit fetch per hash costs more than hashing a key.
+const EVP_MD* sha256_md() {
+  static EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
 }  // namespace
 
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
-
-void Sha256::block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; ++i) {
-    uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-  for (int i = 0; i < 64; ++i) {
-    uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
-    uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d;
-  h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (ctx_ == nullptr || sha256_md() == nullptr || EVP_DigestInit_ex(ctx_, sha256_md(), nullptr) != 1)
+    throw Error("SHA-256: OpenSSL cannot start a digest");
 }
+
+Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
 
 void Sha256::update(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  total_ += size;
-  while (size > 0) {
-    size_t take = std::min(size, 64 - used_);
-    std::memcpy(buf_ + used_, p, take);
-    used_ += take;
-    p += take;
-    size -= take;
-    if (used_ == 64) {
-      block(buf_);
-      used_ = 0;
-    }
-  }
+  if (EVP_DigestUpdate(ctx_, data, size) != 1) throw Error("SHA-256: OpenSSL digest update failed");
 }
 
 std::string Sha256::hex() {
-  uint64_t bits = total_ * 8;
-  uint8_t pad = 0x80;
-  update(&pad, 1);
-  uint8_t zero = 0;
-  while (used_ != 56) update(&zero, 1);
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(bits >> (56 - 8 * i));
-  update(len, 8);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_DigestFinal_ex(ctx_, digest, &n) != 1) throw Error("SHA-256: OpenSSL digest failed");
   static const char* digits = "0123456789abcdef";
   std::string out;
-  for (uint32_t v : h_)
-    for (int s = 28; s >= 0; s -= 4) out += digits[(v >> s) & 0xF];
+  for (unsigned int i = 0; i < n; ++i) {
+    out += digits[digest[i] >> 4];
+    out += digits[digest[i] & 15];
+  }
   return out;
 }
 

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "crc32c.hpp"
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace ballast::startup {
 
 // A failure with a message that names the file and the field.
@@ -15,26 +19,24 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// CRC-32C (Castagnoli), with the SSE4.2 instruction when the CPU has it.
-// crc32c_update(0, ...) starts a new checksum; chain calls to extend it.
-uint32_t crc32c_update(uint32_t crc, const void* data, size_t size);
-inline uint32_t crc32c(const void* data, size_t size) { return crc32c_update(0, data, size); }
-// crc32c(A || B) from crc32c(A), crc32c(B) and the length of B.
-uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+// CRC-32C: plugins/common's, shared with libballast's journal frames.
+using util::crc32c;
+using util::crc32c_combine;
+using util::crc32c_update;
 
-// SHA-256, for keys (lockfile + platform), as 64 lowercase hex digits.
+// SHA-256 (OpenSSL's libcrypto), for keys (lockfile + platform), as 64
+// lowercase hex digits. Throws Error when OpenSSL fails.
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, size_t size);
   std::string hex();  // finishes the hash; call once
 
  private:
-  void block(const uint8_t* p);
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  uint64_t total_ = 0;
-  size_t used_ = 0;
+  evp_md_ctx_st* ctx_;
 };
 
 int64_t wall_ns();       // CLOCK_REALTIME

@@ -70,12 +70,13 @@ TEST_CASE("usage errors exit 2 with a message") {
   CHECK(run(d, {}).rc == 2);
   Output u = run(d, {"frobnicate"});
   CHECK(u.rc == 2);
-  CHECK(u.err.find("unknown subcommand \"frobnicate\"") != std::string::npos);
+  CHECK(u.err.find("unknown command 'frobnicate'") != std::string::npos);
   CHECK(run(d, {"report"}).rc == 2);
   CHECK(run(d, {"env", "--lock", "x", "--dir", "y", "--store", "z"}).rc == 2);  // no install command
   Output h = run(d, {"--help"});
   CHECK(h.rc == 0);
-  CHECK(h.out.find("prefetch PROFILE") != std::string::npos);
+  CHECK(h.out.find("prefetch") != std::string::npos);
+  CHECK(run(d, {"load", "--help"}).out.find("--stripes") != std::string::npos);
 }
 
 TEST_CASE("env, load and time append stages that report --json adds up") {

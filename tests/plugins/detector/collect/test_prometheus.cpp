@@ -63,11 +63,3 @@ TEST_CASE("malformed lines are errors naming the line and the column") {
   CHECK(error == "1:1: expected a metric name");
 }
 
-TEST_CASE("http_get errors name the URL") {
-  std::string body, error;
-  CHECK_FALSE(http_get("https://127.0.0.1:1/metrics", 200, &body, &error));
-  CHECK(error == "https://127.0.0.1:1/metrics: only http:// URLs are supported");
-  // Port 1 on loopback: nobody listens.
-  CHECK_FALSE(http_get("http://127.0.0.1:1/metrics", 500, &body, &error));
-  CHECK(error.rfind("http://127.0.0.1:1/metrics: cannot connect", 0) == 0);
-}

@@ -211,12 +211,56 @@ TEST_CASE("the schedule is checked: order of timestamps, missing and duplicated 
 TEST_CASE("meta.yaml errors name the line and the key") {
   Scratch tmp("meta");
   std::string p1 = tmp.write("m1.yaml", "trial_name: x\ndp_size: two\n");
-  CHECK(error_of([&] { read_meta(p1); }).find(p1 + ":2: column dp_size: 'two' is not a positive integer") == 0);
+  CHECK(error_of([&] { read_meta(p1); }).find(p1 + ":2: key dp_size: 'two' is not a positive integer") == 0);
   std::string p2 = tmp.write("m2.yaml", "dp_size: 2\npp_size 4\n");
-  CHECK(error_of([&] { read_meta(p2); }).find(p2 + ":2: expected 'key: value'") == 0);
+  CHECK(error_of([&] { read_meta(p2); }).find(p2 + ":3: not valid YAML: could not find expected ':'") == 0);
   std::string p3 = tmp.write("m3.yaml", "# comment\ndp_size: 2\npp_size: 4\nworld_size: 9\n");
-  CHECK(error_of([&] { read_meta(p3); }).find("column world_size: 9 is not dp_size*pp_size*tp_size*dsp_size = 8") !=
+  CHECK(error_of([&] { read_meta(p3); }).find("key world_size: 9 is not dp_size*pp_size*tp_size*dsp_size = 8") !=
         std::string::npos);
+}
+
+TEST_CASE("meta.yaml is YAML: a document marker, flow style, quotes and comments are read") {
+  Scratch tmp("meta-yaml");
+  const std::string block = tmp.write("block.yaml", "---\n# sizes\ntrial_name: 'run 7'  # quoted\ndp_size: \"4\"\n"
+                                                    "pp_size: 2\nrun_id: 0\nworld_size: 8\n...\n");
+  Meta m = read_meta(block);
+  CHECK(m.trial_name == "run 7");
+  CHECK(m.dp == 4);
+  CHECK(m.pp == 2);
+  CHECK(m.world == 8);
+  const std::string flow = tmp.write("flow.yaml", "{dp_size: 3, pp_size: 5, tp_size: 2}\n");
+  m = read_meta(flow);
+  CHECK(m.dp == 3);
+  CHECK(m.pp == 5);
+  CHECK(m.tp == 2);
+  m = read_meta(tmp.write("empty.yaml", ""));
+  CHECK(m.dp == 0);
+  m = read_meta(tmp.write("comments.yaml", "# nothing yet\n"));
+  CHECK(m.dp == 0);
+}
+
+TEST_CASE("meta.yaml: nested values, aliases, duplicate keys and a second document are refused with the line") {
+  Scratch tmp("meta-refused");
+  const std::string nested = tmp.write("nested.yaml", "dp_size: 4\nparallel:\n  pp_size: 2\n");
+  CHECK(error_of([&] { read_meta(nested); }) ==
+        nested + ":3: key parallel: expected a scalar value, got a mapping (meta.yaml is one flat mapping)");
+  const std::string list = tmp.write("list.yaml", "dp_size: [4, 2]\n");
+  CHECK(error_of([&] { read_meta(list); }).find(list + ":1: key dp_size: expected a scalar value, got a list") == 0);
+  const std::string twice = tmp.write("twice.yaml", "dp_size: 4\npp_size: 2\ndp_size: 8\n");
+  CHECK(error_of([&] { read_meta(twice); }) == twice + ":3: key dp_size: given twice");
+  const std::string docs = tmp.write("docs.yaml", "dp_size: 4\n---\ndp_size: 8\n");
+  CHECK(error_of([&] { read_meta(docs); }) == docs + ":2: a second YAML document: meta.yaml holds one");
+  const std::string alias = tmp.write("alias.yaml", "a: &n 4\ndp_size: *n\n");
+  CHECK(error_of([&] { read_meta(alias); }).find(alias + ":2: key dp_size: expected a scalar value, got an alias") ==
+        0);
+  const std::string scalar = tmp.write("scalar.yaml", "just text\n");
+  CHECK(error_of([&] { read_meta(scalar); }) == scalar + ":1: expected a mapping of 'key: value', got a scalar");
+  const std::string indented = tmp.write("indented.yaml", "dp_size: 4\n  pp_size: 2\n");  // one plain scalar
+  CHECK(error_of([&] { read_meta(indented); }) ==
+        indented + ":1: key dp_size: '4 pp_size' is not a positive integer up to 1048576");
+  const std::string tab = tmp.write("tab.yaml", "dp_size: 4\n\tpp_size: 2\n");
+  CHECK(error_of([&] { read_meta(tab); }) ==
+        tab + ":2: not valid YAML: found a tab character that violates indentation (while scanning a plain scalar)");
 }
 
 TEST_CASE("a row whose dp_rank and stage would make a huge grid is refused, naming the line and column") {
