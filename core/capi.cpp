@@ -1,6 +1,6 @@
 // The C API of abi/ballast/host.h, over the C++ Host. Exceptions never cross
 // the boundary: each entry point catches them and turns them into a status.
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 #include "event_codec.hpp"
 #include "host.hpp"

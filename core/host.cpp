@@ -1,6 +1,6 @@
 #include "host.hpp"
 
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 #include "event_codec.hpp"
 #include "journal.hpp"

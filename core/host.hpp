@@ -13,7 +13,7 @@
 #pragma once
 
 #include "bus.hpp"
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 #include "policy.hpp"
 
 #include <ballast/host.h>

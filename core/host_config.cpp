@@ -1,6 +1,6 @@
 #include "host_config.hpp"
 
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 
 #include <cmath>

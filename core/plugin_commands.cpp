@@ -50,13 +50,13 @@ std::vector<PluginProbe> command_probes() {
   return probe_plugin_files(files, true);
 }
 
-std::vector<std::pair<std::string, std::string>> list_plugin_commands(const std::vector<PluginProbe>& probes) {
-  std::vector<std::pair<std::string, std::string>> out;
+std::vector<PluginCommand> list_plugin_commands(const std::vector<PluginProbe>& probes) {
+  std::vector<PluginCommand> out;
   for (const auto& p : probes)
-    for (const auto& c : p.commands) {
+    for (const auto& [name, summary] : p.commands) {
       bool dup = false;
-      for (const auto& o : out) dup = dup || o.first == c.first;
-      if (!dup) out.push_back(c);
+      for (const auto& o : out) dup = dup || o.name == name;
+      if (!dup) out.push_back({name, summary, p.info.name});
     }
   return out;
 }

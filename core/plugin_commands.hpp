@@ -2,7 +2,7 @@
 // abi/ballast/command.h). Uses the host's public interface only.
 #pragma once
 
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 #include "plugin_probe.hpp"
 
 #include <ballast/command.h>
@@ -23,8 +23,13 @@ std::vector<PluginProbe> command_probes();
 // no plugin offers `name`.
 int run_plugin_command(const std::string& name, const std::vector<PluginProbe>& probes, int argc, char** argv);
 
-// Every plugin subcommand: name -> summary, the first offer of a name winning.
-std::vector<std::pair<std::string, std::string>> list_plugin_commands(const std::vector<PluginProbe>& probes);
+// A plugin subcommand and the plugin that offers it.
+struct PluginCommand {
+  std::string name, summary, plugin;
+};
+
+// Every plugin subcommand, the first offer of a name winning.
+std::vector<PluginCommand> list_plugin_commands(const std::vector<PluginProbe>& probes);
 
 // Create the plugin of `f` in a host of its own (not started) and call
 // visit(state, command) for each of its commands, bounds-checked, until

@@ -7,7 +7,7 @@
 // subcommands go through here.
 #pragma once
 
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 
 #include <string>
 #include <utility>

@@ -20,7 +20,7 @@
 #include "detector.hpp"
 #include "lockstep_job.hpp"
 #include "metrics_csv.hpp"
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "fusion.hpp"
 
 #include <nlohmann/json.hpp>

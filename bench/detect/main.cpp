@@ -15,7 +15,7 @@
 // continuity.
 #include "job.hpp"
 
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
 #include "metrics_csv.hpp"

@@ -42,9 +42,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "command.hpp"
+#include "startup_command.hpp"
 #include "hotblocks.hpp"
-#include "loader.hpp"
+#include "striped_read.hpp"
 #include "snapshot.hpp"
 #include "stages.hpp"
 #include "util.hpp"

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "loader.hpp"
+#include "striped_read.hpp"
 #include "stages.hpp"
 #include "util.hpp"
 

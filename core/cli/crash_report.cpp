@@ -1,6 +1,6 @@
 #include "commands.hpp"
 
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 
 #include <execinfo.h>
 #include <signal.h>

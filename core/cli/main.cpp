@@ -27,12 +27,14 @@ const std::vector<ballast::PluginProbe>& probes() {
 }
 
 std::string plugin_commands_footer() {
-  std::string text = "\nCommands from plugins:\n";
+  // Each command names its plugin (the name `ballast plugins` lists and a
+  // config's `plugins` list loads).
+  std::string text = "\nCommands from plugins (the plugin offering each in brackets):\n";
   auto commands = ballast::list_plugin_commands(probes());
   if (commands.empty()) text += "  (none found; set BALLAST_PLUGIN_PATH)\n";
-  for (const auto& [name, summary] : commands) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-12s %s\n", name.c_str(), summary.c_str());
+  for (const auto& c : commands) {
+    char line[320];
+    std::snprintf(line, sizeof line, "  %-12s [%s] %s\n", c.name.c_str(), c.plugin.c_str(), c.summary.c_str());
     text += line;
   }
   for (const auto& p : probes())
@@ -50,7 +52,7 @@ int run_main(int argc, char** argv) {
     int rc = ballast::run_plugin_command(name, probes(), argc - 1, argv + 1);
     if (rc >= 0) return rc;
     std::vector<std::string> known{"run", "plugins", "policy", "journal"};
-    for (const auto& [command, summary] : ballast::list_plugin_commands(probes())) known.push_back(command);
+    for (const auto& c : ballast::list_plugin_commands(probes())) known.push_back(c.name);
     std::string hint = ballast::util::closest(name, known);
     if (!hint.empty()) hint = " (did you mean '" + hint + "'?)";
     std::fprintf(stderr, "ballast: unknown command '%s'%s: no built-in and no plugin offers it\n", name.c_str(),

@@ -1,7 +1,7 @@
 // ballast run CONFIG.lua: the host process.
 #include "commands.hpp"
 
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 #include "host_config.hpp"
 #include "role.hpp"

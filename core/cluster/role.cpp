@@ -1,7 +1,7 @@
 #include "role.hpp"
 
 #include "agent.hpp"
-#include "config.hpp"
+#include "config_file.hpp"
 #include "controller.hpp"
 #include "error.hpp"
 #include "host.hpp"

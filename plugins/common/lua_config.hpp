@@ -1,5 +1,5 @@
 // A Lua configuration file evaluated as `ballast run` evaluates its config
-// (core/config.cpp), for the plugin commands that take one (`ballast detect
+// (core/config_file.cpp), for the plugin commands that take one (`ballast detect
 // --config`): plugins do not link libballast, so they run the file in a Lua
 // state of their own. The chunk runs as text only, in an environment without
 // io, os, load, require or debug, under a deadline (1 s) and a memory cap

@@ -1,6 +1,6 @@
 // libFuzzer: a Lua config file, run in the sandbox with its deadline and
 // memory cap (what `ballast run CONFIG` reads first).
-#include "config.hpp"
+#include "config_file.hpp"
 
 #include <string>
 

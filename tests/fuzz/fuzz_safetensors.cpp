@@ -1,6 +1,6 @@
 // libFuzzer: a safetensors file's header (length, JSON, tensors), as
 // `ballast startup load` checks it before reading a byte of data.
-#include "loader.hpp"
+#include "striped_read.hpp"
 #include "memfd_input.hpp"
 
 #include <stdexcept>

@@ -14,7 +14,7 @@
 
 #include "bootstrap.hpp"
 #include "host_error.hpp"
-#include "progress.hpp"
+#include "nccl_profiler.hpp"
 #include "trace_ring.hpp"
 #include "watchdog.hpp"
 

@@ -3,7 +3,7 @@
 // for any NCCL job: it records the operations of every communicator of the
 // process (a framework's own, such as PyTorch's ProcessGroupNCCL) into the
 // trace rings that `ballast analyze` and the hang detector read.
-#include "progress.hpp"
+#include "nccl_profiler.hpp"
 
 namespace {
 

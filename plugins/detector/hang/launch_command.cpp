@@ -1,5 +1,5 @@
 #include "analysis.hpp"
-#include "commands.hpp"
+#include "hang_commands.hpp"
 #include "heartbeat.hpp"
 #include "launch_env.hpp"
 #include "launch_record.hpp"

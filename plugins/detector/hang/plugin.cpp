@@ -2,7 +2,7 @@
 // rings of a folder and publishes fault.confirmed), and the commands
 // `ballast analyze` and `ballast launch`.
 #include "analysis.hpp"
-#include "commands.hpp"
+#include "hang_commands.hpp"
 #include "heartbeat.hpp"
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 #include "detect_command.hpp"
 
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "metric_names.hpp"
 
 #include "command_line.hpp"

@@ -1,7 +1,7 @@
 // ballast-machine: the faulty-machine detector as a plugin. Consumes
 // metric.sample batches, publishes fault.suspected and node.silent, and adds
 // the `ballast detect` command. The logic is in detector.cpp.
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
 

@@ -12,7 +12,7 @@
 #include <new>
 #include <string>
 
-#include "command.hpp"
+#include "whatif_command.hpp"
 #include "online.hpp"
 
 namespace ballast::straggler {

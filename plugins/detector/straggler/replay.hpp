@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "model.hpp"
+#include "step_model.hpp"
 
 namespace ballast::straggler {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "model.hpp"
+#include "step_model.hpp"
 #include "trace.hpp"
 
 namespace ballast::straggler {

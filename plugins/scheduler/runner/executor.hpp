@@ -10,7 +10,7 @@
 #include "channel.hpp"
 #include "checkpoints.hpp"
 #include "job_config.hpp"
-#include "report.hpp"
+#include "job_report.hpp"
 
 #include <ballast/events.h>
 #include <ballast/plugin.h>

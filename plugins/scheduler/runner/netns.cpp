@@ -1,6 +1,6 @@
 #include "netns.hpp"
 
-#include "command.hpp"
+#include "subprocess.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

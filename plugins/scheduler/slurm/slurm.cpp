@@ -1,6 +1,6 @@
 #include "slurm.hpp"
 
-#include "command.hpp"
+#include "subprocess.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 // Configuration files are Lua tables evaluated in the sandbox and converted
 // to JSON; errors name the file, the line or the key.
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 
 #include <ballast/status.h>

@@ -1,7 +1,7 @@
 // The host end to end with real plugins, a real Lua policy and a real bus:
 // life cycle, the host API table, failing plugins, timers, policy actions,
 // policy errors and reload, the journal.
-#include "config.hpp"
+#include "config_file.hpp"
 #include "error.hpp"
 #include "event_codec.hpp"
 #include "host_config.hpp"

@@ -1,7 +1,7 @@
 // ABI negotiation and plugin loading: each defective plugin is refused with a
 // message naming the file and the reason, and nothing crashes.
 #include "error.hpp"
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 
 #include <doctest/doctest.h>
 

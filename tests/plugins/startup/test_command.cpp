@@ -11,7 +11,7 @@
 #include <ballast/startup.h>
 #include <nlohmann/json.hpp>
 
-#include "command.hpp"
+#include "startup_command.hpp"
 #include "helpers.hpp"
 
 using startup_test::read_text;

@@ -6,10 +6,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "command.hpp"
+#include "startup_command.hpp"
 #include "helpers.hpp"
 #include "hotblocks.hpp"
-#include "loader.hpp"
+#include "striped_read.hpp"
 
 using namespace ballast::startup;
 using startup_test::TempDir;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "helpers.hpp"
-#include "loader.hpp"
+#include "striped_read.hpp"
 
 using namespace ballast::startup;
 using startup_test::TempDir;

@@ -2,7 +2,7 @@
 // replay end to end through detect_main (stdout captured in a file).
 #include <doctest/doctest.h>
 
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "metrics_csv.hpp"
 

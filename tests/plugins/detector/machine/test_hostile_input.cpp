@@ -4,7 +4,7 @@
 // crash, an abort or an effective hang.
 #include <doctest/doctest.h>
 
-#include "config.hpp"
+#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
 #include "metrics_csv.hpp"

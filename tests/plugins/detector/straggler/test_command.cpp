@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "command.hpp"
+#include "whatif_command.hpp"
 #include "data.hpp"
 
 using straggler_test::data;

@@ -1,4 +1,4 @@
-#include "progress.hpp"
+#include "nccl_profiler.hpp"
 
 #include "trace_ring.hpp"
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "loader.hpp"
+#include "striped_read.hpp"
 #include "stages.hpp"
 
 namespace ballast::startup {

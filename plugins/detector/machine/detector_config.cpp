@@ -1,4 +1,4 @@
-#include "config.hpp"
+#include "detector_config.hpp"
 
 #include "lua_config.hpp"
 

@@ -1,4 +1,4 @@
-#include "loader.hpp"
+#include "striped_read.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "model.hpp"
+#include "step_model.hpp"
 
 #include <algorithm>
 #include <limits>

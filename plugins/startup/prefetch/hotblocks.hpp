@@ -36,11 +36,11 @@ struct HotProfile {
   uint64_t bytes() const;
 };
 
-// Builds a profile from the interposer's trace lines (see trace/interpose.c).
+// Builds a profile from the interposer's access log, one line per read (see interpose.c).
 // Files that vanished or were replaced while the job ran are left out, and
 // so are files under any of the `exclude` prefixes (a checkpoint directory
 // that `ballast startup load` reads anyway, scratch files).
-HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes,
+HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_bytes,
                               const std::vector<std::string>& exclude = {});
 void write_profile(const std::string& path, const HotProfile& profile);  // write, then rename
 HotProfile read_profile(const std::string& path);  // throws Error "FILE: field ..."

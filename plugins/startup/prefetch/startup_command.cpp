@@ -1,4 +1,4 @@
-#include "command.hpp"
+#include "startup_command.hpp"
 
 #include <dlfcn.h>
 #include <signal.h>
@@ -20,7 +20,7 @@
 #include "command_line.hpp"
 #include "progress.hpp"
 #include "hotblocks.hpp"
-#include "loader.hpp"
+#include "striped_read.hpp"
 #include "snapshot.hpp"
 #include "stages.hpp"
 #include "util.hpp"
@@ -49,18 +49,18 @@ void split_command(int argc, char** argv, std::vector<std::string>& opts, std::v
   }
 }
 
-// The interposer library: $BALLAST_STARTUP_TRACE_LIB, else next to this
+// The interposer library: $BALLAST_STARTUP_RECORD_LIB, else next to this
 // plugin (lib/ballast/), else where the build put it.
-std::string trace_library() {
-  if (const char* env = std::getenv("BALLAST_STARTUP_TRACE_LIB")) return env;
+std::string interposer_library() {
+  if (const char* env = std::getenv("BALLAST_STARTUP_RECORD_LIB")) return env;
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&trace_library), &info) != 0 && info.dli_fname != nullptr) {
+  if (::dladdr(reinterpret_cast<void*>(&interposer_library), &info) != 0 && info.dli_fname != nullptr) {
     fs::path here = fs::path(info.dli_fname).parent_path();
-    for (const fs::path& p : {here / "libballast-startup-trace.so", here.parent_path() / "libballast-startup-trace.so"})
+    for (const fs::path& p : {here / "libballast-startup-record.so", here.parent_path() / "libballast-startup-record.so"})
       if (fs::exists(p)) return p.string();
   }
-#ifdef BALLAST_STARTUP_TRACE_LIB_DEFAULT
-  return BALLAST_STARTUP_TRACE_LIB_DEFAULT;
+#ifdef BALLAST_STARTUP_RECORD_LIB_DEFAULT
+  return BALLAST_STARTUP_RECORD_LIB_DEFAULT;
 #else
   return "";
 #endif
@@ -114,25 +114,25 @@ int cmd_record(RecordArgs a, const std::vector<std::string>& cmd) {
   const std::string& profile = a.profile;
   const uint64_t block_kib = a.block_kib;
   std::vector<std::string>& exclude = a.exclude;
-  std::string lib = trace_library();
+  std::string lib = interposer_library();
   if (lib.empty() || !fs::exists(lib)) {
-    std::fprintf(stderr, "ballast startup record: interposer library not found (%s); set BALLAST_STARTUP_TRACE_LIB\n",
+    std::fprintf(stderr, "ballast startup record: interposer library not found (%s); set BALLAST_STARTUP_RECORD_LIB\n",
                  lib.c_str());
     return 1;
   }
-  std::string trace = profile + ".trace." + std::to_string(::getpid());
+  std::string access_log = profile + ".reads." + std::to_string(::getpid());
   std::string preload = lib;
   if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') preload += std::string(":") + old;
-  int rc = run_process(cmd, {{"LD_PRELOAD", preload}, {"BALLAST_STARTUP_TRACE", trace}});
+  int rc = run_process(cmd, {{"LD_PRELOAD", preload}, {"BALLAST_STARTUP_RECORD", access_log}});
   if (rc != 0) std::fprintf(stderr, "ballast startup record: the command exited with %d; profile kept anyway\n", rc);
-  if (!fs::exists(trace)) {
+  if (!fs::exists(access_log)) {
     std::fprintf(stderr, "ballast startup record: the command read no regular file through the interposer "
                          "(statically linked, or reads only through stdio?)\n");
-    std::ofstream(trace).close();
+    std::ofstream(access_log).close();
   }
   for (auto& e : exclude) e = fs::absolute(e).lexically_normal().string();
-  HotProfile p = profile_from_trace(trace, block_kib * 1024, exclude);
-  std::remove(trace.c_str());
+  HotProfile p = profile_from_access_log(access_log, block_kib * 1024, exclude);
+  std::remove(access_log.c_str());
   write_profile(profile, p);
   std::printf("recorded %zu files, %zu extents, %s in first-need order -> %s\n", p.files.size(), p.extents.size(),
               human_bytes(double(p.bytes())).c_str(), profile.c_str());

@@ -1,4 +1,4 @@
-#include "loader.hpp"
+#include "plugin_loader.hpp"
 
 #include "error.hpp"
 

@@ -1,6 +1,6 @@
 /* LD_PRELOAD interposer used by `ballast startup record`: logs every read of a
  * regular file (read, pread, readv, preadv, their fortified forms, and file
- * mmaps) as one text line to the file named by BALLAST_STARTUP_TRACE:
+ * mmaps) as one text line to the file named by BALLAST_STARTUP_RECORD:
  *
  *   <CLOCK_MONOTONIC ns> \t <dev> \t <ino> \t <offset> \t <length> \t <path> \n
  *
@@ -73,7 +73,7 @@ static int out_fd(void) {
   struct stat st;
   if (g_out >= 0 && fstat(g_out, &st) == 0 && st.st_dev == g_out_dev && st.st_ino == g_out_ino)
     return g_out;
-  const char* path = getenv("BALLAST_STARTUP_TRACE");
+  const char* path = getenv("BALLAST_STARTUP_RECORD");
   if (path == NULL || path[0] == '\0') return -1;
   g_out = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (g_out >= 0 && fstat(g_out, &st) == 0) {

@@ -26,7 +26,7 @@ uint64_t HotProfile::bytes() const {
   return total;
 }
 
-HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_bytes,
+HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_bytes,
                               const std::vector<std::string>& exclude) {
   if (block_bytes < 4096 || (block_bytes & (block_bytes - 1)) != 0)
     throw Error("block size must be a power of two >= 4096, not " + std::to_string(block_bytes));
@@ -36,7 +36,7 @@ HotProfile profile_from_trace(const std::string& trace_path, uint64_t block_byte
     std::string path;
   };
   std::vector<Event> events;
-  std::istringstream in(read_file(trace_path));
+  std::istringstream in(read_file(log_path));
   std::string line;
   while (std::getline(in, line)) {
     Event e;

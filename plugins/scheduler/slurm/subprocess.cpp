@@ -1,4 +1,4 @@
-#include "command.hpp"
+#include "subprocess.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,11 +1,11 @@
-#include "command.hpp"
+#include "whatif_command.hpp"
 
 #include "command_line.hpp"
 
 #include <filesystem>
 #include <string>
 
-#include "report.hpp"
+#include "whatif_report.hpp"
 #include "whatif.hpp"
 
 namespace ballast::straggler {

@@ -1,4 +1,4 @@
-#include "config.hpp"
+#include "config_file.hpp"
 
 #include "error.hpp"
 #include "lua_json.hpp"

@@ -1,4 +1,4 @@
-#include "report.hpp"
+#include "whatif_report.hpp"
 
 #include "replay.hpp"
 

@@ -1,4 +1,4 @@
-#include "report.hpp"
+#include "job_report.hpp"
 
 #include <cmath>
 #include <cstdio>
