@@ -13,6 +13,17 @@ namespace ballast::util {
 
 namespace {
 
+// Whether text is valid UTF-8 (config text reaches JSON writers, which
+// refuse anything else).
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 constexpr size_t kMemoryCap = 32u << 20;
 constexpr size_t kMaxFileBytes = 4u << 20;
 constexpr std::chrono::milliseconds kDeadline{1000};
@@ -78,6 +89,7 @@ class ToJson {
         size_t n = 0;
         const char* s = lua_tolstring(L_, -1, &n);
         *out = std::string(s, n);
+        if (!valid_utf8(out->get_ref<const std::string&>())) return fail(path, "not valid UTF-8", error);
         return true;
       }
       case LUA_TNUMBER:
@@ -141,6 +153,10 @@ class ToJson {
         size_t n = 0;
         const char* k = lua_tolstring(L_, -2, &n);  // a string key: no conversion in place
         const std::string key(k, n);
+        if (!valid_utf8(key)) {
+          lua_pop(L_, 2);
+          return fail(path, "a key that is not valid UTF-8", error);
+        }
         nlohmann::json v;
         const bool ok = value(path.empty() ? key : path + "." + key, depth + 1, &v, error);
         lua_pop(L_, 1);
@@ -195,14 +211,21 @@ bool eval_lua_config(const std::string& path, nlohmann::json* out, std::string* 
     *error = path + ": " + (lua_tostring(L, -1) ? lua_tostring(L, -1) : "cannot set up Lua");
     return false;
   }
+  // Lua names the file and line in its syntax errors but not in all (the
+  // parser's "C stack overflow" on deep nesting): the file is named anyway.
+  const auto lua_error = [&](const char* fallback) {
+    std::string what = lua_tostring(L, -1) ? lua_tostring(L, -1) : fallback;
+    if (what == "C stack overflow") what = "nested too deeply (Lua's C stack overflow)";
+    return what.rfind(path + ":", 0) == 0 ? what : path + ": " + what;
+  };
   if (luaL_loadbufferx(L, source.data(), source.size(), ("@" + path).c_str(), "t") != LUA_OK) {
-    *error = lua_tostring(L, -1) ? lua_tostring(L, -1) : path + ": cannot load";
+    *error = lua_error("cannot load");
     return false;
   }
   lua_pushvalue(L, -2);
   lua_setupvalue(L, -2, 1);  // _ENV
   if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
-    *error = lua_tostring(L, -1) ? lua_tostring(L, -1) : path + ": error (not a string)";
+    *error = lua_error("error (not a string)");
     return false;
   }
   if (!lua_istable(L, -1)) {

@@ -209,6 +209,7 @@ TEST_CASE("a slowed rank is evicted and a collective left out is restarted, to t
   CHECK(incidents[1]["fault"] == "skip:rank=2@step300");
   CHECK(incidents[1]["detector"] == "executor");
   CHECK(incidents[1]["message"].get<std::string>().find("rank 2 at step") != std::string::npos);
+  REQUIRE(!incidents[1]["actions"].empty());
   CHECK(incidents[1]["actions"][0] == "restart: ok");
 
   CHECK(tensor_bytes(final_checkpoint(faulty.dir, kLong)) == tensor_bytes(final_checkpoint(clean.dir, kLong)));
