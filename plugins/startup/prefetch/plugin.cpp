@@ -1,14 +1,14 @@
 // ballast-startup.so: the `ballast startup` command ("ballast.command" v1)
 // and the trainer-facing "ballast.startup" v1 interface. The logic lives in
-// ballast_startup_impl (src/).
+// ballast_startup_impl (the other files of this folder).
 #include <cstring>
 #include <new>
 
 #include <ballast/command.h>
 #include <ballast/startup.h>
 
-#include "src/api.hpp"
-#include "src/command.hpp"
+#include "api.hpp"
+#include "startup_command.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <nccl_comm.hpp>
-#include <progress.hpp>
+#include <nccl_profiler.hpp>
 #include <trace_ring.hpp>
 
 #include <ballast/plugin.h>

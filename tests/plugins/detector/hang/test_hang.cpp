@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <analysis.hpp>
-#include <commands.hpp>
+#include <hang_commands.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
