@@ -1,5 +1,6 @@
 #include "config.hpp"
 
+#include "detector.hpp"
 #include "lua_config.hpp"
 
 #include <nlohmann/json.hpp>
@@ -23,7 +24,11 @@ bool to_number(const std::string& text, double* v) {
 
 bool load_config_file(const std::string& path, DetectorConfig* config, std::string* error) {
   nlohmann::json table;
-  if (!util::eval_lua_config(path, &table, error)) return false;
+  if (!util::eval_lua_config(path, &table, error)) {
+    // Lua names the file in most of its errors, not in all ("C stack overflow").
+    if (error->rfind(path, 0) != 0) *error = path + ": " + *error;
+    return false;
+  }
   if (!table.is_object()) {
     *error = path + ": expected a table of keys, got a list";
     return false;
@@ -33,6 +38,17 @@ bool load_config_file(const std::string& path, DetectorConfig* config, std::stri
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       *error = path + ": unknown key '" + key + "'";
       return false;
+    }
+    // Patterns end up in alerts' JSON evidence and events: they must be text.
+    auto text_ok = [&](const std::string& t) {
+      if (valid_utf8(t)) return true;
+      *error = path + ": " + key + ": a pattern is not valid UTF-8";
+      return false;
+    };
+    if (value.is_string() && !text_ok(value.get<std::string>())) return false;
+    for (const auto& [k, v] : value.items()) {
+      if (value.is_object() && !text_ok(k)) return false;
+      if (v.is_string() && !text_ok(v.get<std::string>())) return false;
     }
   }
   auto get = [&](const std::string& k, std::string* v) {
