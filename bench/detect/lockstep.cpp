@@ -132,14 +132,18 @@ std::vector<Naming> straggler_namings(const std::vector<StragglerReport>& report
 // Every verdict of both detectors through the suspect fusion
 // (plugins/detector/fusion), in time order, as its plugin receives them;
 // ranks are folded into machines by the placement (4 ranks per machine).
-std::vector<Naming> fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
-                                  const std::vector<StragglerReport>& reports, double threshold,
-                                  bool with_straggler) {
+// After each: the ranking's first suspect, and every alerting one.
+struct FusedNamings {
+  std::vector<Naming> first, alerting;
+};
+
+FusedNamings fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
+                           const std::vector<StragglerReport>& reports, double threshold, bool with_straggler) {
   ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
   std::vector<std::pair<std::string, int32_t>> placement;
   for (int m = 0; m < sc.machines; ++m) placement.emplace_back(machine_name(m), m * kRanksPerMachine);
   f.set_placement(placement);
-  std::vector<Naming> out;
+  FusedNamings out;
   size_t a = 0, r = 0;
   while (a < alerts.size() || (with_straggler && r < reports.size())) {
     bool alert_next = a < alerts.size() &&
@@ -165,28 +169,33 @@ std::vector<Naming> fused_namings(const Scenario& sc, const std::vector<Alert>& 
         f.add_straggler(std::atoi(x.result.by_rank[i].name.c_str()), x.result.kind, x.result.by_rank[i].slowdown,
                         x.result.slowdown, now, "");
     }
-    for (const auto& suspect : f.ranking(now))
-      if (suspect.alerting) out.push_back({static_cast<double>(now) / 1e9, suspect.node});
+    auto ranking = f.ranking(now);
+    if (!ranking.empty()) out.first.push_back({static_cast<double>(now) / 1e9, ranking[0].node});
+    for (const auto& suspect : ranking)
+      if (suspect.alerting) out.alerting.push_back({static_cast<double>(now) / 1e9, suspect.node});
   }
   return out;
 }
 
 // One source's score over the runs: faulty runs whose first naming is the
-// faulty machine at or after the onset, machines named falsely (another
-// machine, or before the onset), fault-free runs with a naming, latency.
+// faulty machine at or after the onset, and how long after it; machines
+// alerted falsely (another machine, or before the onset) and fault-free runs
+// with an alert. A detector names by alerting; the fusion names the first
+// suspect of its ranking and alerts at min_score.
 struct SourceTally {
   int named_first = 0, faulty_runs = 0, false_machines = 0, clean_named = 0, found = 0;
   std::vector<double> latency;
 
-  void add(const Scenario& sc, const std::vector<Naming>& namings) {
+  void add(const Scenario& sc, const std::vector<Naming>& namings) { add(sc, namings, namings); }
+  void add(const Scenario& sc, const std::vector<Naming>& namings, const std::vector<Naming>& alerts) {
     std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
     auto right = [&](const Naming& n) { return !target.empty() && n.node == target && n.t >= sc.onset_s; };
     std::set<std::string> wrong;
-    for (const Naming& n : namings)
+    for (const Naming& n : alerts)
       if (!right(n)) wrong.insert(n.node);
     false_machines += static_cast<int>(wrong.size());
     if (sc.fault == Fault::none) {
-      clean_named += !namings.empty();
+      clean_named += !alerts.empty();
       return;
     }
     ++faulty_runs;
@@ -276,7 +285,8 @@ int main(int argc, char** argv) {
   for (int k = 0; k < n_clean; ++k) plan.push_back(make_scenario(index++, Fault::none, seconds, rng));
 
   Tally all;
-  SourceTally by_machine, by_straggler, by_fusion, by_fusion_machine_only;
+  SourceTally by_machine, by_straggler, by_fusion, by_fusion_alerting, by_fusion_machine_only,
+      by_fusion_machine_only_alerting;
   std::vector<Tally> by_fault(all_faults().size() + 1);
   std::vector<std::vector<std::string>> metrics_by_fault(by_fault.size());
   for (const Scenario& sc : plan) {
@@ -293,10 +303,15 @@ int main(int argc, char** argv) {
     std::vector<Naming> machine_namings;
     for (const Alert& a : alerts) machine_namings.push_back({static_cast<double>(a.ts_ns) / 1e9, a.node});
     std::vector<StragglerReport> reports = run_straggler(step_timings(sc));
+    std::vector<Naming> straggler = straggler_namings(reports);
     by_machine.add(sc, machine_namings);
-    by_straggler.add(sc, straggler_namings(reports));
-    by_fusion.add(sc, fused_namings(sc, alerts, reports, d.config().threshold, true));
-    by_fusion_machine_only.add(sc, fused_namings(sc, alerts, reports, d.config().threshold, false));
+    by_straggler.add(sc, straggler);
+    FusedNamings fused = fused_namings(sc, alerts, reports, d.config().threshold, true);
+    by_fusion.add(sc, fused.first, fused.alerting);
+    by_fusion_alerting.add(sc, fused.alerting);
+    FusedNamings machine_only = fused_namings(sc, alerts, reports, d.config().threshold, false);
+    by_fusion_machine_only.add(sc, machine_only.first, machine_only.alerting);
+    by_fusion_machine_only_alerting.add(sc, machine_only.alerting);
     size_t fi = static_cast<size_t>(sc.fault);
     for (Tally* t : {&all, &by_fault[fi]}) {
       t->fp += v.false_alerts;
@@ -317,6 +332,15 @@ int main(int argc, char** argv) {
                         {"latency_s", v.found ? nlohmann::json(v.latency) : nlohmann::json()},
                         {"alert_metric", v.metric}, {"false_alerts", v.false_alerts},
                         {"false_detail", v.false_detail}};
+    j["straggler_reports"] = nlohmann::json::array();
+    for (const auto& r : reports) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (size_t i = 0; i < r.result.mw_ranks.size() && i < r.result.by_rank.size(); ++i)
+        ranks.push_back({{"rank", r.result.by_rank[i].name}, {"slowdown", r.result.by_rank[i].slowdown}});
+      j["straggler_reports"].push_back({{"t_s", std::round((r.t - 1.8e9) * 10) / 10}, {"kind", r.result.kind},
+                                        {"slowdown", r.result.slowdown}, {"mw_ranks", ranks}});
+    }
+    j["fused_first"] = fused.first.empty() ? "" : fused.first.back().node;
     std::printf("%s\n", j.dump().c_str());
   }
   auto report = [&](const std::string& cs, const Tally& s) {
@@ -336,14 +360,17 @@ int main(int argc, char** argv) {
   };
   report("detector", all);
   // The sources side by side on the same runs: each single detector, the
-  // fusion of both, and the fusion of the machine detector alone.
+  // fusion of both (named by its ranking's first suspect; by alerting), and
+  // the fusion of the machine detector alone.
   for (auto [name, t] : {std::pair<const char*, const SourceTally*>{"machine_detector", &by_machine},
                          {"straggler_analysis", &by_straggler},
                          {"fusion", &by_fusion},
-                         {"fusion_machine_only", &by_fusion_machine_only}}) {
+                         {"fusion_alerting", &by_fusion_alerting},
+                         {"fusion_machine_only", &by_fusion_machine_only},
+                         {"fusion_machine_only_alerting", &by_fusion_machine_only_alerting}}) {
     std::string cs = std::string("suspects/") + name;
     emit(cs, "faulty_named_first", t->named_first, "runs", {{"of", t->faulty_runs}, {"found", t->found}});
-    emit(cs, "machines_falsely_named", t->false_machines, "machines", {{"clean_runs_named", t->clean_named}, {"clean", n_clean}});
+    emit(cs, "machines_falsely_alerted", t->false_machines, "machines", {{"clean_runs_alerted", t->clean_named}, {"clean", n_clean}});
     emit(cs, "latency_median", percentile(t->latency, 0.5), "s");
   }
   for (Fault f : all_faults()) {
