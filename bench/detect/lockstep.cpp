@@ -22,6 +22,7 @@
 #include "metrics_csv.hpp"
 #include "detector_config.hpp"
 #include "fusion.hpp"
+#include "online.hpp"
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -88,42 +89,123 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
 }
 
-// The same alerts through the suspect fusion (plugins/detector/fusion), as
-// the machine plugin publishes them: does the final ranking name the faulty
-// machine first, and which other machines ever reach "alerting"?
-struct Fused {
-  bool top_right = false;     // the final ranking's first suspect is the faulty machine
-  bool top_alerting = false;  // ... and its score reaches min_score
-  int false_alerting = 0;
+// Who names which machine when, for one source of verdicts: the machine
+// detector (an alert), the straggler analysis (a report of kind "worker":
+// its rank culprits slowed the job by at least min_slowdown), or the fused
+// ranking (a suspect reaches "alerting").
+struct Naming {
+  double t;
+  std::string node;
 };
 
-Fused fuse(const Scenario& sc, const std::vector<Alert>& alerts, double threshold) {
-  ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
-  std::set<std::string> wrong;
-  std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
-  int64_t last = 0;
-  for (const Alert& a : alerts) {
-    ballast::fusion::Suspicion s;
-    s.detector = "machine";
-    s.subject = a.node;
-    s.kind = a.kind;
-    s.metric = a.metric;
-    s.score = a.score;
-    s.confirmed = a.kind == "silent";
-    s.confidence = s.confirmed ? 1.0 : std::min(1.0, a.score / (2 * threshold));
-    s.since_ns = a.since_ns;
-    s.at_ns = last = a.ts_ns;
-    f.add(std::move(s));
-    for (const auto& x : f.ranking(a.ts_ns))
-      if (x.alerting && !(x.node == target && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s)) wrong.insert(x.node);
+// The straggler analysis (plugins/detector/straggler, as its plugin runs it
+// on step.timing events) over the scenario's step timings: every report it
+// would publish, and the fusion's inputs from it.
+struct StragglerReport {
+  double t;
+  ballast::straggler::WhatIfResult result;
+};
+
+std::vector<StragglerReport> run_straggler(const std::vector<StepTimings>& steps) {
+  ballast::straggler::OnlineDetector online(ballast::straggler::OnlineConfig{});
+  std::vector<StragglerReport> out;
+  for (const StepTimings& st : steps) {
+    online.add(st.ops.data(), st.ops.size());
+    if (auto r = online.poll()) out.push_back({st.end_s, std::move(*r)});
   }
-  Fused out;
-  auto r = f.ranking(last);
-  out.top_right = !target.empty() && !r.empty() && r[0].node == target;
-  out.top_alerting = out.top_right && r[0].alerting;
-  out.false_alerting = static_cast<int>(wrong.size());
   return out;
 }
+
+constexpr double kStraggling = 1.03;  // OnlineConfig's min_slowdown: a rank slowing the job less is not named
+
+std::vector<Naming> straggler_namings(const std::vector<StragglerReport>& reports) {
+  std::vector<Naming> out;
+  for (const auto& r : reports) {
+    if (r.result.kind != "worker") continue;
+    for (size_t i = 0; i < r.result.mw_ranks.size() && i < r.result.by_rank.size(); ++i)
+      if (r.result.by_rank[i].slowdown >= kStraggling)
+        out.push_back({r.t, machine_name(std::atoi(r.result.by_rank[i].name.c_str()) / kRanksPerMachine)});
+  }
+  return out;
+}
+
+// Every verdict of both detectors through the suspect fusion
+// (plugins/detector/fusion), in time order, as its plugin receives them;
+// ranks are folded into machines by the placement (4 ranks per machine).
+// After each: the ranking's first suspect, and every alerting one.
+struct FusedNamings {
+  std::vector<Naming> first, alerting;
+};
+
+FusedNamings fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
+                           const std::vector<StragglerReport>& reports, double threshold, bool with_straggler) {
+  ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
+  std::vector<std::pair<std::string, int32_t>> placement;
+  for (int m = 0; m < sc.machines; ++m) placement.emplace_back(machine_name(m), m * kRanksPerMachine);
+  f.set_placement(placement);
+  FusedNamings out;
+  size_t a = 0, r = 0;
+  while (a < alerts.size() || (with_straggler && r < reports.size())) {
+    bool alert_next = a < alerts.size() &&
+                      (!with_straggler || r >= reports.size() || static_cast<double>(alerts[a].ts_ns) / 1e9 <= reports[r].t);
+    int64_t now = 0;
+    if (alert_next) {
+      const Alert& x = alerts[a++];
+      ballast::fusion::Suspicion s;
+      s.detector = "machine";
+      s.subject = x.node;
+      s.kind = x.kind;
+      s.metric = x.metric;
+      s.score = x.score;
+      s.confirmed = x.kind == "silent";
+      s.confidence = s.confirmed ? 1.0 : std::min(1.0, x.score / (2 * threshold));  // as the machine plugin publishes
+      s.since_ns = x.since_ns;
+      s.at_ns = now = x.ts_ns;
+      f.add(std::move(s));
+    } else {
+      const StragglerReport& x = reports[r++];
+      now = std::llround(x.t * 1e9);
+      for (size_t i = 0; i < x.result.mw_ranks.size() && i < x.result.by_rank.size(); ++i)
+        f.add_straggler(std::atoi(x.result.by_rank[i].name.c_str()), x.result.kind, x.result.by_rank[i].slowdown,
+                        x.result.slowdown, now, "");
+    }
+    auto ranking = f.ranking(now);
+    if (!ranking.empty()) out.first.push_back({static_cast<double>(now) / 1e9, ranking[0].node});
+    for (const auto& suspect : ranking)
+      if (suspect.alerting) out.alerting.push_back({static_cast<double>(now) / 1e9, suspect.node});
+  }
+  return out;
+}
+
+// One source's score over the runs: faulty runs whose first naming is the
+// faulty machine at or after the onset, and how long after it; machines
+// alerted falsely (another machine, or before the onset) and fault-free runs
+// with an alert. A detector names by alerting; the fusion names the first
+// suspect of its ranking and alerts at min_score.
+struct SourceTally {
+  int named_first = 0, faulty_runs = 0, false_machines = 0, clean_named = 0, found = 0;
+  std::vector<double> latency;
+
+  void add(const Scenario& sc, const std::vector<Naming>& namings) { add(sc, namings, namings); }
+  void add(const Scenario& sc, const std::vector<Naming>& namings, const std::vector<Naming>& alerts) {
+    std::string target = sc.faulty >= 0 ? machine_name(sc.faulty) : "";
+    auto right = [&](const Naming& n) { return !target.empty() && n.node == target && n.t >= sc.onset_s; };
+    std::set<std::string> wrong;
+    for (const Naming& n : alerts)
+      if (!right(n)) wrong.insert(n.node);
+    false_machines += static_cast<int>(wrong.size());
+    if (sc.fault == Fault::none) {
+      clean_named += !alerts.empty();
+      return;
+    }
+    ++faulty_runs;
+    auto first_right = std::find_if(namings.begin(), namings.end(), right);
+    if (first_right == namings.end()) return;
+    ++found;
+    latency.push_back(first_right->t - sc.onset_s);
+    named_first += first_right == namings.begin();
+  }
+};
 
 struct Tally {
   int tp = 0, fp = 0, fn = 0, clean = 0, clean_with_alert = 0;
@@ -203,7 +285,8 @@ int main(int argc, char** argv) {
   for (int k = 0; k < n_clean; ++k) plan.push_back(make_scenario(index++, Fault::none, seconds, rng));
 
   Tally all;
-  int detector_first = 0, fused_first = 0, fused_alerting = 0, faulty_runs = 0, fused_false = 0, detector_false = 0;
+  SourceTally by_machine, by_straggler, by_fusion, by_fusion_alerting, by_fusion_machine_only,
+      by_fusion_machine_only_alerting;
   std::vector<Tally> by_fault(all_faults().size() + 1);
   std::vector<std::vector<std::string>> metrics_by_fault(by_fault.size());
   for (const Scenario& sc : plan) {
@@ -217,24 +300,18 @@ int main(int argc, char** argv) {
     Detector d(config);
     std::vector<Alert> alerts = ballast::machine::replay(table, &d);
     Verdict v = judge(sc, alerts);
-    Fused fu = fuse(sc, alerts, d.config().threshold);
-    if (sc.fault != Fault::none) {
-      ++faulty_runs;
-      // The detector names the faulty machine first: its first alert after
-      // the onset is on it and no other machine was alerted before.
-      bool first = v.found;
-      for (const Alert& a : alerts)
-        if (static_cast<double>(a.ts_ns) / 1e9 <= sc.onset_s + v.latency && a.node != machine_name(sc.faulty)) first = false;
-      detector_first += first;
-      fused_first += fu.top_right;
-      fused_alerting += fu.top_alerting;
-    }
-    std::set<std::string> wrong_nodes;
-    for (const Alert& a : alerts)
-      if (!(sc.faulty >= 0 && a.node == machine_name(sc.faulty) && static_cast<double>(a.ts_ns) / 1e9 >= sc.onset_s))
-        wrong_nodes.insert(a.node);
-    detector_false += static_cast<int>(wrong_nodes.size());
-    fused_false += fu.false_alerting;
+    std::vector<Naming> machine_namings;
+    for (const Alert& a : alerts) machine_namings.push_back({static_cast<double>(a.ts_ns) / 1e9, a.node});
+    std::vector<StragglerReport> reports = run_straggler(step_timings(sc));
+    std::vector<Naming> straggler = straggler_namings(reports);
+    by_machine.add(sc, machine_namings);
+    by_straggler.add(sc, straggler);
+    FusedNamings fused = fused_namings(sc, alerts, reports, d.config().threshold, true);
+    by_fusion.add(sc, fused.first, fused.alerting);
+    by_fusion_alerting.add(sc, fused.alerting);
+    FusedNamings machine_only = fused_namings(sc, alerts, reports, d.config().threshold, false);
+    by_fusion_machine_only.add(sc, machine_only.first, machine_only.alerting);
+    by_fusion_machine_only_alerting.add(sc, machine_only.alerting);
     size_t fi = static_cast<size_t>(sc.fault);
     for (Tally* t : {&all, &by_fault[fi]}) {
       t->fp += v.false_alerts;
@@ -255,6 +332,15 @@ int main(int argc, char** argv) {
                         {"latency_s", v.found ? nlohmann::json(v.latency) : nlohmann::json()},
                         {"alert_metric", v.metric}, {"false_alerts", v.false_alerts},
                         {"false_detail", v.false_detail}};
+    j["straggler_reports"] = nlohmann::json::array();
+    for (const auto& r : reports) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (size_t i = 0; i < r.result.mw_ranks.size() && i < r.result.by_rank.size(); ++i)
+        ranks.push_back({{"rank", r.result.by_rank[i].name}, {"slowdown", r.result.by_rank[i].slowdown}});
+      j["straggler_reports"].push_back({{"t_s", std::round((r.t - 1.8e9) * 10) / 10}, {"kind", r.result.kind},
+                                        {"slowdown", r.result.slowdown}, {"mw_ranks", ranks}});
+    }
+    j["fused_first"] = fused.first.empty() ? "" : fused.first.back().node;
     std::printf("%s\n", j.dump().c_str());
   }
   auto report = [&](const std::string& cs, const Tally& s) {
@@ -273,9 +359,20 @@ int main(int argc, char** argv) {
     emit(cs, "latency_p90", percentile(s.latency, 0.9), "s");
   };
   report("detector", all);
-  emit("fusion", "faulty_named_first", fused_first, "runs",
-       {{"of", faulty_runs}, {"machine_detector", detector_first}, {"alerting", fused_alerting}});
-  emit("fusion", "machines_falsely_alerting", fused_false, "machines", {{"machine_detector", detector_false}});
+  // The sources side by side on the same runs: each single detector, the
+  // fusion of both (named by its ranking's first suspect; by alerting), and
+  // the fusion of the machine detector alone.
+  for (auto [name, t] : {std::pair<const char*, const SourceTally*>{"machine_detector", &by_machine},
+                         {"straggler_analysis", &by_straggler},
+                         {"fusion", &by_fusion},
+                         {"fusion_alerting", &by_fusion_alerting},
+                         {"fusion_machine_only", &by_fusion_machine_only},
+                         {"fusion_machine_only_alerting", &by_fusion_machine_only_alerting}}) {
+    std::string cs = std::string("suspects/") + name;
+    emit(cs, "faulty_named_first", t->named_first, "runs", {{"of", t->faulty_runs}, {"found", t->found}});
+    emit(cs, "machines_falsely_alerted", t->false_machines, "machines", {{"clean_runs_alerted", t->clean_named}, {"clean", n_clean}});
+    emit(cs, "latency_median", percentile(t->latency, 0.5), "s");
+  }
   for (Fault f : all_faults()) {
     size_t fi = static_cast<size_t>(f);
     std::string top;

@@ -33,6 +33,15 @@
 //     retransmits/s), communication 2.5x longer.
 // - Sampling: every machine once a second, each sample 0-200 ms late (drawn
 //   per sample), each series' sample lost with probability 1%.
+// - Step timings (step_timings(), for the straggler analysis): each GPU is
+//   one rank; per step its forward (1/3) and backward (2/3) compute, the
+//   all-reduce from its compute's end to the communication's end, and a
+//   20 ms optimizer. A healthy rank's compute ends 0-8% (drawn per rank and
+//   step: sequence lengths differ) before the compute phase's end; the slow
+//   or capped GPU's rank computes through the whole, longer, phase; under
+//   CPU contention the machine's ranks start computing late (their input is
+//   late) and end with the phase. Network faults lengthen everyone's
+//   all-reduce alike; a memory leak changes no timing.
 #include "lockstep_job.hpp"
 
 #include <algorithm>
@@ -361,6 +370,44 @@ ballast::machine::MetricsTable generate(const Scenario& sc, bool plain) {
     }
   }
   return t;
+}
+
+std::vector<StepTimings> step_timings(const Scenario& sc) {
+  std::mt19937_64 rng(sc.seed);
+  Timeline tl = make_timeline(sc, rng);  // generate()'s first draws: the same timeline
+  std::mt19937_64 imbalance(sc.seed ^ 0x9e3779b97f4a7c15ULL);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<StepTimings> out;
+  int64_t step = 0;
+  const double opt = 0.02;
+  for (size_t i = 0; i + 1 < tl.segments.size(); ++i) {
+    const Segment& compute = tl.segments[i];
+    const Segment& comm = tl.segments[i + 1];
+    if (compute.phase != Phase::compute || comm.phase != Phase::comm) continue;
+    if (compute.start < 0 || comm.end > sc.seconds) continue;
+    bool after = after_onset(sc, compute.start);
+    double len = compute.end - compute.start;
+    double busy_share = 1 / (after ? compute_factor(sc.fault) : 1);
+    StepTimings st;
+    st.end_s = kT0 + comm.end;
+    for (int r = 0; r < sc.machines * kRanksPerMachine; ++r) {
+      int machine = r / kRanksPerMachine, g = r % kRanksPerMachine;
+      bool faulty = after && machine == sc.faulty;
+      bool slow_one = faulty && (sc.fault == Fault::slow_gpu || sc.fault == Fault::gpu_power_cap) && g == sc.faulty_gpu;
+      double busy = slow_one ? len : len * busy_share * (1 - 0.08 * u(imbalance));
+      double start = faulty && sc.fault == Fault::cpu_contention ? compute.end - busy : compute.start;
+      auto op = [&](const char* type, double s, double d, int32_t mb) {
+        st.ops.push_back(ballast_op_timing{r, 0, r, step, type, kT0 + s, d, 0, -1, mb, -1});
+      };
+      op("forward-compute", start, busy / 3, 0);
+      op("backward-compute", start + busy / 3, busy * 2 / 3, 0);
+      op("separate-grads-all-reduce", start + busy, comm.end - opt - (start + busy), -1);
+      op("optimizer", comm.end - opt, opt, -1);
+    }
+    out.push_back(std::move(st));
+    ++step;
+  }
+  return out;
 }
 
 }  // namespace bench_lockstep

@@ -7,6 +7,8 @@
 
 #include "metrics_csv.hpp"
 
+#include <ballast/events.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
@@ -44,5 +46,18 @@ Scenario make_scenario(int index, Fault f, double seconds, std::mt19937_64& rng)
 // The samples of one scenario, in file order (per machine, time order).
 // plain: gpu_util, net_tx_gbps, ... instead of the exporters' names.
 ballast::machine::MetricsTable generate(const Scenario& sc, bool plain);
+
+// One step of every rank's per-op timings, as a trainer's step timer sends
+// them (step.timing): forward and backward compute, the gradients'
+// all-reduce, the optimizer; rank = machine * 4 + GPU, one rank per DP rank.
+struct StepTimings {
+  double end_s = 0;  // when the step's last op ended (absolute, the samples' clock)
+  std::vector<ballast_op_timing> ops;
+};
+constexpr int kRanksPerMachine = 4;
+
+// The steps of one scenario's job (the same timeline as generate()'s), in
+// order, those that ran while it was sampled.
+std::vector<StepTimings> step_timings(const Scenario& sc);
 
 }  // namespace bench_lockstep

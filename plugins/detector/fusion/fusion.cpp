@@ -64,8 +64,9 @@ void Fusion::add(Suspicion s) {
   }
 }
 
-void Fusion::add_straggler(int32_t rank, double culprit_slowdown, double job_slowdown, int64_t at_ns,
-                           const std::string& evidence) {
+void Fusion::add_straggler(int32_t rank, const std::string& kind, double culprit_slowdown, double job_slowdown,
+                           int64_t at_ns, const std::string& evidence) {
+  if (kind != "worker") return;
   Suspicion s;
   s.detector = "straggler";
   s.subject = "rank:" + std::to_string(rank);

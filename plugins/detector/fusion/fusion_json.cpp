@@ -91,7 +91,7 @@ bool feed_event(const nlohmann::json& ev, Fusion* f, std::string* error) {
       }
       nlohmann::json evidence = {{"slowdown", slowdown}, {"culprit_slowdown", number(e, "slowdown", 1)},
                                  {"kind", text(p, "kind")}};
-      f->add_straggler(static_cast<int32_t>(rank), number(e, "slowdown", 1), slowdown, ts,
+      f->add_straggler(static_cast<int32_t>(rank), text(p, "kind"), number(e, "slowdown", 1), slowdown, ts,
                        evidence.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     }
   } else if (topic == "placement.plan") {

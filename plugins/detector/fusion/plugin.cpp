@@ -90,7 +90,7 @@ int on_event(void* user, const ballast_event* ev) {
         if (*end || end == c.name || rank < 0 || rank > INT32_MAX) continue;
         nlohmann::json evidence = {{"slowdown", r->slowdown}, {"culprit_slowdown", c.slowdown},
                                    {"kind", str(r->kind)}};
-        s->fusion.add_straggler(static_cast<int32_t>(rank), c.slowdown, r->slowdown, now,
+        s->fusion.add_straggler(static_cast<int32_t>(rank), str(r->kind), c.slowdown, r->slowdown, now,
                                 evidence.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       }
     } else if (ev->schema == BALLAST_SCHEMA_PLACEMENT_PLAN && ev->payload &&

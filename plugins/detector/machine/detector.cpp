@@ -304,6 +304,7 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
     // 1. Each machine's value in this round: its samples in (round_start, now].
     values_.clear();
     value_node_.clear();
+    instants_.clear();
     for (uint32_t i = 0; i < met.series.size(); ++i) {
       Series& s = met.series[i];
       ++work_;
@@ -311,16 +312,24 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       s.z[s.z_next] = std::nan("");  // until this round scores it
       round_.clear();
       size_t used = 0;
+      int64_t instant = 0;
       for (const Point& p : s.points) {
         if (p.ts_ns > now_ns) break;
         ++used;
-        if (p.ts_ns > round_start) round_.push_back(p.value);
+        if (p.ts_ns > round_start) {
+          round_.push_back(p.value);
+          instant = p.ts_ns;
+        }
       }
       if (used) s.points.erase(s.points.begin(), s.points.begin() + static_cast<long>(used));
-      if (round_.empty()) continue;
+      if (round_.empty()) {
+        s.offset_s = 0;
+        continue;
+      }
       s.last_value = median_of(round_);
       values_.push_back(s.last_value);
       value_node_.push_back(i);
+      instants_.push_back(static_cast<double>(now_ns - instant) / 1e9);
     }
     // 2. Score the round against the machines of the same round.
     size_t n = values_.size();
@@ -340,18 +349,35 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
           std::max({robust, met.usual * level, met.usual_abs, met.rel_floor * level, met.floor});
       met.round_median = med;
       met.round_mad = mad;
+      // The job's swing: the range of its recent round medians.
+      size_t memory = static_cast<size_t>(std::clamp(config_.spread_memory, 1.0, 1000.0));
+      if (met.medians.size() < memory) {
+        met.medians.push_back(med);
+      } else {
+        met.medians[met.medians_next] = med;
+        met.medians_next = (met.medians_next + 1) % met.medians.size();
+      }
+      auto [lo, hi] = std::minmax_element(met.medians.begin(), met.medians.end());
+      double swing_per_s = (*hi - *lo) / std::max(config_.period_s, 1e-3);
+      scratch_.assign(instants_.begin(), instants_.end());
+      double instant_median = median_of(scratch_);
       // Several machines apart in one round: the job changed phase while it
       // was being sampled (lock-step machines caught on both sides of a
       // compute/communication boundary), which says nothing about any one
       // machine. The round is no evidence for anyone.
       size_t apart = 0;
       for (size_t k = 0; k < n; ++k) apart += std::fabs(values_[k] - med) > config_.threshold * scale;
-      if (apart <= std::max<size_t>(1, n / 20)) {
-        for (size_t k = 0; k < n; ++k) {
-          Series& s = met.series[value_node_[k]];
-          s.z[s.z_next] = finite((values_[k] - med) / scale);
-        }
+      for (size_t k = 0; k < n; ++k) {
+        Series& s = met.series[value_node_[k]];
+        double offset = std::fabs(instants_[k] - instant_median);
+        double timing = (s.offset_s + offset) * swing_per_s;
+        s.offset_s = offset;
+        if (apart > std::max<size_t>(1, n / 20)) continue;
+        double beyond = std::max(0.0, std::fabs(values_[k] - med) - timing);
+        s.z[s.z_next] = finite(std::copysign(beyond, values_[k] - med) / scale);
       }
+    } else {
+      for (uint32_t i : value_node_) met.series[i].offset_s = 0;
     }
     // 3. Each machine's score: the median of its z-scores over the window.
     bool warm = met.evaluations > config_.warmup;

@@ -14,7 +14,15 @@
 //      MAD of one round can be near zero by chance), `usual_abs` the same in
 //      the metric's unit (when the job's level falls, its noise does not),
 //      and `floor` the metric's min_deviation / threshold. A metric flags no
-//      one in its first `warmup` rounds, while its usual spread is learnt;
+//      one in its first `warmup` rounds, while its usual spread is learnt.
+//      What the machines' sampling instants explain is not a deviation:
+//      a machine's value covers (its previous instant, its instant], its
+//      peers' values intervals shifted by d_start and d_end from it, so while
+//      the job's level swings by R (the range of the round medians over the
+//      last `spread_memory` rounds: a lock-step job's compute and
+//      communication phases) it can differ by (d_start + d_end) / period * R
+//      without any fault; that much is taken off |x - median| before dividing
+//      (d = the machine's offset from the round's median instant);
 //   3. denoise: a machine's score is the median of its round z-scores over
 //      the last `window` seconds of rounds, over the rounds it has a value
 //      in (at least half of them): a lost sample removes one round from the
@@ -144,6 +152,7 @@ class Detector {
     std::vector<double> z;      // the last rounds' z-scores (ring; NaN: no value that round)
     size_t z_next = 0;          // ring position of the next round
     double last_value = 0;      // the latest round value (evidence)
+    double offset_s = 0;        // |instant - round's median instant| last round, 0 without a value
     double score = 0;           // median of z over the window (valid when score_ok)
     bool score_ok = false;
     int streak = 0;             // consecutive outlier evaluations
@@ -160,6 +169,8 @@ class Detector {
     int evaluations = 0;        // with enough machines reporting
     int usual_updates = 0;
     double round_median = 0, round_mad = 0;  // of the last scored round (evidence)
+    std::vector<double> medians; // the last spread_memory rounds' medians (ring)
+    size_t medians_next = 0;
     std::vector<Series> series; // by node index (grown lazily)
     size_t seen_series = 0;     // series that sent a sample (ignored metrics too)
   };
@@ -189,7 +200,7 @@ class Detector {
   uint64_t work_ = 0;
   DetectorCounters counters_;
   // Scratch reused by evaluate(): no allocation per evaluation once warm.
-  std::vector<double> values_, scratch_, round_;
+  std::vector<double> values_, scratch_, round_, instants_;
   std::vector<uint32_t> value_node_;
   std::vector<int> candidate_;   // per node: metric id of the first alerting metric, -1
   std::vector<double> cand_score_, cand_z_, cand_value_, cand_median_, cand_mad_;

@@ -96,7 +96,7 @@ TEST_CASE("independent detectors agreeing on a machine rank it first; one weak s
   // The hang analysis names rank 19 (on m2), the straggler analysis rank 20
   // (also m2): one suspect with both detectors' evidence, above m1.
   f.add(report("hang", "rank:19", 1.0, true, 11 * kSec, 19));
-  f.add_straggler(20, 1.5, 1.6, 12 * kSec, "{}");
+  f.add_straggler(20, "worker", 1.5, 1.6, 12 * kSec, "{}");
   r = f.ranking(12 * kSec);
   REQUIRE(r.size() == 2);
   CHECK(r[0].node == "m2");
@@ -185,4 +185,18 @@ TEST_CASE("ballast suspects: bad lines are errors naming the file and line") {
   CHECK(r.code == 1);
   CHECK(r.err.find(nosub + ":1: payload.subject: missing") != std::string::npos);
   CHECK(run_suspects({}).code == 2);
+}
+
+TEST_CASE("a straggler report names ranks only when its kind is worker") {
+  Fusion f(FusionConfig{});
+  f.set_placement({{"m0", 0}, {"m1", 4}});
+  // A job-wide all-reduce slowdown: every rank explains the whole of it, the
+  // analysis says "random"; the ranks it lists are no suspects.
+  f.add_straggler(0, "random", 1.09, 1.09, 10 * kSec, "{}");
+  f.add_straggler(5, "stage", 1.09, 1.09, 10 * kSec, "{}");
+  CHECK(f.ranking(10 * kSec).empty());
+  f.add_straggler(5, "worker", 1.5, 1.6, 11 * kSec, "{}");
+  auto r = f.ranking(11 * kSec);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].node == "m1");
 }

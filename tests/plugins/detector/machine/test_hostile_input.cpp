@@ -114,6 +114,10 @@ TEST_CASE("invalid UTF-8 in a node name or a config pattern is an error, not an 
   r = run_detect({"--metrics", ok, "--config", cfg});
   CHECK(r.code == 1);
   CHECK(r.err.find(cfg + ": metrics[2]: not valid UTF-8") != std::string::npos);
+  cfg = write_file("utf8k.lua", "return { min_deviation = { ['gpu\xff'] = 1 } }\n");
+  r = run_detect({"--metrics", ok, "--config", cfg});
+  CHECK(r.code == 1);
+  CHECK(r.err.find(cfg + ": min_deviation: a key that is not valid UTF-8") != std::string::npos);
 }
 
 TEST_CASE("numbers out of range in --config are errors naming the file and field") {
