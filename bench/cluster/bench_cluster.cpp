@@ -9,6 +9,7 @@
 //               plugin, cluster link): resident memory and CPU share
 //   failover    leader of two killed (lease 5 s): kill -> new leader elected,
 //               kill -> first agent served; events lost / applied twice
+//               (applied = under a cursor a leader committed to etcd)
 //   slurm       node fault -> drained -> running again without it, by part
 #include "certs.hpp"
 #include "link.hpp"
@@ -392,7 +393,7 @@ void bench_agent(const std::string& dir) {
 
 void bench_failover(const std::string& dir) {
   std::vector<double> elected, served;
-  double lost = 0, twice = 0;
+  double lost = 0, twice = 0, rolled_back = 0, twice_on_bus = 0;
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/failover-" + std::to_string(run);
     sh("mkdir -p " + d);
@@ -431,13 +432,22 @@ void bench_failover(const std::string& dir) {
     });
     elected.push_back(log_time_s(d + "/c2.err", "is the leader") - killed);
     served.push_back(log_time_s(d + "/c2.err", "connected from") - killed);
+    // Applied by the killed leader: its journal up to the cursors its
+    // successor started from (its controller.leader event); by the successor:
+    // its journal. Above the cursors, the killed leader's journal holds what it
+    // published and never committed (gone with its bus).
     auto old = ingest_counts(d + "/c1-ingest.journal"), neu = ingest_counts(d + "/c2-ingest.journal");
+    auto leader = nlohmann::json::parse(last_json(d + "/c2-bus.journal", "controller.leader"), nullptr, false);
+    auto bus = bus_values(d + "/c2-bus.journal");
     for (std::string node : {"n1", "n2"}) {
+      uint64_t cursor = leader.is_object() ? leader["cursors"].value(node, uint64_t{0}) : 0;
       for (uint64_t s = 1; s <= count; ++s) {
-        int n = (old[node].count(s) ? old[node][s] : 0) + (neu[node].count(s) ? neu[node][s] : 0);
+        int n = (s <= cursor && old[node].count(s) ? old[node][s] : 0) + (neu[node].count(s) ? neu[node][s] : 0);
         lost += n == 0;
         twice += n > 1;
       }
+      for (auto& [s, n] : old[node]) rolled_back += s > cursor;
+      for (auto& [v, n] : bus[node]) twice_on_bus += n > 1;
     }
     for (auto& a : agents) a.signal(SIGTERM);
     for (auto& a : agents) a.wait();
@@ -450,6 +460,8 @@ void bench_failover(const std::string& dir) {
   emit("failover", "target_ratio", median(served) / 6.0, "x of lease+1 s");
   emit("failover", "events_lost", lost, "events");
   emit("failover", "events_applied_twice", twice, "events");
+  emit("failover", "events_twice_on_the_new_leaders_bus", twice_on_bus, "events");
+  emit("failover", "events_published_uncommitted_by_the_killed_leader", rolled_back, "events");
 }
 
 void bench_slurm(const std::string& dir) {
