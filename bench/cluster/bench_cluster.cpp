@@ -276,7 +276,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   const int nodes = g_quick ? 20 : 100;
   const double seconds = g_quick ? 2 : 5;
   for (bool durable : {false, true}) {
-    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus;
+    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus, per_cpu_s;
     for (int run = 0; run < g_runs; ++run) {
       std::string d = dir + "/ingest-" + std::to_string(durable) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
@@ -297,6 +297,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
       double elapsed = now_s() - t0;
       rates.push_back(static_cast<double>(emu.acked_total.load()) / elapsed);
       cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed);
+      per_cpu_s.push_back(cpus.back() > 0 ? rates.back() / cpus.back() : 0);
       emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
       p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
       p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
@@ -311,6 +312,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
     emit(name.c_str(), "latency_p50", median(p50s), "ms");
     emit(name.c_str(), "latency_p99", median(p99s), "ms");
     emit(name.c_str(), "controller_cpu", median(cpus), "cores");
+    emit(name.c_str(), "events_per_controller_cpu_s", median(per_cpu_s), "events/CPU-s");
     emit(name.c_str(), "emulator_cpu", median(emulator_cpus), "cores");
     emit(name.c_str(), "emulated_nodes", nodes, "nodes");
   }

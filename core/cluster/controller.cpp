@@ -265,7 +265,7 @@ void Controller::serve(Conn* conn) {
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
 
-  std::vector<Item> batch;
+  Batch batch;
   uint64_t pending = applied;  // the highest sequence taken into the batch
   int64_t last_hb = 0, last_rx = now_ms();
   bool broken = false;
@@ -295,7 +295,7 @@ void Controller::serve(Conn* conn) {
                           "node " + node + ": sequence " + std::to_string(m.number) + " follows " +
                               std::to_string(pending) + " (the agent lost its spool?)");
               }
-              Item item{m.number, true, {}, {m.body, m.body + m.body_size}, {}};
+              Item item{m.number, true, {}, m.body, m.body_size};
               size_t used = 0;
               std::string why;
               if (decode_frame(m.body, m.body_size, &item.event, &used, &why) != BALLAST_OK) {
@@ -304,7 +304,7 @@ void Controller::serve(Conn* conn) {
                 host_.log(BALLAST_LOG_WARN, "cluster",
                           "node " + node + " sequence " + std::to_string(m.number) + ": bad frame skipped: " + why);
               }
-              batch.push_back(std::move(item));
+              batch.items.push_back(std::move(item));
               pending = m.number;
               return true;
             }
@@ -346,7 +346,7 @@ void Controller::serve(Conn* conn) {
     uint64_t v;
     ssize_t n = read(conn->wake_fd, &v, sizeof v);
     (void)n;
-    if (!batch.empty()) {
+    if (!batch.items.empty()) {
       NodeState* ns_ptr;
       {
         std::lock_guard lock(mutex_);
@@ -357,24 +357,24 @@ void Controller::serve(Conn* conn) {
         std::lock_guard lock(mutex_);
         applied = std::max(applied, ns_ptr->applied);  // another connection of this node may have gone on
       }
-      std::erase_if(batch, [&](const Item& item) {
+      std::erase_if(batch.items, [&](const Item& item) {
         if (item.seq > applied) return false;
         duplicates_.fetch_add(1, std::memory_order_relaxed);
         return true;
       });
       uint64_t done = applied;
       bool stopped = false;
-      if (!batch.empty()) {
+      if (!batch.items.empty()) {
         if (apply(node, batch, &done) != BALLAST_OK) {
           // Not acknowledged: the agent resends what this bus has not seen.
           std::lock_guard lock(mutex_);
           nodes_[node].applied = std::max(nodes_[node].applied, leadership_ ? nodes_[node].published : 0);
           break;
         }
-        stopped = done < batch.back().seq;
+        stopped = done < batch.items.back().seq;
       }
       applied_events_.fetch_add(done - applied, std::memory_order_relaxed);
-      batch.clear();
+      batch.items.clear();
       {
         std::lock_guard lock(mutex_);
         nodes_[node].applied = done;
@@ -437,11 +437,11 @@ void Controller::serve(Conn* conn) {
 // leader died before hearing so) covers only published events: nothing lost.
 // The ingest journal holds what was prepared; its entries above the next
 // term's starting cursor were never applied.
-int Controller::apply(const std::string& node, std::vector<Item>& batch, uint64_t* done) {
+int Controller::apply(const std::string& node, Batch& batch, uint64_t* done) {
   const uint64_t before = *done;
-  if (leadership_ && journal(node, batch, batch.size()) != BALLAST_OK) return BALLAST_EIO;
+  if (leadership_ && journal(node, batch, batch.items.size()) != BALLAST_OK) return BALLAST_EIO;
   size_t published = 0;
-  for (auto& item : batch) {
+  for (auto& item : batch.items) {
     if (item.good) {
       const ballast_event& ev = item.event.view();
       if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
@@ -453,7 +453,7 @@ int Controller::apply(const std::string& node, std::vector<Item>& batch, uint64_
     }
     ++published;
   }
-  *done = published > 0 ? batch[published - 1].seq : before;
+  *done = published > 0 ? batch.items[published - 1].seq : before;
   if (!leadership_) return journal(node, batch, published);
   {
     std::lock_guard lock(mutex_);
@@ -470,13 +470,14 @@ int Controller::apply(const std::string& node, std::vector<Item>& batch, uint64_
 
 // The first `count` events of the batch into the ingest journal in one write,
 // flushed (fdatasync when durable).
-int Controller::journal(const std::string& node, std::vector<Item>& batch, size_t count) {
-  std::vector<ballast_event> wrapped;
-  wrapped.reserve(count);
-  for (size_t i = 0; i < count; ++i)
-    wrapped.push_back(
-        wrap_spooled(node.c_str(), batch[i].seq, batch[i].frame.data(), batch[i].frame.size(), &batch[i].wrapped));
-  if (ingest_.append_batch(wrapped.data(), wrapped.size()) != BALLAST_OK) {
+int Controller::journal(const std::string& node, Batch& batch, size_t count) {
+  if (batch.wrapped.size() < count) batch.wrapped.resize(count);
+  batch.events.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const Item& item = batch.items[i];
+    batch.events.push_back(wrap_spooled(node.c_str(), item.seq, item.frame, item.frame_size, &batch.wrapped[i]));
+  }
+  if (ingest_.append_batch(batch.events.data(), batch.events.size()) != BALLAST_OK) {
     host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
     return BALLAST_EIO;
   }

@@ -117,13 +117,19 @@ class Controller {
     uint64_t seq;
     bool good;  // a frame that decoded; a bad one is journaled, not published
     OwnedEvent event;
-    std::vector<unsigned char> frame;
-    std::vector<unsigned char> wrapped;  // scratch: the journal's wrapper payload
+    const unsigned char* frame;  // in the link's input buffer: valid until its next pump
+    size_t frame_size;
+  };
+  // One connection's batch and the scratch its journaling reuses.
+  struct Batch {
+    std::vector<Item> items;
+    std::vector<std::vector<unsigned char>> wrapped;  // the journal's wrapper payloads
+    std::vector<ballast_event> events;
   };
 
   explicit Controller(Host& host);
-  int apply(const std::string& node, std::vector<Item>& batch, uint64_t* done);
-  int journal(const std::string& node, std::vector<Item>& batch, size_t count);
+  int apply(const std::string& node, Batch& batch, uint64_t* done);
+  int journal(const std::string& node, Batch& batch, size_t count);
   void accept_loop();
   void serve(Conn* conn);
   void watch_silence();
