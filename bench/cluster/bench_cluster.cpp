@@ -9,13 +9,18 @@
 //               plugin, cluster link): resident memory and CPU share
 //   failover    leader of two killed (lease 5 s): kill -> new leader elected,
 //               kill -> first agent served; events lost / applied twice
-//   slurm       node fault -> drained -> running again without it, by part
+//               (applied = under a cursor a leader committed to etcd)
+//   slurm       node fault (an agent killed) -> node.silent -> the policy's
+//               evict + replace -> the executor's Slurm backend drains it and
+//               requeues the job onto the spare -> training resumed from its
+//               checkpoint, by part
 #include "certs.hpp"
 #include "link.hpp"
 
 #include "../../tests/core/cluster/cluster_harness.hpp"
 #include "slurm.hpp"
 #include "command_line.hpp"
+#include "journal.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -275,7 +280,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   const int nodes = g_quick ? 20 : 100;
   const double seconds = g_quick ? 2 : 5;
   for (bool durable : {false, true}) {
-    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus;
+    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus, per_cpu_s;
     for (int run = 0; run < g_runs; ++run) {
       std::string d = dir + "/ingest-" + std::to_string(durable) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
@@ -296,6 +301,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
       double elapsed = now_s() - t0;
       rates.push_back(static_cast<double>(emu.acked_total.load()) / elapsed);
       cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed);
+      per_cpu_s.push_back(cpus.back() > 0 ? rates.back() / cpus.back() : 0);
       emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
       p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
       p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
@@ -310,6 +316,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
     emit(name.c_str(), "latency_p50", median(p50s), "ms");
     emit(name.c_str(), "latency_p99", median(p99s), "ms");
     emit(name.c_str(), "controller_cpu", median(cpus), "cores");
+    emit(name.c_str(), "events_per_controller_cpu_s", median(per_cpu_s), "events/CPU-s");
     emit(name.c_str(), "emulator_cpu", median(emulator_cpus), "cores");
     emit(name.c_str(), "emulated_nodes", nodes, "nodes");
   }
@@ -392,7 +399,7 @@ void bench_agent(const std::string& dir) {
 
 void bench_failover(const std::string& dir) {
   std::vector<double> elected, served;
-  double lost = 0, twice = 0;
+  double lost = 0, twice = 0, rolled_back = 0, twice_on_bus = 0;
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/failover-" + std::to_string(run);
     sh("mkdir -p " + d);
@@ -431,13 +438,22 @@ void bench_failover(const std::string& dir) {
     });
     elected.push_back(log_time_s(d + "/c2.err", "is the leader") - killed);
     served.push_back(log_time_s(d + "/c2.err", "connected from") - killed);
+    // Applied by the killed leader: its journal up to the cursors its
+    // successor started from (its controller.leader event); by the successor:
+    // its journal. Above the cursors, the killed leader's journal holds what it
+    // published and never committed (gone with its bus).
     auto old = ingest_counts(d + "/c1-ingest.journal"), neu = ingest_counts(d + "/c2-ingest.journal");
+    auto leader = nlohmann::json::parse(last_json(d + "/c2-bus.journal", "controller.leader"), nullptr, false);
+    auto bus = bus_values(d + "/c2-bus.journal");
     for (std::string node : {"n1", "n2"}) {
+      uint64_t cursor = leader.is_object() ? leader["cursors"].value(node, uint64_t{0}) : 0;
       for (uint64_t s = 1; s <= count; ++s) {
-        int n = (old[node].count(s) ? old[node][s] : 0) + (neu[node].count(s) ? neu[node][s] : 0);
+        int n = (s <= cursor && old[node].count(s) ? old[node][s] : 0) + (neu[node].count(s) ? neu[node][s] : 0);
         lost += n == 0;
         twice += n > 1;
       }
+      for (auto& [s, n] : old[node]) rolled_back += s > cursor;
+      for (auto& [v, n] : bus[node]) twice_on_bus += n > 1;
     }
     for (auto& a : agents) a.signal(SIGTERM);
     for (auto& a : agents) a.wait();
@@ -450,52 +466,143 @@ void bench_failover(const std::string& dir) {
   emit("failover", "target_ratio", median(served) / 6.0, "x of lease+1 s");
   emit("failover", "events_lost", lost, "events");
   emit("failover", "events_applied_twice", twice, "events");
+  emit("failover", "events_twice_on_the_new_leaders_bus", twice_on_bus, "events");
+  emit("failover", "events_published_uncommitted_by_the_killed_leader", rolled_back, "events");
 }
 
+// The JSON payload of the first event of `topic` in a bus journal, with its time (wall s).
+bool first_event(const std::string& journal, const std::string& topic, double* at) {
+  bool found = false;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        if (found || topic != ev.view().topic) return;
+        found = true;
+        *at = static_cast<double>(ev.view().ts_ns) / 1e9;
+      },
+      [](const ballast::JournalProblem&) {});
+  return found;
+}
+
+// A node of a Slurm job fails (its agent is killed, as with its machine):
+// Ballast's heartbeats find it (node.silent), the policy evicts and replaces
+// it, the executor's Slurm backend drains it, requeues the job onto the spare
+// held in a reservation, and the trainer resumes from its checkpoint.
 void bench_slurm(const std::string& dir) {
-  std::vector<double> requeue, start, ckpt;
+  std::vector<double> detection, decision, drain_requeue, slurm_start, resume_part, total;
+  const std::string trainer = BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py";
+  const int silent_after_ms = 3000;
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/slurm-" + std::to_string(run);
     int port = 30000 + static_cast<int>(getpid() % 300) * 110;
     if (sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + d + " 4 >/dev/null") != 0) {
-      std::fprintf(stderr, "slurm: slurm-up failed\n");
+      std::fprintf(stderr, "slurm: slurm-up failed; see %s/log\n", d.c_str());
       return;
     }
+    struct Down {
+      std::string d;
+      ~Down() { sh(engines() + "/slurm-down " + d); }
+    } down{d};
+    const std::string certs = d + "/certs", listen = "127.0.0.1:" + std::to_string(port + 50);
+    sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2 >/dev/null");
+    auto tls = [&](const std::string& who) {
+      return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
+             who + ".key\" }";
+    };
+    write_file(d + "/policy.lua",
+               "ballast.on(\"node.silent\", function(ev)\n"
+               "  local node = (ev.payload or {}).subject or ev.source.node\n"
+               "  local why = \"node.silent \" .. tostring(node)\n"
+               "  return {{action = \"evict\", subject = node, reason = why},\n"
+               "          {action = \"replace\", subject = node, reason = why}}\n"
+               "end)\n");
+    const std::string job_dir = d + "/job";
+    write_file(d + "/controller.lua",
+               "return { node = \"ctl\", role = \"controller\", journal = \"" + d + "/bus.journal\",\n"
+               "  plugins = { \"runner\", \"scheduler\" },\n"
+               "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + job_dir + "\", progress = false,\n"
+               "    command = { \"python3\", \"" + trainer + "\", \"--steps\", \"60\", \"--step-seconds\", \"0.1\",\n"
+               "                \"--checkpoint-every\", \"5\" },\n"
+               "    repair_seconds = 600, placement_timeout_seconds = 10,\n"
+               "    slurm = { conf = \"" + d + "/slurm.conf\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
+               "              reservation = \"ballast-spares\" } },\n"
+               "  policy = { script = \"" + d + "/policy.lua\", fallback = \"escalate\" },\n"
+               "  cluster = { listen = \"" + listen + "\", " + tls("controller") + ",\n"
+               "    ingest_journal = \"" + d + "/ingest.journal\", durable = false,\n"
+               "    heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
+    auto agent = [&](const std::string& node) {
+      write_file(d + "/" + node + ".lua",
+                 "return { node = \"" + node + "\", role = \"agent\", log_level = \"warn\",\n"
+                 "  cluster = { controller = { \"" + listen + "\" }, " + tls(node) + ",\n"
+                 "    spool = { dir = \"" + d + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = " +
+                 std::to_string(silent_after_ms) + " } }\n");
+      return spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err");
+    };
+    Proc ctl = spawn({BALLAST_EXE, "run", d + "/controller.lua", "--json"}, d + "/ctl.out", d + "/ctl.err");
+    Proc a1 = agent("n1"), a2 = agent("n2");
     ballast::slurm::Slurm slurm(d + "/slurm.conf");
-    write_file(d + "/train.sh",
-               "#!/bin/bash\nck=" + d + "/ckpt; t0=$(date +%s.%N); step=0; [ -f $ck ] && step=$(cat $ck)\n"
-               "echo \"start $t0 loaded $(date +%s.%N) restart=${SLURM_RESTART_COUNT:-0} from=$step\"\n"
-               "while [ $step -lt 100 ]; do sleep 0.1; step=$((step+1)); echo $step > $ck.tmp && mv $ck.tmp $ck; done\n");
-    long job = 0;
-    std::string error;
-    slurm.submit({"-N2", "--requeue", "--open-mode=append", "-o", d + "/job.out", d + "/train.sh"}, &job, &error);
-    ballast::slurm::JobInfo info;
-    eventually(15, [&] { return slurm.job(job, &info, &error) && info.state == "RUNNING"; });
-    eventually(15, [&] { return std::atoi(read_file(d + "/ckpt").c_str()) >= 5; });
-    std::vector<std::string> nodes;
-    slurm.expand(info.nodes, &nodes, &error);
-    double t0 = wall_s();
-    slurm.drain(nodes[0], "ballast: node.silent " + nodes[0], &error);
-    slurm.requeue_excluding(job, {nodes[0]}, &error);
-    double t1 = wall_s();
-    eventually(15, [&] { return slurm.job(job, &info, &error) && info.state == "RUNNING" && info.restarts == 1; });
-    double t2 = wall_s();
-    eventually(15, [&] { return read_file(d + "/job.out").find("restart=1") != std::string::npos; });
-    std::string out = read_file(d + "/job.out");
-    size_t at = out.find("start ", out.find("restart=0"));
-    at = out.rfind("start ");
-    double started = std::atof(out.c_str() + at + 6);
-    double loaded = std::atof(out.c_str() + out.find("loaded ", at) + 7);
-    requeue.push_back(t1 - t0);
-    start.push_back(started - t1);
-    ckpt.push_back(loaded - started);
-    (void)t2;
-    slurm.cancel(job, &error);
-    sh(engines() + "/slurm-down " + d);
+    bool up = eventually(60, [&] {
+      std::string log = read_file(d + "/ctl.err");
+      return log.find("node n1 connected") != std::string::npos && log.find("node n2 connected") != std::string::npos &&
+             std::ifstream(job_dir + "/checkpoints/step-00000005.safetensors").good();
+    });
+    if (!up) {
+      std::fprintf(stderr, "slurm: the job did not checkpoint; see %s\n", d.c_str());
+      ctl.signal(SIGTERM), a1.signal(SIGTERM), a2.signal(SIGTERM);
+      ctl.wait(), a1.wait(), a2.wait();
+      return;
+    }
+    const double killed = wall_s();
+    a1.signal(SIGKILL);
+    a1.wait();
+    // Slurm's view, polled: the job running again, on nodes without n1.
+    double running_again = 0;
+    eventually(60, [&] {
+      std::string out, error;
+      if (!slurm.run({"squeue", "-h", "-o", "%T %N %r"}, &out, &error)) return false;
+      if (out.rfind("RUNNING", 0) == 0 && out.find("n1") == std::string::npos && out.find("n[1") == std::string::npos) {
+        running_again = wall_s();
+        return true;
+      }
+      return false;
+    });
+    bool finished = eventually(90, [&] { return read_file(d + "/ctl.out").find("\"state\"") != std::string::npos; });
+    ctl.wait();
+    a2.signal(SIGTERM);
+    a2.wait();
+    // The executor's action journal (wall seconds): when each action was
+    // received, started and ended; the replace ends at the trainer's hello
+    // from its checkpoint.
+    double silent_at = 0, decided_at = 0, evict_start = 0, evict_end = 0, replace_start = 0, resumed_at = 0;
+    std::ifstream actions(job_dir + "/actions.jsonl");
+    for (std::string line; std::getline(actions, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object() || j.value("event", "") != "end" || j.value("outcome", "") != "ok") continue;
+      double received = j.value("received_s", 0.0);
+      if (decided_at == 0 || received < decided_at) decided_at = received;
+      if (j.value("action", "") == "evict") evict_start = j.value("start_s", 0.0), evict_end = j.value("end_s", 0.0);
+      if (j.value("action", "") == "replace") replace_start = j.value("start_s", 0.0), resumed_at = j.value("end_s", 0.0);
+    }
+    if (!finished || running_again == 0 || resumed_at == 0 || evict_end == 0 ||
+        !first_event(d + "/bus.journal", "node.silent", &silent_at)) {
+      std::fprintf(stderr, "slurm: run %d incomplete (see %s)\n", run, d.c_str());
+      continue;
+    }
+    detection.push_back(silent_at - killed);
+    decision.push_back(decided_at - silent_at);
+    drain_requeue.push_back(evict_end - evict_start);
+    slurm_start.push_back(running_again - replace_start);
+    resume_part.push_back(resumed_at - running_again);
+    total.push_back(resumed_at - killed);
   }
-  emit("slurm_recovery", "drain_and_requeue", median(requeue), "s");
-  emit("slurm_recovery", "requeue_to_job_started", median(start), "s");
-  emit("slurm_recovery", "checkpoint_load_script", median(ckpt), "s");
+  emit("slurm_recovery", "runs_complete", static_cast<double>(total.size()), "runs");
+  emit("slurm_recovery", "detection", median(detection), "s");
+  emit("slurm_recovery", "detection_silent_after", silent_after_ms / 1000.0, "s");
+  emit("slurm_recovery", "decision", median(decision), "s");
+  emit("slurm_recovery", "evict_drain_and_requeue", median(drain_requeue), "s");
+  emit("slurm_recovery", "replace_to_job_running_on_the_spare", median(slurm_start), "s");
+  emit("slurm_recovery", "job_running_to_trainer_resumed_from_checkpoint", median(resume_part), "s");
+  emit("slurm_recovery", "fault_to_training_resumed", median(total), "s");
 }
 
 }  // namespace

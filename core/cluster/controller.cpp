@@ -1,5 +1,7 @@
 #include "controller.hpp"
 
+#include "group_commit.hpp"
+
 #include "error.hpp"
 #include "host.hpp"
 
@@ -67,6 +69,7 @@ int Controller::create(Host& host, ControllerOptions options, Leadership* leader
   if (int r = c->ingest_.open(options.ingest_journal); r != BALLAST_OK) return r;
   c->options_ = std::move(options);
   c->leadership_ = leadership;
+  if (leadership) c->commits_ = std::make_unique<GroupCommit>(*leadership);
   // Action ids grow across restarts: the epoch is the start time (or the term).
   c->epoch_ = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
@@ -109,6 +112,7 @@ int Controller::start() {
   if (int r = host_.subscribe("recovery.action", &opts, on_action, this, "cluster", &action_subscription_);
       r != BALLAST_OK)
     return r;
+  if (commits_) commits_->start();
   acceptor_ = std::thread([this] { accept_loop(); });
   watcher_ = std::thread([this] { watch_silence(); });
   host_.log(BALLAST_LOG_INFO, "cluster",
@@ -129,6 +133,7 @@ void Controller::stop() {
   if (acceptor_.joinable()) acceptor_.join();
   if (watcher_.joinable()) watcher_.join();
   reap(true);
+  if (commits_) commits_->stop();
   if (listen_fd_ >= 0) close(listen_fd_);
   listen_fd_ = -1;
   ingest_.flush(options_.durable);
@@ -260,15 +265,7 @@ void Controller::serve(Conn* conn) {
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
 
-  struct Item {
-    uint64_t seq;
-    bool good;  // a frame that decoded; a bad one is journaled, not published
-    OwnedEvent event;
-    std::vector<unsigned char> frame;
-  };
-  std::vector<Item> batch;
-  std::vector<std::vector<unsigned char>> scratch;  // the wrapped events' payloads, one per event of a batch
-  std::vector<ballast_event> wrapped;
+  Batch batch;
   uint64_t pending = applied;  // the highest sequence taken into the batch
   int64_t last_hb = 0, last_rx = now_ms();
   bool broken = false;
@@ -298,7 +295,7 @@ void Controller::serve(Conn* conn) {
                           "node " + node + ": sequence " + std::to_string(m.number) + " follows " +
                               std::to_string(pending) + " (the agent lost its spool?)");
               }
-              Item item{m.number, true, {}, {m.body, m.body + m.body_size}};
+              Item item{m.number, true, {}, m.body, m.body_size};
               size_t used = 0;
               std::string why;
               if (decode_frame(m.body, m.body_size, &item.event, &used, &why) != BALLAST_OK) {
@@ -307,7 +304,7 @@ void Controller::serve(Conn* conn) {
                 host_.log(BALLAST_LOG_WARN, "cluster",
                           "node " + node + " sequence " + std::to_string(m.number) + ": bad frame skipped: " + why);
               }
-              batch.push_back(std::move(item));
+              batch.items.push_back(std::move(item));
               pending = m.number;
               return true;
             }
@@ -349,10 +346,7 @@ void Controller::serve(Conn* conn) {
     uint64_t v;
     ssize_t n = read(conn->wake_fd, &v, sizeof v);
     (void)n;
-    if (!batch.empty()) {
-      // Apply: publish, journal, flush, (HA) commit the cursor in a fenced
-      // transaction, acknowledge. What is not published is not journaled nor
-      // acknowledged, so the agent resends it (to this or the next leader).
+    if (!batch.items.empty()) {
       NodeState* ns_ptr;
       {
         std::lock_guard lock(mutex_);
@@ -363,50 +357,24 @@ void Controller::serve(Conn* conn) {
         std::lock_guard lock(mutex_);
         applied = std::max(applied, ns_ptr->applied);  // another connection of this node may have gone on
       }
-      std::erase_if(batch, [&](const Item& item) {
+      std::erase_if(batch.items, [&](const Item& item) {
         if (item.seq > applied) return false;
         duplicates_.fetch_add(1, std::memory_order_relaxed);
         return true;
       });
       uint64_t done = applied;
       bool stopped = false;
-      size_t published = 0;
-      for (auto& item : batch) {
-        if (item.good) {
-          const ballast_event& ev = item.event.view();
-          if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
-            host_.log(BALLAST_LOG_WARN, "cluster",
-                      "node " + node + ": sequence " + std::to_string(item.seq) + " and later not applied (" +
-                          last_error() + "); the agent resends them");
-            stopped = true;
-            break;
-          }
+      if (!batch.items.empty()) {
+        if (apply(node, batch, &done) != BALLAST_OK) {
+          // Not acknowledged: the agent resends what this bus has not seen.
+          std::lock_guard lock(mutex_);
+          nodes_[node].applied = std::max(nodes_[node].applied, leadership_ ? nodes_[node].published : 0);
+          break;
         }
-        ++published;
-      }
-      // What was published goes to the ingest journal in one write.
-      if (scratch.size() < published) scratch.resize(published);
-      wrapped.clear();
-      for (size_t i = 0; i < published; ++i)
-        wrapped.push_back(wrap_spooled(node.c_str(), batch[i].seq, batch[i].frame.data(), batch[i].frame.size(),
-                                       &scratch[i]));
-      if (ingest_.append_batch(wrapped.data(), wrapped.size()) != BALLAST_OK) {
-        host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
-        break;  // not acknowledged: the agent resends, this controller dedups what it journaled
-      }
-      if (published > 0) done = batch[published - 1].seq;
-      if (ingest_.flush(options_.durable) != BALLAST_OK) {
-        host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal flush: ") + last_error());
-        break;  // not acknowledged: the agent resends (and this controller dedups what it journaled)
-      }
-      if (leadership_ && done > applied && leadership_->commit_cursor(node, done) != BALLAST_OK) {
-        // Deposed: not acknowledged; the agent resends to the leader, which
-        // applies these again (one batch, at least once across a failover).
-        host_.log(BALLAST_LOG_WARN, "cluster", "node " + node + ": cursor not committed: " + last_error());
-        break;
+        stopped = done < batch.items.back().seq;
       }
       applied_events_.fetch_add(done - applied, std::memory_order_relaxed);
-      batch.clear();
+      batch.items.clear();
       {
         std::lock_guard lock(mutex_);
         nodes_[node].applied = done;
@@ -447,6 +415,79 @@ void Controller::serve(Conn* conn) {
   }
 }
 
+// Apply a batch (its sequences all above the node's applied cursor *done);
+// *done becomes the last sequence applied.
+//
+// Without HA the ingest journal is the record of what is applied: publish,
+// then journal and flush. What is not published (the bus stopping) is
+// neither journaled nor acknowledged; a controller killed between the publish
+// and the journal's write publishes that batch again when restarted (its bus
+// that saw it first died with it).
+//
+// With HA, what is applied is what etcd says: the cursors each term commits,
+// in transactions fenced on its leadership. A leader journals a batch, then
+// publishes it, then commits the cursor (grouped with other nodes'), then
+// acknowledges. Its bus is in memory: what a leader killed before its commit
+// published died with its bus and the successor applies it. What could
+// outlive the bus is an action, and an action is recorded only after the
+// cursors of everything published before it are committed (on_action). So
+// the record (cursors + actions) always reflects each event exactly once: a
+// term applies the sequences between the cursor it read when it began and
+// the last cursor it committed. An uncertain commit (etcd applied it, the
+// leader died before hearing so) covers only published events: nothing lost.
+// The ingest journal holds what was prepared; its entries above the next
+// term's starting cursor were never applied.
+int Controller::apply(const std::string& node, Batch& batch, uint64_t* done) {
+  const uint64_t before = *done;
+  if (leadership_ && journal(node, batch, batch.items.size()) != BALLAST_OK) return BALLAST_EIO;
+  size_t published = 0;
+  for (auto& item : batch.items) {
+    if (item.good) {
+      const ballast_event& ev = item.event.view();
+      if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
+        host_.log(BALLAST_LOG_WARN, "cluster",
+                  "node " + node + ": sequence " + std::to_string(item.seq) + " and later not applied (" +
+                      last_error() + "); the agent resends them");
+        break;
+      }
+    }
+    ++published;
+  }
+  *done = published > 0 ? batch.items[published - 1].seq : before;
+  if (!leadership_) return journal(node, batch, published);
+  {
+    std::lock_guard lock(mutex_);
+    nodes_[node].published = *done;  // this bus saw them, committed or not
+  }
+  if (*done > before && commits_->commit({{node, *done}}) != BALLAST_OK) {
+    host_.log(BALLAST_LOG_WARN, "cluster",
+              "node " + node + ": cursor " + std::to_string(*done) + " not committed (" + last_error() +
+                  "); not acknowledged");
+    return BALLAST_ESTATE;
+  }
+  return BALLAST_OK;
+}
+
+// The first `count` events of the batch into the ingest journal in one write,
+// flushed (fdatasync when durable).
+int Controller::journal(const std::string& node, Batch& batch, size_t count) {
+  if (batch.wrapped.size() < count) batch.wrapped.resize(count);
+  batch.events.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const Item& item = batch.items[i];
+    batch.events.push_back(wrap_spooled(node.c_str(), item.seq, item.frame, item.frame_size, &batch.wrapped[i]));
+  }
+  if (ingest_.append_batch(batch.events.data(), batch.events.size()) != BALLAST_OK) {
+    host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal: ") + last_error());
+    return BALLAST_EIO;
+  }
+  if (ingest_.flush(options_.durable) != BALLAST_OK) {
+    host_.log(BALLAST_LOG_ERROR, "cluster", std::string("ingest journal flush: ") + last_error());
+    return BALLAST_EIO;
+  }
+  return BALLAST_OK;
+}
+
 // A new term: continue from the cursors and the unacknowledged actions the
 // previous leaders committed to etcd.
 void Controller::take_over() {
@@ -459,9 +500,21 @@ void Controller::take_over() {
   auto cursors = leadership_->cursors();
   auto actions = leadership_->logged_actions();
   std::lock_guard lock(mutex_);
+  // The committed cursors are what is applied, and what this controller's bus
+  // saw in an earlier term of its own (it would not see it twice); its journal
+  // may hold more (prepared, never published). Connections of an earlier term
+  // are closed: their agents reconnect into this one.
+  for (auto& [node, n] : nodes_) {
+    auto it = cursors.find(node);
+    n.applied = std::max(it == cursors.end() ? 0 : it->second, n.published);
+    if (n.conn != nullptr) {
+      n.conn->kicked.store(true);
+      n.conn->wake();
+    }
+  }
   for (auto& [node, seq] : cursors) {
     NodeState& n = nodes_[node];
-    n.applied = std::max(n.applied, seq);
+    n.applied = std::max(seq, n.published);
     n.last_heard_ms = now_ms();
   }
   for (auto& a : actions) {
@@ -535,6 +588,20 @@ int Controller::on_action(void* user, const ballast_event* event) {
   encode_frame(*event, &frame);
   lock.unlock();
   if (self->leadership_) {
+    // Whatever this bus published before the action (which may have caused
+    // it) is committed first: an action never outlives the events behind it.
+    std::map<std::string, uint64_t> published;
+    {
+      std::lock_guard state_lock(self->mutex_);
+      for (auto& [name, n] : self->nodes_)
+        if (n.published > 0) published[name] = n.published;
+    }
+    if (self->commits_->commit(published) != BALLAST_OK) {
+      self->actions_fenced_off_.fetch_add(1);
+      self->host_.log(BALLAST_LOG_WARN, "cluster",
+                      std::string("action for ") + node + " not sent (cursors not committed): " + last_error());
+      return 0;
+    }
     nlohmann::json j = event_to_json(*event);
     if (self->leadership_->record_action(node, id, j.dump()) != BALLAST_OK) {
       self->actions_fenced_off_.fetch_add(1);
@@ -562,11 +629,13 @@ nlohmann::json Controller::counters() const {
     std::lock_guard lock(mutex_);
     for (auto& [k, n] : nodes_) connected += n.conn != nullptr;
   }
-  return {{"cluster.applied", applied_events_.load()},   {"cluster.duplicates", duplicates_.load()},
+  nlohmann::json j = {{"cluster.applied", applied_events_.load()},   {"cluster.duplicates", duplicates_.load()},
           {"cluster.gaps", gaps_.load()},                {"cluster.refused", refused_.load()},
           {"cluster.bad_frames", bad_frames_.load()},    {"cluster.node_silent", silent_.load()},
           {"cluster.actions_sent", actions_sent_.load()}, {"cluster.actions_fenced_off", actions_fenced_off_.load()},
           {"cluster.connections", connections_.load()},  {"cluster.connected", connected}};
+  if (commits_) j["cluster.cursor_commits"] = commits_->transactions();
+  return j;
 }
 
 }  // namespace ballast::cluster

@@ -3,13 +3,17 @@
 //
 // Applying an event (node, seq): seq <= the node's last applied -> a
 // duplicate, acknowledged and dropped; otherwise it is published on this
-// host's bus under its original source, appended to the ingest journal
-// (core/journal, wrapped as in wire.hpp), the journal flushed (fdatasync when
-// `durable`), with a Leadership the node's cursor committed in a fenced
-// transaction, and the sequence acknowledged. What could not be published
-// (the bus stopping) is neither journaled nor acknowledged: the agent resends
-// it. The ingest journal is the record of what was applied and the dedup
-// state: a restarted controller reads each node's last sequence from it.
+// host's bus under its original source and recorded, then acknowledged.
+// Alone, the record is the ingest journal (core/journal, wrapped as in
+// wire.hpp; written after the publish, flushed, fdatasync when `durable`): a
+// restarted controller reads each node's last sequence from it. With a
+// Leadership the record is the cursors the leader commits in transactions
+// fenced on its term (grouped across nodes, group_commit.hpp), after the
+// publish; an action is recorded only after the cursors of everything
+// published before it, so a leader killed before its commit leaves no trace
+// of the events it published and its successor applies them, once (see
+// apply() for the argument). What could not be published (the bus stopping)
+// is not recorded nor acknowledged: the agent resends it.
 // A node with no message for silent_after_ms becomes
 // `node.silent` (a fault report, kind "silent", detector "cluster"); liveness
 // comes from these heartbeats, never from the resource manager.
@@ -43,6 +47,8 @@ class Host;
 
 namespace ballast::cluster {
 
+class GroupCommit;
+
 // What HA adds to a controller (leader.hpp implements it over etcd).
 class Leadership {
  public:
@@ -60,9 +66,11 @@ class Leadership {
   virtual int record_action(const std::string& node, uint64_t id, const std::string& action_json) = 0;
   // The agent carried it out: drop it from the log (only while leading).
   virtual int forget_action(uint64_t id) = 0;
-  // Record that `node`'s events up to seq are applied (only while leading).
+  // Record, in one transaction fenced on this term, that each node's events
+  // up to its sequence are applied (at most kMaxCursorsPerCommit nodes).
   // BALLAST_ESTATE when deposed: they must not be published or acknowledged.
-  virtual int commit_cursor(const std::string& node, uint64_t seq) = 0;
+  static constexpr size_t kMaxCursorsPerCommit = 128;  // etcd 3.4's --max-txn-ops
+  virtual int commit_cursors(const std::map<std::string, uint64_t>& cursors) = 0;
   // What the previous leaders left, read when this term began.
   virtual std::map<std::string, uint64_t> cursors() const = 0;
   virtual std::vector<LoggedAction> logged_actions() const = 0;
@@ -95,7 +103,8 @@ class Controller {
     // Held while a batch of this node is applied: a reconnecting agent can
     // have two connections for a moment, and only one may apply a sequence.
     std::mutex apply_mutex;
-    uint64_t applied = 0;  // under apply_mutex and mutex_ (read under either)
+    uint64_t applied = 0;    // under mutex_
+    uint64_t published = 0;  // with HA: the last sequence this bus saw (committed or not)
     int64_t last_heard_ms = 0;
     bool silent = false;
     uint64_t overflow = 0;
@@ -104,7 +113,23 @@ class Controller {
     std::deque<std::pair<uint64_t, std::vector<unsigned char>>> actions;  // unacknowledged
   };
 
+  struct Item {
+    uint64_t seq;
+    bool good;  // a frame that decoded; a bad one is journaled, not published
+    OwnedEvent event;
+    const unsigned char* frame;  // in the link's input buffer: valid until its next pump
+    size_t frame_size;
+  };
+  // One connection's batch and the scratch its journaling reuses.
+  struct Batch {
+    std::vector<Item> items;
+    std::vector<std::vector<unsigned char>> wrapped;  // the journal's wrapper payloads
+    std::vector<ballast_event> events;
+  };
+
   explicit Controller(Host& host);
+  int apply(const std::string& node, Batch& batch, uint64_t* done);
+  int journal(const std::string& node, Batch& batch, size_t count);
   void accept_loop();
   void serve(Conn* conn);
   void watch_silence();
@@ -115,6 +140,7 @@ class Controller {
   Host& host_;
   ControllerOptions options_;
   Leadership* leadership_ = nullptr;
+  std::unique_ptr<GroupCommit> commits_;  // with a Leadership
   std::unique_ptr<TlsConfig> tls_;
   JournalWriter ingest_;
   int listen_fd_ = -1;

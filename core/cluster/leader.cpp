@@ -102,7 +102,16 @@ void EtcdLeadership::campaign_loop() {
               options_.name + " is the leader (revision " + std::to_string(rev) + "): read " +
                   std::to_string(cursor_kvs.size()) + " cursor(s) and " + std::to_string(action_kvs.size()) +
                   " pending action(s)");
-    nlohmann::json j = {{"leader", options_.name}, {"revision", rev}, {"elected_at_ms", elected_at_ms_.load()}};
+    // The cursors this term starts from: what the earlier terms applied.
+    nlohmann::json cursors = nlohmann::json::object();
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& [node, seq] : cursors_) cursors[node] = seq;
+    }
+    nlohmann::json j = {{"leader", options_.name},
+                        {"revision", rev},
+                        {"elected_at_ms", elected_at_ms_.load()},
+                        {"cursors", std::move(cursors)}};
     host_.publish_json("controller.leader", j.dump(), "cluster");
   }
 }
@@ -136,9 +145,13 @@ int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>
   if (!leader_.load()) return fail(BALLAST_ESTATE, options_.name + " is not the leader");
   bool ok = false;
   std::lock_guard lock(mutex_);
-  if (int rc = client_->put_if(key_, revision_.load(), puts, deletes, &ok); rc != BALLAST_OK) {
+  // A transport error leaves it unknown whether etcd applied the transaction;
+  // the writes are idempotent, so they are tried again while this term lasts.
+  for (int attempt = 0;; ++attempt) {
+    int rc = client_->put_if(key_, revision_.load(), puts, deletes, &ok);
+    if (rc == BALLAST_OK) break;
     etcd_errors_.fetch_add(1);
-    return rc;
+    if (attempt == 2 || !leader_.load()) return rc;
   }
   if (!ok) {
     deposed("a fenced transaction failed: the leader key is gone");
@@ -160,8 +173,13 @@ int EtcdLeadership::forget_action(uint64_t id) {
   return fenced({}, {prefix() + "actions/" + name});
 }
 
-int EtcdLeadership::commit_cursor(const std::string& node, uint64_t seq) {
-  return fenced({{prefix() + "cursor/" + node, std::to_string(seq)}}, {});
+int EtcdLeadership::commit_cursors(const std::map<std::string, uint64_t>& cursors) {
+  // One transaction, so that a term's cursors move together or not at all.
+  if (cursors.size() > kMaxCursorsPerCommit)
+    return fail(BALLAST_EINVAL, "commit_cursors: " + std::to_string(cursors.size()) + " nodes in one transaction");
+  std::vector<std::pair<std::string, std::string>> puts;
+  for (const auto& [node, seq] : cursors) puts.emplace_back(prefix() + "cursor/" + node, std::to_string(seq));
+  return fenced(puts, {});
 }
 
 std::map<std::string, uint64_t> EtcdLeadership::cursors() const {

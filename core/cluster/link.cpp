@@ -230,13 +230,26 @@ bool Link::pump(int timeout_ms, int wake_fd, const std::function<bool(const Mess
       out_at_ = 0;
       want_write = false;
     }
-    // Read what is there.
+    // Read what is there, straight into the input buffer (its consumed head
+    // dropped first, once per pump).
+    if (in_at_ > 0) {
+      std::memmove(in_.get(), in_.get() + in_at_, in_len_ - in_at_);
+      in_len_ -= in_at_;
+      in_at_ = 0;
+    }
     for (;;) {
-      unsigned char buf[65536];
+      constexpr size_t kReadSize = 64 << 10;
+      if (in_cap_ - in_len_ < kReadSize) {
+        size_t cap = std::max(in_cap_ * 2, in_len_ + kReadSize);
+        auto bigger = std::make_unique_for_overwrite<unsigned char[]>(cap);
+        if (in_len_ > 0) std::memcpy(bigger.get(), in_.get(), in_len_);
+        in_ = std::move(bigger);
+        in_cap_ = cap;
+      }
       ERR_clear_error();
-      int n = SSL_read(ssl_, buf, sizeof buf);
+      int n = SSL_read(ssl_, in_.get() + in_len_, static_cast<int>(kReadSize));
       if (n > 0) {
-        in_.insert(in_.end(), buf, buf + n);
+        in_len_ += static_cast<size_t>(n);
         continue;
       }
       int err = SSL_get_error(ssl_, n);
@@ -252,23 +265,22 @@ bool Link::pump(int timeout_ms, int wake_fd, const std::function<bool(const Mess
       *error = "read: " + (err == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : openssl_errors());
       return false;
     }
-    size_t at = 0;
-    while (at < in_.size()) {
+    const size_t from = in_at_;
+    while (in_at_ < in_len_) {
       Message m{};
       size_t used = 0;
-      int r = decode_message(in_.data() + at, in_.size() - at, &m, &used, error);
+      int r = decode_message(in_.get() + in_at_, in_len_ - in_at_, &m, &used, error);
       if (r < 0) return false;
       if (r == 0) break;
-      at += used;
+      in_at_ += used;
       if (!on_message(m)) {
         if (error->empty()) *error = "message refused";
         return false;
       }
     }
-    in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(at));
     // Messages read: return, so that the caller acts on them (journals,
-    // acknowledges) before waiting.
-    if (round == 1 || timeout_ms == 0 || at > 0) break;
+    // acknowledges) before waiting. Their bodies stay valid until the next pump.
+    if (round == 1 || timeout_ms == 0 || in_at_ > from) break;
     pollfd p[2] = {{fd_, static_cast<short>(POLLIN | (want_write || out_at_ < out_.size() ? POLLOUT : 0)), 0},
                    {wake_fd, POLLIN, 0}};
     if (SSL_pending(ssl_) > 0) continue;

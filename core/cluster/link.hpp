@@ -62,6 +62,7 @@ class Link {
   // the socket (or for wake_fd to become readable, when >= 0). Each message
   // read goes to on_message; returning false from it stops and reports the
   // link broken. False when the link is closed or broken (*error says why).
+  // A message's body stays valid until the next pump().
   bool pump(int timeout_ms, int wake_fd, const std::function<bool(const Message&)>& on_message, std::string* error);
 
   const std::string& peer_name() const { return peer_name_; }  // certificate common name
@@ -76,7 +77,8 @@ class Link {
   SSL* ssl_ = nullptr;
   std::vector<unsigned char> out_;
   size_t out_at_ = 0;
-  std::vector<unsigned char> in_;
+  std::unique_ptr<unsigned char[]> in_;  // [0, in_at_) handed out, [in_at_, in_len_) not yet whole messages
+  size_t in_cap_ = 0, in_len_ = 0, in_at_ = 0;
   std::string peer_name_, peer_address_;
 };
 

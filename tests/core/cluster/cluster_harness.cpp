@@ -3,6 +3,8 @@
 #include "journal.hpp"
 #include "wire.hpp"
 
+#include <ballast/events.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -108,6 +110,33 @@ int bus_count(const std::string& journal, const std::string& topic, const std::s
       },
       [](const ballast::JournalProblem&) {});
   return n;
+}
+
+Counts bus_values(const std::string& journal) {
+  Counts counts;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (e.schema != BALLAST_SCHEMA_METRIC_BATCH || e.source.node == nullptr || e.payload == nullptr) return;
+        const auto* b = static_cast<const ballast_metric_batch*>(e.payload);
+        if (b->count == 1) counts[e.source.node][static_cast<uint64_t>(b->samples[0].value)]++;
+      },
+      [](const ballast::JournalProblem&) {});
+  return counts;
+}
+
+std::string last_json(const std::string& journal, const std::string& topic) {
+  std::string last;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (e.schema == BALLAST_SCHEMA_JSON && topic == e.topic && e.payload)
+          last.assign(static_cast<const char*>(e.payload), e.payload_size);
+      },
+      [](const ballast::JournalProblem&) {});
+  return last;
 }
 
 std::string agent_config(const std::string& node, const std::string& certs, const std::vector<std::string>& controllers,

@@ -38,6 +38,12 @@ Counts ingest_counts(const std::string& journal);
 // Number of events of `topic` about `node` (source.node or a fault report's subject) in a bus journal.
 int bus_count(const std::string& journal, const std::string& topic, const std::string& node);
 
+// node -> value -> how many times a bus journal holds a one-sample metric.sample
+// of that node with that value (the emit plugin's index).
+Counts bus_values(const std::string& journal);
+// The JSON payload of the last event of `topic` in a bus journal (null when none).
+std::string last_json(const std::string& journal, const std::string& topic);
+
 // Poll fn every 100 ms until true or timeout; its last value.
 template <class F>
 bool eventually(double timeout_s, F fn);
