@@ -340,7 +340,7 @@ void Host::log_counters(const std::string& why) {
   write_log(BALLAST_LOG_INFO, "host", line);
 }
 
-void Host::write_log(int level, const std::string& who, const std::string& message) {
+std::string log_line(LogFormat format, int level, const std::string& who, const std::string& message) {
   auto now = std::chrono::system_clock::now();
   std::time_t secs = std::chrono::system_clock::to_time_t(now);
   int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
@@ -350,17 +350,21 @@ void Host::write_log(int level, const std::string& who, const std::string& messa
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
   char ts[48];
   std::snprintf(ts, sizeof ts, "%s.%03dZ", stamp, ms);
-  if (log_format_ == LogFormat::json) {
+  if (format == LogFormat::json) {
     std::string level_text = level_name(level);
     for (char& c : level_text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const nlohmann::json line = {{"ts", ts}, {"level", level_text}, {"source", who}, {"message", message}};
-    const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    std::lock_guard lock(log_mutex_);
-    std::fprintf(stderr, "%s\n", text.c_str());
-    return;
+    return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
+  char head[96];
+  std::snprintf(head, sizeof head, "%s %-5s [", ts, level_name(level));
+  return head + who + "] " + message;
+}
+
+void Host::write_log(int level, const std::string& who, const std::string& message) {
+  const std::string line = log_line(log_format_, level, who, message);
   std::lock_guard lock(log_mutex_);
-  std::fprintf(stderr, "%s %-5s [%s] %s\n", ts, level_name(level), who.c_str(), message.c_str());
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void Host::counter_add(const std::string& name, int64_t delta) {

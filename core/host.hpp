@@ -36,6 +36,10 @@ namespace ballast {
 
 enum class LogFormat { text, json };
 
+// One log line (no newline): "TIME LEVEL [who] message", or a JSON object
+// {"ts","level","source","message"}.
+std::string log_line(LogFormat format, int level, const std::string& who, const std::string& message);
+
 struct HostOptions {
   std::string node;  // "" = the machine's host name
   BusOptions bus;

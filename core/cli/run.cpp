@@ -87,6 +87,7 @@ void add_run(CLI::App& app) {
       return;
     }
     std::string base = std::filesystem::absolute(config_path).parent_path().string();
+    const bool json_log = config.is_object() && config.contains("log_format") && config["log_format"] == "json";
     job_flags.json = json;
     bool has_job = false;
     if (std::string why; !hand_job_to_runner(config, base, job_flags, &has_job, &why)) {
@@ -153,6 +154,13 @@ void add_run(CLI::App& app) {
     }
     if (json) {
       std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (json_log) {
+      // The last line in the log's own format: the summary as one JSON object.
+      nlohmann::json line = nlohmann::json::parse(
+          log_line(LogFormat::json, journal_failed > 0 ? BALLAST_LOG_ERROR : BALLAST_LOG_INFO, "run",
+                   journal_failed > 0 ? "stopped; the journal lost events" : "stopped cleanly"));
+      line["counters"] = counters;
+      std::fprintf(stderr, "%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       if (journal_failed > 0) {
         std::fprintf(stderr, "ballast run: stopped; the journal lost %llu event(s) (the first error is above);",
