@@ -97,14 +97,19 @@ struct Run {
     }
     return text;
   }
-  // Whether it handles SIGINT (its run loop is up), at most 30 s: for a run
-  // that logs nothing to wait for.
+  // Whether ballast handles SIGINT (its run loop is up), at most 30 s: for
+  // a run that logs nothing to wait for. Before the exec the child is this
+  // test (doctest's handlers), so the name must be ballast's first.
   bool wait_handles_sigint() const {
     for (int i = 0; i < 1200; ++i) {
       std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-      for (std::string line; std::getline(status, line);)
-        if (line.rfind("SigCgt:", 0) == 0 && (std::stoull(line.substr(7), nullptr, 16) & (1ull << (SIGINT - 1))))
+      bool exec_done = false;
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("Name:", 0) == 0) exec_done = line.find("ballast") != std::string::npos;
+        if (exec_done && line.rfind("SigCgt:", 0) == 0 &&
+            (std::stoull(line.substr(7), nullptr, 16) & (1ull << (SIGINT - 1))))
           return true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
     return false;
