@@ -20,11 +20,17 @@ struct FamilyInfo {
 
 const std::vector<FamilyInfo>& tallied() {
   static const std::vector<FamilyInfo> families = {
-      {"faults", "ballast_fault_reports_total", "Fault reports seen on the bus (fault.*, node.silent)",
+      {"faults",
+       "ballast_fault_reports_total",
+       "Fault reports seen on the bus (fault.*, node.silent)",
        {"topic", "detector", "kind"}},
-      {"actions", "ballast_recovery_actions_total", "Recovery actions the policy decided (recovery.action)",
+      {"actions",
+       "ballast_recovery_actions_total",
+       "Recovery actions the policy decided (recovery.action)",
        {"action", "policy"}},
-      {"outcomes", "ballast_action_outcomes_total", "Recovery actions the executor finished, by outcome (job.action)",
+      {"outcomes",
+       "ballast_action_outcomes_total",
+       "Recovery actions the executor finished, by outcome (job.action)",
        {"action", "outcome"}},
       {"policy_errors", "ballast_policy_errors_total", "Policy handler failures (policy.error)", {"policy"}},
   };
@@ -36,10 +42,14 @@ std::string escape(const std::string& value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -48,9 +58,7 @@ void header(std::string* out, const std::string& name, const char* type, const s
   *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
-std::string number(const nlohmann::json& value) {
-  return value.is_number() ? value.dump() : "0";
-}
+std::string number(const nlohmann::json& value) { return value.is_number() ? value.dump() : "0"; }
 
 }  // namespace
 
@@ -124,7 +132,8 @@ std::string render_counters(const nlohmann::json& counters, const std::string& n
   static const Known known[] = {
       {"bus.published", "ballast_bus_published_total", "counter", "Events published on the bus"},
       {"bus.delivered", "ballast_bus_delivered_total", "counter", "Events delivered to subscribers"},
-      {"bus.dropped", "ballast_bus_dropped_total", "counter", "Events dropped (lossy queues full, removed subscribers)"},
+      {"bus.dropped", "ballast_bus_dropped_total", "counter",
+       "Events dropped (lossy queues full, removed subscribers)"},
       {"bus.handler_failures", "ballast_bus_handler_failures_total", "counter", "Handlers that returned a failure"},
       {"bus.subscriptions", "ballast_bus_subscriptions", "gauge", "Subscriptions on the bus"},
       {"bus.topics", "ballast_bus_topics", "gauge", "Topics the bus has seen"},
@@ -164,7 +173,9 @@ int HostMetrics::create(Host& host, const std::string& listen, std::unique_ptr<H
     metrics->subscriptions_.push_back(id);
   }
   HostMetrics* self = metrics.get();
-  if (int rc = MetricsHttp::open(listen, [self] { return self->render(); }, &metrics->http_); rc != BALLAST_OK) {
+  if (int rc = MetricsHttp::open(
+          listen, [self] { return self->render(); }, &metrics->http_);
+      rc != BALLAST_OK) {
     for (uint64_t s : metrics->subscriptions_) host.unsubscribe(s);
     return rc;
   }

@@ -22,7 +22,8 @@ int parse_listen(const std::string& listen, std::string* host, uint16_t* port) {
   std::string h = "127.0.0.1", p = listen;
   if (!listen.empty() && listen[0] == '[') {
     const size_t close = listen.find("]:");
-    if (close == std::string::npos) return fail(BALLAST_EINVAL, "listen address '" + listen + "': expected [IPV6]:PORT");
+    if (close == std::string::npos)
+      return fail(BALLAST_EINVAL, "listen address '" + listen + "': expected [IPV6]:PORT");
     h = listen.substr(1, close - 1);
     p = listen.substr(close + 2);
   } else if (const size_t colon = listen.rfind(':'); colon != std::string::npos) {
@@ -65,8 +66,8 @@ enum MHD_Result reply(struct MHD_Connection* connection, unsigned status, const 
 
 // libmicrohttpd's request handler: GET or HEAD /metrics.
 struct MetricsRequest {
-  static enum MHD_Result on_request(void* cls, struct MHD_Connection* connection, const char* url,
-                                    const char* method, const char*, const char*, size_t* upload_size, void**) {
+  static enum MHD_Result on_request(void* cls, struct MHD_Connection* connection, const char* url, const char* method,
+                                    const char*, const char*, size_t* upload_size, void**) {
     if (upload_size != nullptr && *upload_size != 0) {
       *upload_size = 0;  // a body is not for us: dropped
       return MHD_YES;
@@ -108,8 +109,8 @@ int MetricsHttp::open(const std::string& listen, Render render, std::unique_ptr<
   http->daemon_ = MHD_start_daemon(flags, port, nullptr, nullptr, MetricsRequest::on_request, http.get(),  //
                                    MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&address),
                                    MHD_OPTION_EXTERNAL_LOGGER, keep_message, &http->message_,  //
-                                   MHD_OPTION_CONNECTION_LIMIT, 16u,                    //
-                                   MHD_OPTION_CONNECTION_TIMEOUT, 10u,                  //
+                                   MHD_OPTION_CONNECTION_LIMIT, 16u,                           //
+                                   MHD_OPTION_CONNECTION_TIMEOUT, 10u,                         //
                                    MHD_OPTION_END);
   if (http->daemon_ == nullptr) {
     const std::string& why = http->message_;

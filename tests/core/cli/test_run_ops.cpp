@@ -140,7 +140,8 @@ TEST_CASE("a typo in the config stops ballast run with the key and the file name
   CHECK(has(out, config));
   CHECK(has(out, "unknown key 'polcy' (did you mean 'policy'?)"));
 
-  const std::string plugin_typo = write("plugin-typo.lua", "return { plugins = { { path = 'hello', config = { greting = 'hi' } } } }\n");
+  const std::string plugin_typo =
+      write("plugin-typo.lua", "return { plugins = { { path = 'hello', config = { greting = 'hi' } } } }\n");
   CHECK(sh(kExe + " run " + plugin_typo, &out) == 1);
   CHECK(has(out, plugin_typo));
   CHECK(has(out, "unknown config key 'greting' (did you mean 'greeting'?)"));

@@ -131,14 +131,17 @@ TEST_CASE("the listen address: loopback by default, errors name the value and th
 
   // A port already taken: the error says so, the first server goes on.
   std::unique_ptr<MetricsHttp> first, second;
-  REQUIRE(MetricsHttp::open("127.0.0.1:0", [] { return std::string("x 1\n"); }, &first) == BALLAST_OK);
+  REQUIRE(MetricsHttp::open(
+              "127.0.0.1:0", [] { return std::string("x 1\n"); }, &first) == BALLAST_OK);
   const std::string taken = first->url().substr(7, first->url().size() - 7 - 8);  // HOST:PORT
-  CHECK(MetricsHttp::open(taken, [] { return std::string(); }, &second) == BALLAST_EIO);
+  CHECK(MetricsHttp::open(
+            taken, [] { return std::string(); }, &second) == BALLAST_EIO);
   CHECK(has(last_error(), "cannot serve metrics on " + taken));
   int code = 0;
   CHECK(curl(first->url(), &code) == "x 1\n");
   CHECK(code == 200);
-  CHECK(MetricsHttp::open("no-such-host.invalid:0", [] { return std::string(); }, &second) == BALLAST_EINVAL);
+  CHECK(MetricsHttp::open(
+            "no-such-host.invalid:0", [] { return std::string(); }, &second) == BALLAST_EINVAL);
 }
 
 TEST_CASE("tallies escape label values and stay bounded") {
