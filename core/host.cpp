@@ -2,7 +2,9 @@
 
 #include "config_file.hpp"
 #include "error.hpp"
+#include "command_line.hpp"
 #include "event_codec.hpp"
+#include "host_metrics.hpp"
 #include "journal.hpp"
 #include "policy_plugin.hpp"
 
@@ -17,6 +19,7 @@
 #include <ctime>
 #include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 namespace ballast {
@@ -45,6 +48,23 @@ const char* level_name(int level) {
     case BALLAST_LOG_WARN: return "WARN";
     case BALLAST_LOG_INFO: return "INFO";
     default: return "DEBUG";
+  }
+}
+
+// The keys of `config` (dotted paths) that were not asked for: a key is
+// known when it was asked for, or a key below it was (its table is then
+// checked key by key), or a key above it was.
+void unknown_keys(const nlohmann::json& config, const std::string& prefix, const std::set<std::string>& asked,
+                  std::vector<std::string>* out) {
+  for (const auto& [key, value] : config.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (asked.count(path)) continue;
+    auto below = asked.lower_bound(path + ".");
+    if (below == asked.end() || below->rfind(path + ".", 0) != 0) {
+      out->push_back(path);
+    } else if (value.is_object()) {
+      unknown_keys(value, path, asked, out);
+    }
   }
 }
 
@@ -153,8 +173,10 @@ struct Host::Plugin {
   // refuses its publish once its stop() returned (stopped).
   std::atomic<bool> winding_down{false};
   std::atomic<bool> stopped{false};
-  std::mutex mutex;  // guards the two members below
+  bool optional = false;  // a failed start is reported, not an error
+  std::mutex mutex;  // guards the three members below
   std::map<std::string, std::string> config_text;  // node-based: stable c_str()
+  std::set<std::string> asked;                     // every key config_get was called with
   std::vector<uint64_t> subscriptions;
 };
 
@@ -199,9 +221,10 @@ struct HostApiTable {
   static int config_get(const ballast_host_api* api, const char* key, const char** value) {
     if (api == nullptr || key == nullptr || value == nullptr) return fail(BALLAST_EINVAL, "config_get: null argument");
     auto* p = self(api);
+    std::lock_guard lock(p->mutex);
+    p->asked.insert(key);
     const nlohmann::json* v = config_lookup(p->config, key);
     if (v == nullptr) return fail(BALLAST_ENOTFOUND, "plugin " + p->file.name + ": no config key '" + key + "'");
-    std::lock_guard lock(p->mutex);
     auto [it, inserted] = p->config_text.try_emplace(key, config_text(*v));
     *value = it->second.c_str();
     return BALLAST_OK;
@@ -232,6 +255,7 @@ struct HostApiTable {
     fail(BALLAST_EPLUGIN, who + ": " + (message ? message : "(no message)"));
   }
   static const char* last_error_fn(const ballast_host_api*) { return last_error(); }
+  static const char* node_name(const ballast_host_api* api) { return api ? self(api)->host->node_.c_str() : ""; }
 
   static ballast_host_api make() {
     ballast_host_api a{};
@@ -248,6 +272,7 @@ struct HostApiTable {
     a.now_ns = now_ns;
     a.set_error = set_error;
     a.last_error = last_error_fn;
+    a.node_name = node_name;
     return a;
   }
 };
@@ -257,12 +282,14 @@ struct HostApiTable {
 Host::Host(HostOptions options)
     : node_(options.node.empty() ? machine_name() : options.node),
       log_level_(options.log_level),
+      log_format_(options.log_format),
       bus_(options.bus),
       timers_(std::make_unique<Timers>()) {
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
 }
 
 Host::~Host() {
+  metrics_.reset();  // no scrape while the plugins go
   stop();
   // Destroy in reverse order of loading.
   for (auto it = plugins_.rbegin(); it != plugins_.rend(); ++it) {
@@ -279,7 +306,16 @@ Host::~Host() {
     if (fd >= 0) close(fd);
 }
 
-size_t Host::plugin_count() const { return plugins_.size(); }
+size_t Host::plugin_count() const { return plugins_loaded_.load(); }
+
+int Host::serve_metrics(const std::string& listen) {
+  if (metrics_) return fail(BALLAST_ESTATE, "metrics already served at " + metrics_->url());
+  if (int rc = HostMetrics::create(*this, listen, &metrics_); rc != BALLAST_OK) return rc;
+  log(BALLAST_LOG_INFO, "host", "serving metrics at " + metrics_->url());
+  return BALLAST_OK;
+}
+
+std::string Host::metrics_url() const { return metrics_ ? metrics_->url() : std::string(); }
 
 const void* Host::get_interface(const std::string& plugin, const char* name, uint32_t version, void** state) {
   for (auto& p : plugins_) {
@@ -293,7 +329,18 @@ const void* Host::get_interface(const std::string& plugin, const char* name, uin
 }
 
 void Host::log(int level, const std::string& who, const std::string& message) {
-  if (level > log_level_) return;
+  if (level > log_level_.load(std::memory_order_relaxed)) return;
+  write_log(level, who, message);
+}
+
+void Host::log_counters(const std::string& why) {
+  std::string line = why + ": counters";
+  const nlohmann::json all = counters();
+  for (const auto& [name, value] : all.items()) line += " " + name + "=" + value.dump();
+  write_log(BALLAST_LOG_INFO, "host", line);
+}
+
+std::string log_line(LogFormat format, int level, const std::string& who, const std::string& message) {
   auto now = std::chrono::system_clock::now();
   std::time_t secs = std::chrono::system_clock::to_time_t(now);
   int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
@@ -301,8 +348,23 @@ void Host::log(int level, const std::string& who, const std::string& message) {
   gmtime_r(&secs, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+  char ts[48];
+  std::snprintf(ts, sizeof ts, "%s.%03dZ", stamp, ms);
+  if (format == LogFormat::json) {
+    std::string level_text = level_name(level);
+    for (char& c : level_text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const nlohmann::json line = {{"ts", ts}, {"level", level_text}, {"source", who}, {"message", message}};
+    return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  char head[96];
+  std::snprintf(head, sizeof head, "%s %-5s [", ts, level_name(level));
+  return head + who + "] " + message;
+}
+
+void Host::write_log(int level, const std::string& who, const std::string& message) {
+  const std::string line = log_line(log_format_, level, who, message);
   std::lock_guard lock(log_mutex_);
-  std::fprintf(stderr, "%s.%03dZ %-5s [%s] %s\n", stamp, ms, level_name(level), who.c_str(), message.c_str());
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void Host::counter_add(const std::string& name, int64_t delta) {
@@ -336,17 +398,17 @@ nlohmann::json Host::counters() const {
   return out;
 }
 
-int Host::load_plugin(const std::string& path, const nlohmann::json& config) {
+int Host::load_plugin(const std::string& path, const nlohmann::json& config, bool optional) {
   PluginFile file;
   if (int rc = load_plugin_file(path, &file); rc != BALLAST_OK) {
-    log(BALLAST_LOG_ERROR, "host", last_error());
+    log(optional ? BALLAST_LOG_WARN : BALLAST_LOG_ERROR, "host", last_error());
     return rc;
   }
-  return add_plugin(file, config, false);
+  return add_plugin(file, config, false, optional);
 }
 
 // Create the plugin of `file` and keep it, last in the order (first: first).
-int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool first) {
+int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool first, bool optional) {
   for (const auto& p : plugins_)
     if (p->file.name == file.name)
       return fail(BALLAST_EINVAL, "plugin " + file.path + " refused: a plugin named '" + file.name +
@@ -356,6 +418,7 @@ int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool 
   plugin->host = this;
   plugin->file = file;
   plugin->config = config.is_null() ? nlohmann::json::object() : config;
+  plugin->optional = optional;
   clear_error();
   int rc = file.descriptor->create(&plugin->api, &plugin->state);
   if (rc != BALLAST_OK) {
@@ -366,16 +429,48 @@ int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool 
     return fail(rc, "plugin " + file.name + " (" + file.path + ") failed to create: " + why);
   }
   plugin->created = true;
+  // Keys it never asked for are typos: refused before anything runs.
+  std::vector<std::string> unknown;
+  unknown_keys(plugin->config, "", plugin->asked, &unknown);
+  if (!unknown.empty()) {
+    const std::vector<std::string> asked(plugin->asked.begin(), plugin->asked.end());
+    std::string why = "unknown config key '" + unknown[0] + "'";
+    if (const std::string near = util::closest(unknown[0], asked); !near.empty()) why += " (did you mean '" + near + "'?)";
+    if (unknown.size() > 1) why += " and " + std::to_string(unknown.size() - 1) + " more";
+    std::string keys;
+    for (const auto& k : asked) keys += (keys.empty() ? "" : ", ") + k;
+    why += asked.empty() ? "; it takes no config keys" : "; the keys it takes: " + keys;
+    timers_->cancel_owner(file.name);
+    for (uint64_t id : plugin->subscriptions) bus_.unsubscribe(id);
+    file.descriptor->destroy(plugin->state);
+    log(BALLAST_LOG_ERROR, "host", "plugin " + file.name + " (" + file.path + ") refused: " + why);
+    return fail(BALLAST_EINVAL, "plugin " + file.name + " (" + file.path + "): " + why);
+  }
   log(BALLAST_LOG_INFO, "host", "loaded plugin " + file.name + " " + file.version + " from " + file.path);
   Plugin& p = *plugin;
   plugins_.insert(first ? plugins_.begin() : plugins_.end(), std::move(plugin));
-  if (started_ && !stopped_) {
-    if (p.file.descriptor->start && p.file.descriptor->start(p.state) != BALLAST_OK) {
-      log(BALLAST_LOG_ERROR, "host", "plugin " + p.file.name + " failed to start: " + last_error());
-      return fail(BALLAST_EPLUGIN, "plugin " + p.file.name + " failed to start");
+  plugins_loaded_.store(plugins_.size());
+  if (started_ && !stopped_) return start_plugin(p);
+  return BALLAST_OK;
+}
+
+// A required plugin's failure is an error; an optional one's is reported.
+int Host::start_plugin(Plugin& p) {
+  if (p.file.descriptor->start) {
+    clear_error();
+    const int rc = p.file.descriptor->start(p.state);
+    if (rc != BALLAST_OK) {
+      const std::string why = "plugin " + p.file.name + " failed to start (" + ballast_status_name(rc) +
+                              "): " + (*last_error() ? last_error() : "(no message)");
+      if (p.optional) {
+        log(BALLAST_LOG_WARN, "host", why + "; optional: it stays loaded but inactive");
+        return BALLAST_OK;
+      }
+      log(BALLAST_LOG_ERROR, "host", why);
+      return fail(BALLAST_EPLUGIN, why);
     }
-    p.started = true;
   }
+  p.started = true;
   return BALLAST_OK;
 }
 
@@ -487,17 +582,7 @@ int Host::start() {
   started_ = true;
   for (auto& p : plugins_) {
     if (!p->created) continue;
-    if (p->file.descriptor->start) {
-      clear_error();
-      int rc = p->file.descriptor->start(p->state);
-      if (rc != BALLAST_OK) {
-        log(BALLAST_LOG_ERROR, "host",
-            "plugin " + p->file.name + " failed to start (" + ballast_status_name(rc) + "): " + last_error() +
-                "; it stays loaded but inactive");
-        continue;
-      }
-    }
-    p->started = true;
+    if (int rc = start_plugin(*p); rc != BALLAST_OK) return rc;
   }
   return BALLAST_OK;
 }
@@ -531,7 +616,7 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   if (!started_) {
     if (int rc = start(); rc != BALLAST_OK) return rc;
   }
-  struct sigaction old_int{}, old_term{}, old_hup{};
+  struct sigaction old_int{}, old_term{}, old_hup{}, old_usr1{}, old_usr2{};
   if (handle_signals) {
     g_stop_signal.store(false);
     g_signal_fd.store(wake_pipe_[1]);
@@ -542,6 +627,8 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
+    sigaction(SIGUSR1, &sa, &old_usr1);
+    sigaction(SIGUSR2, &sa, &old_usr2);
   }
   if (on_ready) on_ready();
   while (!stop_requested_.load()) {
@@ -556,6 +643,8 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
             log(BALLAST_LOG_INFO, "host", std::string("received ") + (buf[i] == SIGINT ? "SIGINT" : "SIGTERM") +
                                               ", stopping");
             stop_requested_.store(true);
+          } else if (buf[i] == SIGUSR1 || buf[i] == SIGUSR2) {
+            on_user_signal(buf[i]);
           }
         }
       }
@@ -569,10 +658,23 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
     sigaction(SIGHUP, &old_hup, nullptr);
+    sigaction(SIGUSR1, &old_usr1, nullptr);
+    sigaction(SIGUSR2, &old_usr2, nullptr);
     g_signal_fd.store(-1);
   }
   stop();
   return BALLAST_OK;
+}
+
+// SIGUSR1 or SIGUSR2 (Slurm's --signal sends SIGUSR1 before the time limit):
+// the counters go to the log, and host.signal to the bus, where a policy may
+// act on it (checkpoint_now).
+void Host::on_user_signal(int sig) {
+  const std::string name = sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
+  log_counters("received " + name);
+  const nlohmann::json payload = {{"signal", name}, {"node", node_}};
+  if (publish_json("host.signal", payload.dump(), "host") != BALLAST_OK)
+    log(BALLAST_LOG_WARN, "host", std::string("host.signal not published: ") + last_error());
 }
 
 void Host::stop() {

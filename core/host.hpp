@@ -3,10 +3,15 @@
 //   configure -> load plugins (create, in order) -> start (in order) -> run
 //   -> stop (reverse order) -> destroy (reverse order).
 // The Lua policy is a built-in plugin (policy_plugin.hpp), loaded first so
-// that it starts first and stops last. A plugin that fails to load, create or
-// start is reported and skipped; the host keeps running. SIGINT/SIGTERM stop
-// run(); SIGHUP reloads the policy. Building a host from a config file is
-// host_config.hpp; the plugins' `ballast` subcommands, plugin_commands.hpp.
+// that it starts first and stops last. A plugin that fails to load or create,
+// or whose config has a key it never asks for (plugin.h, config_get), is
+// refused with an error; one that fails to start makes start() fail, unless
+// it was loaded as optional (then it is reported and stays inactive).
+// SIGINT/SIGTERM stop run(); SIGHUP reloads the policy; SIGUSR1 and SIGUSR2
+// write the counters to the log and publish host.signal. serve_metrics()
+// serves the counters over HTTP (host_metrics.hpp). Building a host from a
+// config file is host_config.hpp; the plugins' `ballast` subcommands,
+// plugin_commands.hpp.
 // Thread-safety: load_*, start, run, stop and the destructor belong to the
 // thread that created the host; publish, subscribe, request_stop, counters
 // and log are thread-safe (request_stop also from a signal handler).
@@ -29,10 +34,17 @@
 
 namespace ballast {
 
+enum class LogFormat { text, json };
+
+// One log line (no newline): "TIME LEVEL [who] message", or a JSON object
+// {"ts","level","source","message"}.
+std::string log_line(LogFormat format, int level, const std::string& who, const std::string& message);
+
 struct HostOptions {
   std::string node;  // "" = the machine's host name
   BusOptions bus;
   int log_level = BALLAST_LOG_INFO;
+  LogFormat log_format = LogFormat::text;  // json: one object per line
 };
 
 class Host {
@@ -43,11 +55,17 @@ class Host {
   Host& operator=(const Host&) = delete;
 
   // Load, validate and create a plugin; started at once if the host runs.
-  int load_plugin(const std::string& path, const nlohmann::json& config);
+  // An optional plugin that fails to start is reported, not an error.
+  int load_plugin(const std::string& path, const nlohmann::json& config, bool optional = false);
   // Load the policy (the built-in "policy" plugin), or replace its script.
   int load_policy(const std::string& path, const PolicyOptions& options);
   int reload_policy();
   int open_journal(const std::string& path);
+  // Serve the counters in Prometheus text format at http://LISTEN/metrics
+  // (host_metrics.hpp: "HOST:PORT", ":PORT" or "PORT" on 127.0.0.1; port 0
+  // picks a free one). Until the host is destroyed.
+  int serve_metrics(const std::string& listen);
+  std::string metrics_url() const;  // "" when not serving
 
   int start();
   // Block until request_stop() or, with handle_signals, SIGINT/SIGTERM.
@@ -72,6 +90,8 @@ class Host {
   const void* get_interface(const std::string& plugin, const char* name, uint32_t version, void** state = nullptr);
 
   void log(int level, const std::string& who, const std::string& message);
+  // Every counter on one log line, whatever the log level.
+  void log_counters(const std::string& why);
   int64_t counter(const std::string& name) const;  // 0 when unknown
   nlohmann::json counters() const;                 // every counter, bus ones included
 
@@ -84,13 +104,17 @@ class Host {
   struct Timers;
 
  private:
-  int add_plugin(const PluginFile& file, const nlohmann::json& config, bool first);
+  int add_plugin(const PluginFile& file, const nlohmann::json& config, bool first, bool optional = false);
+  int start_plugin(Plugin& p);
   void counter_add(const std::string& name, int64_t delta);
   static int journal_handler(void* user, const ballast_event* event);
   void journal_failed(const std::string& why);
+  void write_log(int level, const std::string& who, const std::string& message);
+  void on_user_signal(int sig);
 
   std::string node_;
-  int log_level_;
+  std::atomic<int> log_level_;
+  LogFormat log_format_;
   Bus bus_;
   std::unique_ptr<Timers> timers_;
   std::vector<std::unique_ptr<Plugin>> plugins_;
@@ -105,6 +129,8 @@ class Host {
   bool stopped_ = false;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stop_requested_{false};
+  std::atomic<size_t> plugins_loaded_{0};  // plugins_.size(), for other threads
+  std::unique_ptr<class HostMetrics> metrics_;  // declared last: stopped first
 
   friend struct HostApiTable;
 };

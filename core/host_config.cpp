@@ -1,8 +1,10 @@
 #include "host_config.hpp"
 
+#include "command_line.hpp"
 #include "config_file.hpp"
 #include "error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -11,6 +13,12 @@ namespace fs = std::filesystem;
 namespace ballast {
 
 namespace {
+
+// Every top-level key of a config file: the host's, the executor's `job`
+// (plugins/scheduler/runner) and the cluster role's `cluster` (core/cluster).
+const std::vector<std::string> kConfigKeys = {"node",      "role",       "log_level", "log_format", "bus",
+                                              "journal",   "plugins",    "policy",    "metrics",    "job",
+                                              "cluster"};
 
 std::string script_search(const std::string& reference, const std::string& base_dir) {
   std::error_code ec;
@@ -45,10 +53,64 @@ int as_uint(const nlohmann::json& config, const char* key, uint64_t fallback, ui
   return BALLAST_OK;
 }
 
+// A table's keys must be among `known`: a typo is an error naming the key,
+// the closest known one and the table (`where`, "" for the top level).
+int check_keys(const nlohmann::json& table, const std::vector<std::string>& known, const std::string& where) {
+  if (!table.is_object()) return BALLAST_OK;
+  for (const auto& [key, value] : table.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string why = "config: unknown key '" + (where.empty() ? key : where + "." + key) + "'";
+    if (const std::string near = util::closest(key, known); !near.empty())
+      why += " (did you mean '" + (where.empty() ? near : where + "." + near) + "'?)";
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    return fail(BALLAST_EINVAL, why + "; " + (where.empty() ? "the top level" : "'" + where + "'") + " takes " + list);
+  }
+  return BALLAST_OK;
+}
+
+int log_options(const nlohmann::json& config, HostOptions* options) {
+  if (auto* level = config_lookup(config, "log_level")) {
+    if (!level->is_string() || !parse_log_level(level->get<std::string>(), &options->log_level))
+      return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
+  }
+  if (auto* format = config_lookup(config, "log_format")) {
+    if (!format->is_string() || !parse_log_format(format->get<std::string>(), &options->log_format))
+      return fail(BALLAST_EINVAL, "config field 'log_format': expected text or json");
+  }
+  return BALLAST_OK;
+}
+
 }  // namespace
+
+bool parse_log_level(const std::string& text, int* level) {
+  static const char* names[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; ++i)
+    if (text == names[i]) {
+      *level = i;
+      return true;
+    }
+  return false;
+}
+
+bool parse_log_format(const std::string& text, LogFormat* format) {
+  if (text != "text" && text != "json") return false;
+  *format = text == "json" ? LogFormat::json : LogFormat::text;
+  return true;
+}
 
 int host_from_config(const nlohmann::json& config, const std::string& base_dir, std::unique_ptr<Host>* out) {
   if (!config.is_object()) return fail(BALLAST_EINVAL, "config: expected a table");
+  if (int rc = check_keys(config, kConfigKeys, ""); rc != BALLAST_OK) return rc;
+  if (int rc = check_keys(config.value("bus", nlohmann::json()), {"dispatcher_threads", "queue_capacity"}, "bus");
+      rc != BALLAST_OK)
+    return rc;
+  if (int rc = check_keys(config.value("policy", nlohmann::json()), {"script", "fallback", "deadline_ms", "memory_mb"},
+                          "policy");
+      rc != BALLAST_OK)
+    return rc;
+  if (int rc = check_keys(config.value("metrics", nlohmann::json()), {"listen"}, "metrics"); rc != BALLAST_OK)
+    return rc;
   HostOptions options;
   if (auto* node = config_lookup(config, "node")) {
     if (!node->is_string()) return fail(BALLAST_EINVAL, "config field 'node': expected a string");
@@ -58,13 +120,7 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
     if (!role->is_string() || (*role != "agent" && *role != "controller"))
       return fail(BALLAST_EINVAL, "config field 'role': expected \"agent\" or \"controller\"");
   }
-  if (auto* level = config_lookup(config, "log_level")) {
-    static const char* names[] = {"error", "warn", "info", "debug"};
-    bool ok = false;
-    for (int i = 0; i < 4; ++i)
-      if (level->is_string() && *level == names[i]) options.log_level = i, ok = true;
-    if (!ok) return fail(BALLAST_EINVAL, "config field 'log_level': expected error, warn, info or debug");
-  }
+  if (int rc = log_options(config, &options); rc != BALLAST_OK) return rc;
   uint64_t threads = 0, capacity = 0;
   if (int rc = as_uint(config, "bus.dispatcher_threads", 1, 1024, &threads); rc != BALLAST_OK) return rc;
   if (int rc = as_uint(config, "bus.queue_capacity", 4096, uint64_t{1} << 30, &capacity); rc != BALLAST_OK) return rc;
@@ -84,30 +140,41 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
   }
 
   if (auto* plugins = config_lookup(config, "plugins")) {
-    if (!plugins->is_array()) return fail(BALLAST_EINVAL, "config field 'plugins': expected a list");
-    for (size_t i = 0; i < plugins->size(); ++i) {
+    // An empty Lua table is an empty list too.
+    const bool empty = plugins->is_object() && plugins->empty();
+    if (!plugins->is_array() && !empty) return fail(BALLAST_EINVAL, "config field 'plugins': expected a list");
+    for (size_t i = 0; !empty && i < plugins->size(); ++i) {
       const auto& entry = (*plugins)[i];
       std::string field = "plugins[" + std::to_string(i + 1) + "]";
       std::string reference;
+      bool optional = false;
       nlohmann::json plugin_config = nlohmann::json::object();
       if (entry.is_string()) {
         reference = entry.get<std::string>();
       } else if (entry.is_object() && entry.contains("path") && entry["path"].is_string()) {
+        if (int rc = check_keys(entry, {"path", "config", "optional"}, field); rc != BALLAST_OK) return rc;
         reference = entry["path"].get<std::string>();
         if (entry.contains("config")) {
           if (!entry["config"].is_object())
             return fail(BALLAST_EINVAL, "config field '" + field + ".config': expected a table");
           plugin_config = entry["config"];
         }
+        if (entry.contains("optional")) {
+          if (!entry["optional"].is_boolean())
+            return fail(BALLAST_EINVAL, "config field '" + field + ".optional': expected true or false");
+          optional = entry["optional"].get<bool>();
+        }
       } else {
-        return fail(BALLAST_EINVAL, "config field '" + field + "': expected a name or { path = ..., config = {...} }");
+        return fail(BALLAST_EINVAL, "config field '" + field +
+                                        "': expected a name or { path = ..., config = {...}, optional = true }");
       }
+      // A plugin that cannot be used stops the host, unless it is optional.
       std::string path;
-      if (resolve_plugin(reference, base_dir, &path) != BALLAST_OK) {
-        host->log(BALLAST_LOG_ERROR, "host", "config field '" + field + "': " + last_error());
-        continue;  // the host keeps running without it
-      }
-      host->load_plugin(path, plugin_config);  // failures are logged, the host goes on
+      int rc = resolve_plugin(reference, base_dir, &path);
+      if (rc == BALLAST_OK) rc = host->load_plugin(path, plugin_config, optional);
+      if (rc != BALLAST_OK && !optional) return fail(rc, "config field '" + field + "': " + last_error());
+      if (rc != BALLAST_OK)
+        host->log(BALLAST_LOG_WARN, "host", "config field '" + field + "' (optional, skipped): " + last_error());
     }
   }
 
@@ -135,6 +202,14 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
     if (!known) return fail(BALLAST_EINVAL, "config field 'policy.fallback': '" + popts.fallback_action +
                                                 "' is not a recovery action");
     if (int rc = host->load_policy(script_search(script, base_dir), popts); rc != BALLAST_OK) return rc;
+  }
+
+  if (auto* metrics = config_lookup(config, "metrics")) {
+    const nlohmann::json* listen = config_lookup(*metrics, "listen");
+    if (!metrics->is_object() || listen == nullptr || !listen->is_string())
+      return fail(BALLAST_EINVAL, "config field 'metrics': expected { listen = \"HOST:PORT\" }");
+    if (int rc = host->serve_metrics(listen->get<std::string>()); rc != BALLAST_OK)
+      return fail(rc, std::string("config field 'metrics.listen': ") + last_error());
   }
   *out = std::move(host);
   return BALLAST_OK;

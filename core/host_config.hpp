@@ -12,8 +12,13 @@
 
 namespace ballast {
 
-// base_dir resolves relative paths. Plugins that fail are reported and
-// skipped; a bad config, policy or journal is an error naming the field.
+// base_dir resolves relative paths. A key the config does not take, a
+// plugin that fails to load or create (unless `optional = true`), a bad
+// policy, journal or metrics address is an error naming the field.
 int host_from_config(const nlohmann::json& config, const std::string& base_dir, std::unique_ptr<Host>* out);
+
+// "error", "warn", "info", "debug" -> BALLAST_LOG_*; "text", "json".
+bool parse_log_level(const std::string& text, int* level);
+bool parse_log_format(const std::string& text, LogFormat* format);
 
 }  // namespace ballast

@@ -100,11 +100,13 @@ class OutboxSink : public PolicySink {
     ev.source.rank = -1;
     ev.payload = &payload;
     ev.payload_size = sizeof payload;
+    host_->counter_add(host_, "actions", 1);
     push(OwnedEvent(ev));
   }
   void on_publish(OwnedEvent event) override { push(std::move(event)); }
   void on_log(int level, const std::string& message) override { log(level, message); }
   void on_error(const std::string& message) override {
+    host_->counter_add(host_, "errors", 1);
     log(BALLAST_LOG_ERROR, message);
     OwnedEvent ev;
     std::string why;
@@ -145,6 +147,7 @@ struct PolicyPlugin {
 
   static int on_event(void* user, const ballast_event* event) {
     auto* p = static_cast<PolicyPlugin*>(user);
+    p->host->counter_add(p->host, "events", 1);
     std::lock_guard<std::timed_mutex> lock(p->mutex);
     OutboxSink sink(p->host, p->outbox, p->policy->name());
     p->policy->handle(*event, sink);

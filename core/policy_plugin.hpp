@@ -10,6 +10,8 @@
 //   deadline_ms  wall clock per handler call (default 100)
 //   memory_bytes cap of the Lua state (default 64 MiB)
 //   name         for messages (default: the file's stem)
+// Its counters: policy.events (handler calls), policy.actions (recovery
+// actions decided), policy.errors (calls that failed: policy.error).
 // create() loads the script (an error names the file and the line); start()
 // subscribes queued to a covering set of the script's patterns; what the
 // script publishes goes out through an outbox thread (policy_plugin.cpp says

@@ -35,7 +35,9 @@ BALLAST_EXPORT void ballast_host_destroy(ballast_host* host);
 /* Load a plugin from a shared object path, with its configuration given as a
  * Lua table constructor ("{ period = 1 }") or NULL, and create it. Started at
  * ballast_host_start, or at once if the host already runs. A refused or
- * failing plugin returns an error and leaves the host usable. */
+ * failing plugin, or a config key the plugin does not ask for in its create
+ * (plugin.h, config_get), returns an error naming it and leaves the host
+ * usable. */
 BALLAST_EXPORT int ballast_host_load_plugin(ballast_host* host, const char* path, const char* config_lua);
 
 /* Load a Lua policy script (replacing the current one). fallback_action is
@@ -45,12 +47,15 @@ BALLAST_EXPORT int ballast_host_load_policy(ballast_host* host, const char* scri
 /* Reload the current policy from its file; on failure the old one stays. */
 BALLAST_EXPORT int ballast_host_reload_policy(ballast_host* host);
 
-/* Start loaded plugins and the policy; events flow from now on. */
+/* Start loaded plugins and the policy, in order; events flow from now on. A
+ * plugin whose start fails makes it return that error (those started before
+ * it stop with the host). */
 BALLAST_EXPORT int ballast_host_start(ballast_host* host);
 
 /* Block until ballast_host_stop is called (any thread) or, when
  * handle_signals is non-zero, SIGINT/SIGTERM arrive (SIGHUP reloads the
- * policy). Main thread. */
+ * policy; SIGUSR1 and SIGUSR2 log the counters and publish host.signal).
+ * Main thread. */
 BALLAST_EXPORT int ballast_host_run(ballast_host* host, int handle_signals);
 
 /* Ask a running host to stop; ballast_host_run returns. Any thread, also a

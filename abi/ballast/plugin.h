@@ -31,9 +31,9 @@
  * and ballast.startup v1 also keep a last_error(state) of their own, with
  * the same text; new interfaces have none.
  *
- * The host table is always whole: every function in it is valid (a plugin
- * never meets a NULL one), also for a plugin an embedder loads through
- * host.h without starting it. */
+ * The host table is always whole: every function its size covers is valid
+ * (a plugin never meets a NULL one), also for a plugin an embedder loads
+ * through host.h without starting it. */
 #ifndef BALLAST_PLUGIN_H
 #define BALLAST_PLUGIN_H
 
@@ -86,7 +86,11 @@ struct ballast_host_api {
   /* The plugin's configuration value at `key` ("period", "window.seconds"
    * for nested tables), as text (numbers in shortest round-trip form,
    * booleans "true"/"false", tables as JSON). *value lives until destroy().
-   * BALLAST_ENOTFOUND when the key is absent. */
+   * BALLAST_ENOTFOUND when the key is absent.
+   * A plugin says which keys it takes by asking for them, present or not,
+   * in create(): when create() returns, a key of its configuration it never
+   * asked for (nor a key below or above it) is a typo, and the host refuses
+   * the plugin with a message naming the key. */
   int (*config_get)(const ballast_host_api* api, const char* key, const char** value);
 
   /* Call fn(user) every period_ns (first call after one period) from the
@@ -112,7 +116,15 @@ struct ballast_host_api {
   /* The message of the last failed host call on this thread ("" if none).
    * Valid until the next host call on this thread. */
   const char* (*last_error)(const ballast_host_api* api);
+
+  /* Optional (ABI 1.1; read it only when
+   * BALLAST_COVERS(api->size, ballast_host_api, node_name)). The name of the
+   * node this host runs as: the config's `node`, else the machine's host
+   * name. Lives until destroy(). */
+  const char* (*node_name)(const ballast_host_api* api);
 };
+/* The v1 minimum: everything up to and including last_error; node_name may
+ * be left out (a 1.0 host). */
 #define BALLAST_HOST_API_V1_SIZE BALLAST_SIZE_TO(ballast_host_api, last_error)
 
 /* An interface a plugin offers, for listing without creating the plugin. */

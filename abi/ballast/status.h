@@ -17,7 +17,7 @@ extern "C" {
 /* The major version is part of the entry symbol's name (ballast_plugin_v1);
  * the minor version grows when structs grow at their end. */
 #define BALLAST_ABI_MAJOR 1
-#define BALLAST_ABI_MINOR 0
+#define BALLAST_ABI_MINOR 1
 
 /* Sizes (the one rule for every struct and table that starts with a uint32_t
  * size): a struct only grows at its end, and each has a v1 minimum size,

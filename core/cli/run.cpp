@@ -8,15 +8,52 @@
 #include "run_job.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 namespace ballast::cli {
+
+namespace {
+
+// --log-level and --log-format, else BALLAST_LOG_LEVEL and BALLAST_LOG_FORMAT,
+// else the config's log_level and log_format: the winner goes into the config.
+bool log_overrides(nlohmann::json& config, const std::string& level_flag, const std::string& format_flag,
+                   std::string* error) {
+  struct Setting {
+    const char* key;
+    const std::string& flag;
+    const char* flag_name;
+    const char* env;
+    bool (*valid)(const std::string&);
+    const char* expected;
+  };
+  const Setting settings[] = {
+      {"log_level", level_flag, "--log-level", "BALLAST_LOG_LEVEL",
+       [](const std::string& v) { int l; return parse_log_level(v, &l); }, "error, warn, info or debug"},
+      {"log_format", format_flag, "--log-format", "BALLAST_LOG_FORMAT",
+       [](const std::string& v) { LogFormat f; return parse_log_format(v, &f); }, "text or json"},
+  };
+  for (const Setting& s : settings) {
+    const char* env = std::getenv(s.env);
+    const std::string value = !s.flag.empty() ? s.flag : env != nullptr && *env ? env : "";
+    if (value.empty()) continue;
+    if (!s.valid(value)) {
+      *error = std::string(!s.flag.empty() ? s.flag_name : s.env) + ": '" + value + "': expected " + s.expected;
+      return false;
+    }
+    config[s.key] = value;
+  }
+  return true;
+}
+
+}  // namespace
 
 void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path, "Config file: a Lua table (see examples/configs/demo.lua)")
+  cmd->add_option("CONFIG", config_path,
+                  "Config file: a Lua file returning a table (its keys: docs/config.md)")
       ->required();
   cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
   static JobFlags job_flags;
@@ -26,6 +63,17 @@ void add_run(CLI::App& app) {
   cmd->add_option("--inject-schedule", job_flags.inject_schedule,
                   "Inject the faults of a JSON-lines schedule (or the InfiniteHBD trace)");
   cmd->add_option("--timeline", job_flags.timeline, "Write the job's timeline as a Chrome/Perfetto trace");
+  static std::string log_level, log_format;
+  cmd->add_option("--log-level", log_level,
+                  "error|warn|info|debug (default: $BALLAST_LOG_LEVEL, else the config's log_level, else info)")
+      ->check(CLI::IsMember({"error", "warn", "info", "debug"}));
+  cmd->add_option("--log-format", log_format,
+                  "text|json: json writes one object per line (default: $BALLAST_LOG_FORMAT, else the config's "
+                  "log_format, else text)")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->footer(
+      "Signals: SIGINT/SIGTERM stop, SIGHUP reloads the policy, SIGUSR1/SIGUSR2 write the counters to the log "
+      "and publish host.signal.");
   cmd->callback([] {
     nlohmann::json config;
     if (eval_lua_table(config_path, false, &config) != BALLAST_OK) {
@@ -33,7 +81,13 @@ void add_run(CLI::App& app) {
       set_exit_code(1);
       return;
     }
+    if (std::string why; config.is_object() && !log_overrides(config, log_level, log_format, &why)) {
+      std::fprintf(stderr, "ballast run: %s\n", why.c_str());
+      set_exit_code(2);
+      return;
+    }
     std::string base = std::filesystem::absolute(config_path).parent_path().string();
+    const bool json_log = config.is_object() && config.contains("log_format") && config["log_format"] == "json";
     job_flags.json = json;
     bool has_job = false;
     if (std::string why; !hand_job_to_runner(config, base, job_flags, &has_job, &why)) {
@@ -73,7 +127,7 @@ void add_run(CLI::App& app) {
       }
       h->log(BALLAST_LOG_INFO, "host",
              "running on node " + h->node() + " with " + std::to_string(h->plugin_count()) +
-                 " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy");
+                 " plugin(s); SIGINT/SIGTERM stop, SIGHUP reloads the policy, SIGUSR1/SIGUSR2 log the counters");
     };
     if (host->run(true, ready) != BALLAST_OK) {
       std::fprintf(stderr, "ballast run: %s\n", last_error());
@@ -100,6 +154,13 @@ void add_run(CLI::App& app) {
     }
     if (json) {
       std::printf("%s\n", counters.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (json_log) {
+      // The last line in the log's own format: the summary as one JSON object.
+      nlohmann::json line = nlohmann::json::parse(
+          log_line(LogFormat::json, journal_failed > 0 ? BALLAST_LOG_ERROR : BALLAST_LOG_INFO, "run",
+                   journal_failed > 0 ? "stopped; the journal lost events" : "stopped cleanly"));
+      line["counters"] = counters;
+      std::fprintf(stderr, "%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       if (journal_failed > 0) {
         std::fprintf(stderr, "ballast run: stopped; the journal lost %llu event(s) (the first error is above);",

@@ -65,6 +65,7 @@ TEST_CASE("a plugin built against a struct one field shorter or longer than toda
     CAPTURE(variant);
     HostOptions options;
     options.log_level = BALLAST_LOG_WARN;
+    options.node = "abi-node";
     Host host(options);
     Seen faults, actions;
     const ballast_subscribe_options queued{sizeof queued, BALLAST_DELIVER_QUEUED, 0, 0};
@@ -83,6 +84,8 @@ TEST_CASE("a plugin built against a struct one field shorter or longer than toda
     CHECK(host.counter(name + ".published") == 1);
     CHECK(host.counter(name + ".subscribe_refused") == 0);
     CHECK(host.counter(name + ".subscribed") == 1);
+    // A 1.0 plugin has no node_name to read; a later one reads the host's node.
+    CHECK(host.counter(name + ".node_named") == (variant == "shorter" ? 0 : 1));
     REQUIRE(delivered);
 
     const char* detector = variant == "shorter" ? nullptr : "compat";

@@ -251,7 +251,7 @@ TEST_CASE("v1.0 layout of ballast_straggler_report") {
 }
 
 TEST_CASE("v1.0 layout of ballast_host_api") {
-  CHECK(sizeof(ballast_host_api) == 96);
+  CHECK(sizeof(ballast_host_api) == 104);
   FIELD(ballast_host_api, size, 0);
   FIELD(ballast_host_api, abi_minor, 4);
   FIELD(ballast_host_api, publish, 8);
@@ -265,6 +265,7 @@ TEST_CASE("v1.0 layout of ballast_host_api") {
   FIELD(ballast_host_api, now_ns, 72);
   FIELD(ballast_host_api, set_error, 80);
   FIELD(ballast_host_api, last_error, 88);
+  FIELD(ballast_host_api, node_name, 96);  // 1.1, appended
 }
 
 TEST_CASE("v1.0 layout of ballast_interface_info") {

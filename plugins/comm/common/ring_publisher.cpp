@@ -43,11 +43,14 @@ void send(const ballast_host_api* host, const TraceRing& ring, const ballast_tra
 
 }  // namespace
 
+RingPublisher::RingPublisher(const ballast_host_api* host) : host_(host) {
+  const char* v = nullptr;
+  if (host_ && host_->config_get(host_, "publish_period_seconds", &v) == BALLAST_OK) period_ = std::atof(v);
+}
+
 int RingPublisher::start() {
   if (!host_) return BALLAST_OK;  // made without a host (the plugin's own tests): no bus to publish on
-  double period = 0.1;
-  const char* v = nullptr;
-  if (host_->config_get(host_, "publish_period_seconds", &v) == BALLAST_OK) period = std::atof(v);
+  const double period = period_;
   if (!(period > 0)) {
     host_->set_error(host_, "publish_period_seconds must be positive");
     return BALLAST_EINVAL;

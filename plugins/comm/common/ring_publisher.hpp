@@ -20,7 +20,9 @@ namespace ballast::comm {
 
 class RingPublisher {
  public:
-  explicit RingPublisher(const ballast_host_api* host) : host_(host) {}
+  // Reads publish_period_seconds from the plugin's config: a plugin asks for
+  // its keys in create (plugin.h, config_get).
+  explicit RingPublisher(const ballast_host_api* host);
   ~RingPublisher() { stop(); }
   RingPublisher(const RingPublisher&) = delete;
   RingPublisher& operator=(const RingPublisher&) = delete;
@@ -51,6 +53,7 @@ class RingPublisher {
     bool finished = false;  // published as finished
   };
   const ballast_host_api* host_;
+  double period_ = 0.1;  // seconds
   uint64_t timer_ = 0;
   bool timing_ = false;
   uint64_t start_ = 0;        // records before it are not news

@@ -39,6 +39,15 @@ struct State {
   std::mutex mu;  // the timer thread vs stop()
 };
 
+// The host's node name (the config's `node`), as every other event of the
+// host carries it; a 1.0 host's table has no node_name: the machine's name.
+std::string host_node(const ballast_host_api* host) {
+  if (BALLAST_COVERS(host->size, ballast_host_api, node_name)) return host->node_name(host);
+  char hostname[256] = {};
+  gethostname(hostname, sizeof hostname - 1);
+  return hostname;
+}
+
 // A config value that may be a list (JSON array text) or one plain value.
 std::vector<std::string> list_of(const std::string& text) {
   std::vector<std::string> out;
@@ -140,9 +149,7 @@ int create(const ballast_host_api* host, void** state) {
     return BALLAST_EINVAL;
   };
   std::string v;
-  char hostname[256] = {};
-  gethostname(hostname, sizeof hostname - 1);
-  s->node = get("node", &v) ? v : hostname;
+  s->node = get("node", &v) ? v : host_node(host);
   if (get("period", &v)) {
     char* e = nullptr;
     s->period_s = std::strtod(v.c_str(), &e);

@@ -5,11 +5,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -276,6 +278,30 @@ void add_load(CLI::App& top, LoadArgs& a) {
   app->add_flag("--json", a.json, "one JSON object per file");
 }
 
+// load_file on another thread while this one redraws the progress line
+// (ProgressLine is the main thread's).
+LoadedFile load_with_progress(const std::string& path, const LoadOptions& o, util::ProgressLine& progress,
+                              const std::atomic<uint64_t>& read_bytes, uint64_t all_bytes) {
+  LoadedFile f;
+  std::exception_ptr error;
+  std::atomic<bool> done{false};
+  std::thread loader([&] {
+    try {
+      f = load_file(path, o);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done.store(true);
+  });
+  do {  // drawn at least once, however fast the load
+    progress.update(double(read_bytes.load()), double(all_bytes));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (!done.load());
+  loader.join();
+  if (error) std::rethrow_exception(error);
+  return f;
+}
+
 int cmd_load(const ballast_host_api* host, LoadArgs a) {
   const std::vector<std::string>& files = a.files;
   LoadOptions& o = a.o;
@@ -289,9 +315,23 @@ int cmd_load(const ballast_host_api* host, LoadArgs a) {
   const int64_t t0 = wall_ns();
   uint64_t total = 0;
   int rc = 0;
+  // On a terminal: the bytes of all the files read so far, rate, time left.
+  util::ProgressLine progress(stderr, "ballast startup load", true, json);
+  std::atomic<uint64_t> read_bytes{0};
+  uint64_t all_bytes = 0;
+  if (progress.active()) {
+    o.progress_bytes = &read_bytes;
+    for (const auto& path : files) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(path, ec);
+      if (!ec) all_bytes += size;
+    }
+  }
   for (const auto& path : files) {
     try {
-      LoadedFile f = load_file(path, o);
+      LoadedFile f = progress.active() ? load_with_progress(path, o, progress, read_bytes, all_bytes)
+                                       : load_file(path, o);
+      progress.clear();
       if (write) write_sums(f);
       total += f.size;
       double gbs = f.seconds > 0 ? double(f.size) / f.seconds / 1e9 : 0;
@@ -309,6 +349,7 @@ int cmd_load(const ballast_host_api* host, LoadArgs a) {
                     f.shared ? (f.read_here ? ", shared (read here)" : ", shared (mapped)") : "");
       }
     } catch (const Error& e) {
+      progress.clear();
       std::fprintf(stderr, "ballast startup load: %s\n", e.what());
       rc = 1;
     }

@@ -9,6 +9,7 @@
 // lock it reads the file into it, the others wait on the lock and map it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct LoadOptions {
   bool verify = true;              // check against FILE.crc32c when it exists
   void* destination = nullptr;     // caller's buffer (>= file size), or nullptr to allocate
   uint64_t capacity = 0;
+  // When given: grows by each chunk's bytes as the stripes read them (a
+  // progress line reads it from another thread).
+  std::atomic<uint64_t>* progress_bytes = nullptr;
 };
 
 // A loaded file. Owns its memory (or the shared segment mapping) unless the

@@ -1,12 +1,14 @@
 /* A plugin built against headers of another 1.x minor (tests/abi/CMakeLists.txt
  * makes them): ballast_fault_report one field shorter than today's (no
- * detector) or one field longer (an appended `extra`). At start it publishes
+ * detector) or one field longer (an appended `extra`), ballast_host_api
+ * without node_name (1.0) or with one function more. At start it publishes
  * one fault.confirmed report of its own struct's size and subscribes with
  * options of its own size; what the host accepted goes to its counters. */
 #include <ballast/events.h>
 #include <ballast/plugin.h>
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct compat {
   const ballast_host_api* host;
@@ -23,6 +25,11 @@ static int compat_create(const ballast_host_api* host, void** state) {
   compat* c = calloc(1, sizeof *c);
   if (c == NULL) return BALLAST_ENOMEM;
   c->host = host;
+#ifndef COMPAT_SHORTER
+  /* The host's node name, when the host's table has it (1.1). */
+  if (BALLAST_COVERS(host->size, ballast_host_api, node_name) && strcmp(host->node_name(host), "abi-node") == 0)
+    host->counter_add(host, "node_named", 1);
+#endif
   *state = c;
   return BALLAST_OK;
 }

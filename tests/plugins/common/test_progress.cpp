@@ -1,6 +1,6 @@
 // The progress line (plugins/common/progress.hpp): its text, silent on a
 // pipe or with --json, drawn and erased on a real terminal (a pty), and
-// `ballast launch` showing it on a terminal only.
+// `ballast launch` and `ballast startup load` showing it on a terminal only.
 #include <doctest/doctest.h>
 
 #include "progress.hpp"
@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -136,4 +138,23 @@ TEST_CASE("ballast launch shows its progress line on a terminal only") {
   CAPTURE(pipe_out);
   CHECK(pipe_rc == 0);
   CHECK(pipe_out.find("ranks running") == std::string::npos);
+}
+
+TEST_CASE("ballast startup load shows its progress line on a terminal only") {
+  const auto file = std::filesystem::temp_directory_path() / ("ballast-progress-" + std::to_string(getpid()) + ".bin");
+  std::ofstream(file) << std::string(4 << 20, 'x');
+  const std::string args = "startup load --stripes 2 --chunk-mib 1 " + file.string();
+  const auto [tty_out, tty_rc] = run_ballast(args, true);
+  CAPTURE(tty_out);
+  CHECK(tty_rc == 0);
+  CHECK(tty_out.find("\rballast startup load: ") != std::string::npos);
+  CHECK(tty_out.find(file.string() + ": ") != std::string::npos);  // the result line after it
+  const auto [pipe_out, pipe_rc] = run_ballast(args, false);
+  CAPTURE(pipe_out);
+  CHECK(pipe_rc == 0);
+  CHECK(pipe_out.find("ballast startup load:") == std::string::npos);
+  const auto [json_out, json_rc] = run_ballast(args + " --json", true);
+  CHECK(json_rc == 0);
+  CHECK(json_out.find("ballast startup load:") == std::string::npos);
+  std::filesystem::remove(file);
 }

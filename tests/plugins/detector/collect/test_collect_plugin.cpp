@@ -1,5 +1,6 @@
 // The collector as a plugin in the real host: batches of real samples on the
-// bus, named after the configured node, and one log line when NVML is absent.
+// bus, named after the configured node (else the host's node), and one log
+// line when NVML is absent.
 #include <doctest/doctest.h>
 
 #include <ballast/host.h>
@@ -60,6 +61,25 @@ TEST_CASE("the collector publishes real node and process metrics") {
     CHECK(seen.metrics.count(m));
   }
   CHECK(seen.flagged == 0);
+}
+
+TEST_CASE("without a node of its own the collector names its samples after the host's node, not the machine") {
+  ballast_host* host = nullptr;
+  REQUIRE(ballast_host_create("host-node-3", &host) == BALLAST_OK);
+  REQUIRE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-collect.so", "{ period = 0.05 }") == BALLAST_OK);
+  Seen seen;
+  uint64_t id = 0;
+  REQUIRE(ballast_host_subscribe(host, "metric.sample", nullptr, on_batch, &seen, &id) == BALLAST_OK);
+  REQUIRE(ballast_host_start(host) == BALLAST_OK);
+  for (int i = 0; i < 100; ++i) {  // until a sample came, at most 10 s
+    {
+      std::lock_guard<std::mutex> lock(seen.mu);
+      if (!seen.nodes.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ballast_host_destroy(host);
+  CHECK(seen.nodes == std::set<std::string>{"host-node-3"});
 }
 
 TEST_CASE("a bad configuration is refused with the key named") {
