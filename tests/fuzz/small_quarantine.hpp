@@ -1,5 +1,6 @@
 // For fuzz targets whose input goes through large buffers that the parser
-// allocates per input (libyaml's 64 KiB, the gzip reader's 128 KiB): ASan's
+// allocates per input (libyaml's 64 KiB for meta.yaml and topology.yaml, the gzip
+// reader's 128 KiB for metrics CSV): ASan's
 // default 256 MiB quarantine keeps freed memory from reuse for thousands of
 // inputs, so every input gets fresh pages, and their page faults and the
 // allocator refilling its free lists cost more than the parse itself.
