@@ -1,6 +1,7 @@
 // libFuzzer: a metrics CSV (plain, or gzip by content), as `ballast detect --csv` reads it.
 #include "memfd_input.hpp"
 #include "metrics_csv.hpp"
+#include "small_quarantine.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   MemfdInput in(data, size);

@@ -1,6 +1,9 @@
 // libFuzzer: topology.conf (FUZZ_YAML undefined) or topology.yaml, then
 // the state file against the topology read.
 #include "topology.hpp"
+#ifdef FUZZ_YAML
+#include "small_quarantine.hpp"
+#endif
 
 #include <string>
 

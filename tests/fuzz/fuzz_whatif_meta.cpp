@@ -1,5 +1,6 @@
 // libFuzzer: a what-if meta.yaml (flat "key: value" lines), as `ballast whatif --meta` reads it.
 #include "memfd_input.hpp"
+#include "small_quarantine.hpp"
 #include "trace.hpp"
 
 #include <stdexcept>
