@@ -2,9 +2,9 @@
 
 #include "bus_rcu.hpp"
 #include "bus_ring.hpp"
-#include "topic.hpp"
 #include "codec_flat.hpp"
 #include "error.hpp"
+#include "topic.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -32,7 +32,7 @@ namespace ballast {
 
 namespace {
 
-constexpr size_t kBatch = 256;            // events a dispatcher takes from one queue in a row
+constexpr size_t kBatch = 256;  // events a dispatcher takes from one queue in a row
 constexpr size_t kMaxTopics = 1 << 16;
 constexpr uint32_t kMaxQueueCapacity = 1u << 20;
 constexpr unsigned kMaxDispatchers = 64;
@@ -55,7 +55,7 @@ struct Sub {
   // Written by its dispatcher at every drain: on a line of its own, away
   // from what every publish reads (alive, ring).
   alignas(64) std::atomic<bool> busy{false};  // its dispatcher is inside drain() for it
-  std::atomic<uint32_t> space_epoch{0};     // bumped when room is made for waiting publishers
+  std::atomic<uint32_t> space_epoch{0};       // bumped when room is made for waiting publishers
   std::atomic<uint32_t> space_waiters{0};
 };
 
@@ -370,8 +370,7 @@ struct Bus::Impl {
 
   int intern(const char* name, size_t n, uint64_t h, Topic** out) {
     const std::string_view view(name, n);
-    if (!valid_topic(view))
-      return fail(BALLAST_EINVAL, "bus: " + invalid_topic_message(view));
+    if (!valid_topic(view)) return fail(BALLAST_EINVAL, "bus: " + invalid_topic_message(view));
     std::lock_guard<std::mutex> lock(mu);
     if ((*out = lookup(name, n, h)) != nullptr) return BALLAST_OK;  // another thread was first
     if (topics.size() >= kMaxTopics)
@@ -465,8 +464,10 @@ struct Bus::Impl {
       const char* name = topic.name.c_str();
       if (!codec::flatten_into(ev, slot->inline_buf, Ring::kInline, &slot->event, &bytes, name)) {
         unsigned char* buf = Ring::buffer(*slot, bytes);
-        if (buf != nullptr) codec::flatten(ev, buf, &slot->event, name);
-        else slot->event.topic = nullptr;
+        if (buf != nullptr)
+          codec::flatten(ev, buf, &slot->event, name);
+        else
+          slot->event.topic = nullptr;
       }
     } else {
       if (flat_bytes == 0) {
@@ -478,7 +479,8 @@ struct Bus::Impl {
       if (buf != nullptr)
         codec::copy_flat(flat_ev, reinterpret_cast<const unsigned char*>(scratch.data()), flat_bytes, buf,
                          &slot->event);
-      else slot->event.topic = nullptr;
+      else
+        slot->event.topic = nullptr;
     }
     Ring::commit(*slot, pos);
   }
@@ -513,8 +515,7 @@ int Bus::subscribe(std::string_view pattern, const ballast_subscribe_options* op
   const std::string who = owner.empty() ? std::string("subscriber") : std::string(owner);
   if (id == nullptr) return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe without an id to write");
   if (handler == nullptr) return fail(BALLAST_EINVAL, "bus: " + who + ": subscribe with a NULL handler");
-  if (!valid_pattern(pattern))
-    return fail(BALLAST_EINVAL, "bus: " + who + ": " + invalid_pattern_message(pattern));
+  if (!valid_pattern(pattern)) return fail(BALLAST_EINVAL, "bus: " + who + ": " + invalid_pattern_message(pattern));
   bool queued = false, lossy = false;
   uint32_t capacity = m.options.default_queue_capacity;
   if (options != nullptr) {
@@ -533,8 +534,8 @@ int Bus::subscribe(std::string_view pattern, const ballast_subscribe_options* op
     if ((flags & ~uint32_t{BALLAST_SUBSCRIBE_LOSSY}) != 0)
       return fail(BALLAST_EINVAL, "bus: " + who + ": unknown subscribe flags " + std::to_string(flags));
     if (queue_capacity > kMaxQueueCapacity)
-      return fail(BALLAST_EINVAL, "bus: " + who + ": queue_capacity " + std::to_string(queue_capacity) +
-                                      " is above " + std::to_string(kMaxQueueCapacity));
+      return fail(BALLAST_EINVAL, "bus: " + who + ": queue_capacity " + std::to_string(queue_capacity) + " is above " +
+                                      std::to_string(kMaxQueueCapacity));
     queued = options->delivery == BALLAST_DELIVER_QUEUED;
     lossy = queued && (flags & BALLAST_SUBSCRIBE_LOSSY) != 0;
     if (queue_capacity != 0) capacity = queue_capacity;
@@ -561,9 +562,9 @@ int Bus::subscribe(std::string_view pattern, const ballast_subscribe_options* op
     std::lock_guard<std::mutex> lock(m.mu);
     s->id = m.next_id++;
     if (queued) {
-      d = std::min_element(m.dispatchers.begin(), m.dispatchers.end(),
-                           [](const auto& a, const auto& b) { return a->load < b->load; })
-              ->get();
+      d = std::min_element(m.dispatchers.begin(), m.dispatchers.end(), [](const auto& a, const auto& b) {
+            return a->load < b->load;
+          })->get();
       ++d->load;
       s->dispatcher = d;
       std::lock_guard<std::mutex> dlock(d->mu);

@@ -47,17 +47,17 @@
 namespace ballast {
 
 struct BusOptions {
-  unsigned dispatcher_threads = 1;        // threads draining queued subscriptions
-  uint32_t default_queue_capacity = 4096; // slots when a subscriber asks for 0
+  unsigned dispatcher_threads = 1;         // threads draining queued subscriptions
+  uint32_t default_queue_capacity = 4096;  // slots when a subscriber asks for 0
 };
 
 struct BusStats {
-  uint64_t published = 0;        // publish() calls accepted
-  uint64_t delivered = 0;        // handler calls made
-  uint64_t dropped = 0;          // events dropped by full lossy queues (and on unsubscribe)
-  uint64_t handler_failures = 0; // handler calls that returned < 0
-  uint64_t subscriptions = 0;    // live subscriptions
-  uint64_t topics = 0;           // interned topics
+  uint64_t published = 0;         // publish() calls accepted
+  uint64_t delivered = 0;         // handler calls made
+  uint64_t dropped = 0;           // events dropped by full lossy queues (and on unsubscribe)
+  uint64_t handler_failures = 0;  // handler calls that returned < 0
+  uint64_t subscriptions = 0;     // live subscriptions
+  uint64_t topics = 0;            // interned topics
 };
 
 class Bus {
@@ -69,8 +69,8 @@ class Bus {
 
   // Subscribe; `owner` names the subscriber in messages (a plugin's name).
   // options may be null (inline). Returns a status; writes the id to *id.
-  int subscribe(std::string_view pattern, const ballast_subscribe_options* options,
-                ballast_handler handler, void* user, std::string_view owner, uint64_t* id);
+  int subscribe(std::string_view pattern, const ballast_subscribe_options* options, ballast_handler handler, void* user,
+                std::string_view owner, uint64_t* id);
 
   // See ballast_host_api.unsubscribe.
   int unsubscribe(uint64_t id);

@@ -17,8 +17,8 @@ constinit thread_local ThreadState t_state = {0, 0};
 namespace {
 
 std::mutex g_mu;
-std::vector<uint32_t> g_free;    // released slot indexes
-std::atomic<uint32_t> g_used{0}; // slots ever handed out (scan bound)
+std::vector<uint32_t> g_free;     // released slot indexes
+std::atomic<uint32_t> g_used{0};  // slots ever handed out (scan bound)
 std::once_flag g_init;
 
 void init() {
@@ -41,13 +41,17 @@ thread_local SlotOwner t_owner;
 
 void full_barrier() {
   std::call_once(g_init, init);
-  if (g_asymmetric) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-  else std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (g_asymmetric)
+    syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 void light_barrier() {
-  if (g_asymmetric) std::atomic_signal_fence(std::memory_order_seq_cst);
-  else std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (g_asymmetric)
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 bool register_thread() {

@@ -49,8 +49,10 @@ inline bool enter() {
   if (t_state.nesting++ == 0) {
     Slot& s = g_slots[t_state.index_plus_one - 1];
     s.ctr.store(s.ctr.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    if (g_asymmetric) std::atomic_signal_fence(std::memory_order_seq_cst);
-    else std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (g_asymmetric)
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    else
+      std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   return true;
 }

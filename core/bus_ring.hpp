@@ -136,9 +136,7 @@ class Ring {
   }
   void pop() { head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
   // Any thread: whether no claimed position is left unconsumed.
-  bool empty() const {
-    return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
-  }
+  bool empty() const { return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire); }
 
  private:
   // Take the lines of the slot at `pos` in exclusive state ahead of writing
@@ -171,9 +169,9 @@ class Ring {
   alignas(64) uint32_t mask_ = 0;
   uint32_t spread_mask_ = 0;
   std::unique_ptr<Slot[]> slots_;
-  alignas(64) std::atomic<uint64_t> tail_{0};       // next position to claim
-  std::atomic<uint64_t> head_seen_{0};              // head_ as publishers last read it (<= head_)
-  alignas(64) std::atomic<uint64_t> head_{0};       // next position to consume (written by the consumer)
+  alignas(64) std::atomic<uint64_t> tail_{0};  // next position to claim
+  std::atomic<uint64_t> head_seen_{0};         // head_ as publishers last read it (<= head_)
+  alignas(64) std::atomic<uint64_t> head_{0};  // next position to consume (written by the consumer)
   // (alignas(64) members round the size up: nothing else shares head_'s line)
 };
 

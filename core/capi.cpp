@@ -62,7 +62,8 @@ BALLAST_EXPORT void ballast_host_destroy(ballast_host* host) {
 }
 
 BALLAST_EXPORT int ballast_host_load_plugin(ballast_host* host, const char* path, const char* config_lua) {
-  if (host == nullptr || path == nullptr) return ballast::fail(BALLAST_EINVAL, "ballast_host_load_plugin: NULL argument");
+  if (host == nullptr || path == nullptr)
+    return ballast::fail(BALLAST_EINVAL, "ballast_host_load_plugin: NULL argument");
   return guarded("ballast_host_load_plugin", [&]() -> int {
     nlohmann::json config = nlohmann::json::object();
     if (config_lua != nullptr && *config_lua) {
@@ -131,8 +132,8 @@ BALLAST_EXPORT int ballast_host_publish_json(ballast_host* host, const char* top
 }
 
 BALLAST_EXPORT int ballast_host_subscribe(ballast_host* host, const char* pattern,
-                                          const ballast_subscribe_options* options, ballast_handler handler,
-                                          void* user, uint64_t* id) {
+                                          const ballast_subscribe_options* options, ballast_handler handler, void* user,
+                                          uint64_t* id) {
   if (host == nullptr) return ballast::fail(BALLAST_EINVAL, "ballast_host_subscribe: NULL host");
   return guarded("ballast_host_subscribe",
                  [&]() -> int { return host->host->subscribe(pattern, options, handler, user, "host", id); });

@@ -109,7 +109,7 @@ struct Arena {
 // field tables so that copies skip the scalar fields.
 struct Plan;
 struct Fixup {
-  FieldType type;             // size, str, json_str or array
+  FieldType type;  // size, str, json_str or array
   uint32_t offset;
   uint32_t count_offset = 0;  // array: where its count lives
   const StructDesc* elem = nullptr;
@@ -234,8 +234,7 @@ bool check_struct(const StructDesc& desc, const void* base, const char** why) {
   for (uint32_t i = 0; i < desc.field_count; ++i) {
     const FieldDesc& f = desc.fields[i];
     if (f.type != FieldType::array) continue;
-    const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) +
-                                                          f.count_offset);
+    const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) + f.count_offset);
     const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(base, f));
     if (n > 0 && elems == nullptr) {
       *why = "payload array is NULL but its count is not 0";
@@ -254,8 +253,7 @@ bool check_struct(const StructDesc& desc, const void* base, const char** why) {
 // into another buffer than `p` does.
 template <typename T>
 T* moved(T* p, std::ptrdiff_t delta) {
-  return p == nullptr ? nullptr
-                      : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(delta));
+  return p == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(delta));
 }
 
 // Shift every pointer of the struct at `base` (in the new buffer) by `delta`.

@@ -46,8 +46,7 @@ size_t flat_size(const ballast_event& event, const char* stable_topic = nullptr)
 // struct (size fields set to sizeof); any other payload as payload_size
 // bytes followed by a NUL (not counted in payload_size), so that JSON text
 // can be read as a C string.
-void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out,
-             const char* stable_topic = nullptr);
+void flatten(const ballast_event& event, unsigned char* buf, ballast_event* out, const char* stable_topic = nullptr);
 
 // flatten() into a buffer of `cap` bytes when the copy fits (true); else
 // nothing usable is written and false is returned. Either way *needed is

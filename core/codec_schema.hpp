@@ -14,8 +14,8 @@
 namespace ballast::codec {
 
 enum class FieldType : uint8_t {
-  size,      // uint32_t size of the struct: not serialised, set to sizeof on copy
-  count,     // uint32_t element count of the struct's array: derived from the array
+  size,   // uint32_t size of the struct: not serialised, set to sizeof on copy
+  count,  // uint32_t element count of the struct's array: derived from the array
   u32,
   i32,
   u64,
@@ -35,19 +35,19 @@ struct FieldDesc {
   int64_t missing = 0;                 // value when absent from JSON
   const char* const* names = nullptr;  // u32 enums: value -> name, shown in JSON
   uint32_t name_count = 0;
-  const StructDesc* elem = nullptr;    // array: the element
-  uint32_t count_offset = 0;           // array: where its count lives
+  const StructDesc* elem = nullptr;  // array: the element
+  uint32_t count_offset = 0;         // array: where its count lives
 };
 
 struct StructDesc {
   const char* name;
-  uint32_t size;     // sizeof as this host compiled it
+  uint32_t size;  // sizeof as this host compiled it
   uint32_t align;
   const FieldDesc* fields;
   uint32_t field_count;
-  uint32_t v1_size = 0;                // BALLAST_*_V1_SIZE; element structs: size
-  uint32_t schema = 0;                 // its schema id; 0 for element structs
-  const char* const* topics = nullptr; // the topics that carry it (schema_for_topic)
+  uint32_t v1_size = 0;                 // BALLAST_*_V1_SIZE; element structs: size
+  uint32_t schema = 0;                  // its schema id; 0 for element structs
+  const char* const* topics = nullptr;  // the topics that carry it (schema_for_topic)
   uint32_t topic_count = 0;
 };
 

@@ -25,8 +25,7 @@ int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann:
     return rc;
   }
   std::unique_ptr<LuaSandbox> sandbox;
-  if (int rc = LuaSandbox::create({limits.deadline_ms, limits.memory_limit_bytes}, &sandbox);
-      rc != BALLAST_OK) {
+  if (int rc = LuaSandbox::create({limits.deadline_ms, limits.memory_limit_bytes}, &sandbox); rc != BALLAST_OK) {
     return fail(rc, "config " + display + ": " + last_error());
   }
   std::string error;
@@ -39,8 +38,9 @@ int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann:
   }
   lua_State* L = sandbox->state();
   if (!lua_istable(L, -1)) {
-    return fail(BALLAST_EINVAL, "config " + display + ": the file must return a table; it returns " +
-                                    (lua_isnil(L, -1) ? std::string("nothing") : std::string("a ") + luaL_typename(L, -1)));
+    return fail(BALLAST_EINVAL,
+                "config " + display + ": the file must return a table; it returns " +
+                    (lua_isnil(L, -1) ? std::string("nothing") : std::string("a ") + luaL_typename(L, -1)));
   }
   nlohmann::json result;
   if (!lua_to_json(L, -1, "", JsonLimits{}, &result, &error)) {

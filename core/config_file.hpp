@@ -32,11 +32,10 @@ namespace ballast {
 int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann::json* out);
 
 struct ConfigLimits {
-  uint32_t deadline_ms = 1000;             // wall clock for the whole file
-  uint64_t memory_limit_bytes = 32u << 20; // cap of its Lua state
+  uint32_t deadline_ms = 1000;              // wall clock for the whole file
+  uint64_t memory_limit_bytes = 32u << 20;  // cap of its Lua state
 };
-int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann::json* out,
-                   const ConfigLimits& limits);
+int eval_lua_table(const std::string& path_or_chunk, bool from_string, nlohmann::json* out, const ConfigLimits& limits);
 
 // The value at a dotted key ("window.seconds") of a config object, or
 // nullptr. Array elements by index, from 1 as in the Lua table ("plugins.2"

@@ -1,9 +1,9 @@
 #include "event_codec.hpp"
 
-#include "topic.hpp"
 #include "codec_flat.hpp"
 #include "codec_schema.hpp"
 #include "json_depth.hpp"
+#include "topic.hpp"
 
 #include <cereal/archives/portable_binary.hpp>
 
@@ -16,10 +16,10 @@
 
 namespace ballast {
 
+using codec::field_ref;
 using codec::FieldDesc;
 using codec::FieldType;
 using codec::StructDesc;
-using codec::field_ref;
 
 // ---- OwnedEvent ---------------------------------------------------------------
 
@@ -32,8 +32,8 @@ struct OwnedEvent::Storage {
 
 namespace {
 
-const ballast_event kEmptyEvent = {sizeof(ballast_event), BALLAST_SCHEMA_NONE, "", 0,
-                                   {nullptr, -1, nullptr}, nullptr, 0};
+const ballast_event kEmptyEvent = {
+    sizeof(ballast_event), BALLAST_SCHEMA_NONE, "", 0, {nullptr, -1, nullptr}, nullptr, 0};
 
 }  // namespace
 
@@ -42,7 +42,6 @@ class EventBuilder {
  public:
   static std::unique_ptr<OwnedEvent::Storage> copy(const ballast_event& event);
 };
-
 
 OwnedEvent::OwnedEvent() = default;
 OwnedEvent::OwnedEvent(const ballast_event& event) : s_(EventBuilder::copy(event)) {}
@@ -85,9 +84,7 @@ struct Builder {
   std::deque<std::vector<uint64_t>> blocks;
 
   const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
-  void* block(size_t bytes) {
-    return blocks.emplace_back((bytes + 7) / 8 + 1, uint64_t{0}).data();
-  }
+  void* block(size_t bytes) { return blocks.emplace_back((bytes + 7) / 8 + 1, uint64_t{0}).data(); }
 };
 
 }  // namespace
@@ -186,17 +183,28 @@ nlohmann::json struct_to_json(const StructDesc& desc, const void* base) {
     const FieldDesc& f = desc.fields[i];
     switch (f.type) {
       case FieldType::size:
-      case FieldType::count: break;
+      case FieldType::count:
+        break;
       case FieldType::u32: {
         const uint32_t v = field_ref<uint32_t>(base, f);
-        if (v < f.name_count) out[f.name] = f.names[v];
-        else out[f.name] = v;
+        if (v < f.name_count)
+          out[f.name] = f.names[v];
+        else
+          out[f.name] = v;
         break;
       }
-      case FieldType::i32: out[f.name] = field_ref<int32_t>(base, f); break;
-      case FieldType::u64: out[f.name] = field_ref<uint64_t>(base, f); break;
-      case FieldType::i64: out[f.name] = field_ref<int64_t>(base, f); break;
-      case FieldType::f64: out[f.name] = number_to_json(field_ref<double>(base, f)); break;
+      case FieldType::i32:
+        out[f.name] = field_ref<int32_t>(base, f);
+        break;
+      case FieldType::u64:
+        out[f.name] = field_ref<uint64_t>(base, f);
+        break;
+      case FieldType::i64:
+        out[f.name] = field_ref<int64_t>(base, f);
+        break;
+      case FieldType::f64:
+        out[f.name] = number_to_json(field_ref<double>(base, f));
+        break;
       case FieldType::str: {
         const char* s = field_ref<const char*>(base, f);
         out[f.name] = text(s);
@@ -208,8 +216,7 @@ nlohmann::json struct_to_json(const StructDesc& desc, const void* base) {
         break;
       }
       case FieldType::array: {
-        const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) +
-                                                              f.count_offset);
+        const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) + f.count_offset);
         const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(base, f));
         nlohmann::json arr = nlohmann::json::array();
         for (uint32_t k = 0; k < n; ++k) arr.push_back(struct_to_json(*f.elem, elems + size_t{k} * f.elem->size));
@@ -238,9 +245,7 @@ nlohmann::json event_to_json(const ballast_event& event) {
   j["topic"] = text(event.topic != nullptr ? event.topic : "");
   j["ts"] = static_cast<double>(event.ts_ns) / 1e9;
   j["ts_ns"] = event.ts_ns;
-  j["source"] = {{"node", text(event.source.node)},
-                 {"rank", event.source.rank},
-                 {"plugin", text(event.source.plugin)}};
+  j["source"] = {{"node", text(event.source.node)}, {"rank", event.source.rank}, {"plugin", text(event.source.plugin)}};
   const char* name = schema_name(event.schema);
   j["schema"] = name;
   if (std::strcmp(name, "custom") == 0) j["schema_id"] = event.schema;
@@ -309,10 +314,14 @@ struct JsonReader {
     }
     if (v.is_string()) {
       const std::string& s = v.get_ref<const std::string&>();
-      if (s == "nan") *out = std::numeric_limits<double>::quiet_NaN();
-      else if (s == "inf") *out = std::numeric_limits<double>::infinity();
-      else if (s == "-inf") *out = -std::numeric_limits<double>::infinity();
-      else return bad(path, "expected a number");
+      if (s == "nan")
+        *out = std::numeric_limits<double>::quiet_NaN();
+      else if (s == "inf")
+        *out = std::numeric_limits<double>::infinity();
+      else if (s == "-inf")
+        *out = -std::numeric_limits<double>::infinity();
+      else
+        return bad(path, "expected a number");
       return true;
     }
     return bad(path, "expected a number");
@@ -331,7 +340,8 @@ struct JsonReader {
   bool field(const FieldDesc& f, const nlohmann::json* v, const std::string& path, void* base) {
     switch (f.type) {
       case FieldType::size:
-      case FieldType::count: return true;  // derived
+      case FieldType::count:
+        return true;  // derived
       case FieldType::u32:
         if (v == nullptr) {
           field_ref<uint32_t>(base, f) = static_cast<uint32_t>(f.missing);
@@ -411,8 +421,10 @@ struct JsonReader {
       int v = 0;
       for (int k = 0; k < 2; ++k) {
         const char c = s[2 * i + k];
-        int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-                : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+        int d = (c >= '0' && c <= '9')   ? c - '0'
+                : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                         : -1;
         if (d < 0) return bad(path, "not a hex digit at " + std::to_string(2 * i + k));
         v = v * 16 + d;
       }
@@ -454,8 +466,7 @@ int from_json_impl(const nlohmann::json& j, OwnedEvent* out, std::string* error)
       return fail_format();
     if (auto v = src->find("plugin"); v != src->end() && !r.string(*v, "source.plugin", &ev.source.plugin))
       return fail_format();
-    if (auto v = src->find("rank"); v != src->end() && !v->is_null() &&
-                                    !r.integer(*v, "source.rank", &ev.source.rank))
+    if (auto v = src->find("rank"); v != src->end() && !v->is_null() && !r.integer(*v, "source.rank", &ev.source.rank))
       return fail_format();
   }
 
@@ -589,17 +600,29 @@ void put_struct(OutArchive& ar, const StructDesc& desc, const void* base) {
     const FieldDesc& f = desc.fields[i];
     switch (f.type) {
       case FieldType::size:
-      case FieldType::count: break;
-      case FieldType::u32: ar(field_ref<uint32_t>(base, f)); break;
-      case FieldType::i32: ar(field_ref<int32_t>(base, f)); break;
-      case FieldType::u64: ar(field_ref<uint64_t>(base, f)); break;
-      case FieldType::i64: ar(field_ref<int64_t>(base, f)); break;
-      case FieldType::f64: ar(field_ref<double>(base, f)); break;
+      case FieldType::count:
+        break;
+      case FieldType::u32:
+        ar(field_ref<uint32_t>(base, f));
+        break;
+      case FieldType::i32:
+        ar(field_ref<int32_t>(base, f));
+        break;
+      case FieldType::u64:
+        ar(field_ref<uint64_t>(base, f));
+        break;
+      case FieldType::i64:
+        ar(field_ref<int64_t>(base, f));
+        break;
+      case FieldType::f64:
+        ar(field_ref<double>(base, f));
+        break;
       case FieldType::str:
-      case FieldType::json_str: put_str(ar, field_ref<const char*>(base, f)); break;
+      case FieldType::json_str:
+        put_str(ar, field_ref<const char*>(base, f));
+        break;
       case FieldType::array: {
-        const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) +
-                                                              f.count_offset);
+        const uint32_t n = *reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(base) + f.count_offset);
         ar(n);
         const auto* elems = static_cast<const unsigned char*>(field_ref<const void*>(base, f));
         for (uint32_t k = 0; k < n; ++k) put_struct(ar, *f.elem, elems + size_t{k} * f.elem->size);
@@ -620,15 +643,22 @@ size_t min_encoded_size(const StructDesc& desc) {
   for (uint32_t i = 0; i < desc.field_count; ++i) {
     switch (desc.fields[i].type) {
       case FieldType::size:
-      case FieldType::count: break;
+      case FieldType::count:
+        break;
       case FieldType::u32:
       case FieldType::i32:
-      case FieldType::array: n += 4; break;
+      case FieldType::array:
+        n += 4;
+        break;
       case FieldType::u64:
       case FieldType::i64:
-      case FieldType::f64: n += 8; break;
+      case FieldType::f64:
+        n += 8;
+        break;
       case FieldType::str:
-      case FieldType::json_str: n += 1; break;
+      case FieldType::json_str:
+        n += 1;
+        break;
     }
   }
   return n > 0 ? n : 1;
@@ -661,15 +691,30 @@ struct BodyReader {
     for (uint32_t i = 0; i < desc.field_count; ++i) {
       const FieldDesc& f = desc.fields[i];
       switch (f.type) {
-        case FieldType::size: field_ref<uint32_t>(base, f) = desc.size; break;
-        case FieldType::count: break;
-        case FieldType::u32: ar(field_ref<uint32_t>(base, f)); break;
-        case FieldType::i32: ar(field_ref<int32_t>(base, f)); break;
-        case FieldType::u64: ar(field_ref<uint64_t>(base, f)); break;
-        case FieldType::i64: ar(field_ref<int64_t>(base, f)); break;
-        case FieldType::f64: ar(field_ref<double>(base, f)); break;
+        case FieldType::size:
+          field_ref<uint32_t>(base, f) = desc.size;
+          break;
+        case FieldType::count:
+          break;
+        case FieldType::u32:
+          ar(field_ref<uint32_t>(base, f));
+          break;
+        case FieldType::i32:
+          ar(field_ref<int32_t>(base, f));
+          break;
+        case FieldType::u64:
+          ar(field_ref<uint64_t>(base, f));
+          break;
+        case FieldType::i64:
+          ar(field_ref<int64_t>(base, f));
+          break;
+        case FieldType::f64:
+          ar(field_ref<double>(base, f));
+          break;
         case FieldType::str:
-        case FieldType::json_str: field_ref<const char*>(base, f) = str(f.name); break;
+        case FieldType::json_str:
+          field_ref<const char*>(base, f) = str(f.name);
+          break;
         case FieldType::array: {
           uint32_t n = 0;
           ar(n);
@@ -728,14 +773,12 @@ void encode_frame(const ballast_event& event, std::vector<unsigned char>* out) {
   put_u32(h + 12, crc32c(h + kFrameHeaderSize, body));
 }
 
-int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed,
-                 std::string* error) {
+int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed, std::string* error) {
   auto bad = [error](std::string why) {
     if (error != nullptr) *error = std::move(why);
     return BALLAST_EFORMAT;
   };
-  if (size < kFrameHeaderSize)
-    return bad("truncated frame header: " + std::to_string(size) + " bytes left, 16 needed");
+  if (size < kFrameHeaderSize) return bad("truncated frame header: " + std::to_string(size) + " bytes left, 16 needed");
   if (std::memcmp(data, kMagic, 4) != 0) {
     char hex[16];
     std::snprintf(hex, sizeof hex, "0x%08x", get_u32(data));

@@ -77,8 +77,7 @@ inline constexpr uint32_t kMaxFrameBody = 64u << 20;
 void encode_frame(const ballast_event& event, std::vector<unsigned char>* out);
 // Decode one frame at the start of [data, data+size). On success *consumed is
 // the frame's total size. Errors: BALLAST_EFORMAT with *error saying why.
-int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed,
-                 std::string* error);
+int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed, std::string* error);
 
 // The frames' checksum: CRC-32C, the one implementation plugins use too
 // (plugins/common, linked into libballast).

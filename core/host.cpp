@@ -1,8 +1,8 @@
 #include "host.hpp"
 
+#include "command_line.hpp"
 #include "config_file.hpp"
 #include "error.hpp"
-#include "command_line.hpp"
 #include "event_codec.hpp"
 #include "host_metrics.hpp"
 #include "journal.hpp"
@@ -31,8 +31,7 @@ namespace {
 std::atomic<bool> g_stop_signal{false};
 
 int64_t wall_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -44,10 +43,14 @@ std::string machine_name() {
 
 const char* level_name(int level) {
   switch (level) {
-    case BALLAST_LOG_ERROR: return "ERROR";
-    case BALLAST_LOG_WARN: return "WARN";
-    case BALLAST_LOG_INFO: return "INFO";
-    default: return "DEBUG";
+    case BALLAST_LOG_ERROR:
+      return "ERROR";
+    case BALLAST_LOG_WARN:
+      return "WARN";
+    case BALLAST_LOG_INFO:
+      return "INFO";
+    default:
+      return "DEBUG";
   }
 }
 
@@ -173,8 +176,8 @@ struct Host::Plugin {
   // refuses its publish once its stop() returned (stopped).
   std::atomic<bool> winding_down{false};
   std::atomic<bool> stopped{false};
-  bool optional = false;  // a failed start is reported, not an error
-  std::mutex mutex;  // guards the three members below
+  bool optional = false;                           // a failed start is reported, not an error
+  std::mutex mutex;                                // guards the three members below
   std::map<std::string, std::string> config_text;  // node-based: stable c_str()
   std::set<std::string> asked;                     // every key config_get was called with
   std::vector<uint64_t> subscriptions;
@@ -343,7 +346,8 @@ void Host::log_counters(const std::string& why) {
 std::string log_line(LogFormat format, int level, const std::string& who, const std::string& message) {
   auto now = std::chrono::system_clock::now();
   std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  int ms =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char stamp[32];
@@ -435,7 +439,8 @@ int Host::add_plugin(const PluginFile& file, const nlohmann::json& config, bool 
   if (!unknown.empty()) {
     const std::vector<std::string> asked(plugin->asked.begin(), plugin->asked.end());
     std::string why = "unknown config key '" + unknown[0] + "'";
-    if (const std::string near = util::closest(unknown[0], asked); !near.empty()) why += " (did you mean '" + near + "'?)";
+    if (const std::string near = util::closest(unknown[0], asked); !near.empty())
+      why += " (did you mean '" + near + "'?)";
     if (unknown.size() > 1) why += " and " + std::to_string(unknown.size() - 1) + " more";
     std::string keys;
     for (const auto& k : asked) keys += (keys.empty() ? "" : ", ") + k;
@@ -546,7 +551,8 @@ int Host::reload_policy() {
 int Host::publish(const ballast_event& event, const char* publisher) {
   if (event.topic == nullptr) return fail(BALLAST_EINVAL, "publish: event without a topic");
   if (event.size < BALLAST_EVENT_V1_SIZE)
-    return fail(BALLAST_EINVAL, "publish: event size " + std::to_string(event.size) + " is smaller than ballast_event v1");
+    return fail(BALLAST_EINVAL,
+                "publish: event size " + std::to_string(event.size) + " is smaller than ballast_event v1");
   ballast_event ev = event;  // a few words on the stack; the payload is not copied
   ev.size = sizeof ev;
   if (ev.ts_ns == 0) ev.ts_ns = wall_ns();
@@ -566,8 +572,8 @@ int Host::publish_json(const std::string& topic, const std::string& json, const 
   return publish(owned.view(), publisher);
 }
 
-int Host::subscribe(const char* pattern, const ballast_subscribe_options* options, ballast_handler handler,
-                    void* user, const char* owner, uint64_t* id) {
+int Host::subscribe(const char* pattern, const ballast_subscribe_options* options, ballast_handler handler, void* user,
+                    const char* owner, uint64_t* id) {
   if (pattern == nullptr || handler == nullptr || id == nullptr)
     return fail(BALLAST_EINVAL, "subscribe: null argument");
   return bus_.subscribe(pattern, options, handler, user, owner ? owner : "host", id);
@@ -616,11 +622,12 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
   if (!started_) {
     if (int rc = start(); rc != BALLAST_OK) return rc;
   }
-  struct sigaction old_int{}, old_term{}, old_hup{}, old_usr1{}, old_usr2{};
+  struct sigaction old_int {
+  }, old_term{}, old_hup{}, old_usr1{}, old_usr2{};
   if (handle_signals) {
     g_stop_signal.store(false);
     g_signal_fd.store(wake_pipe_[1]);
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
@@ -640,8 +647,8 @@ int Host::run(bool handle_signals, const std::function<void()>& on_ready) {
       while ((got = read(wake_pipe_[0], buf, sizeof buf)) > 0) {
         for (ssize_t i = 0; i < got; ++i) {
           if (buf[i] == SIGINT || buf[i] == SIGTERM) {
-            log(BALLAST_LOG_INFO, "host", std::string("received ") + (buf[i] == SIGINT ? "SIGINT" : "SIGTERM") +
-                                              ", stopping");
+            log(BALLAST_LOG_INFO, "host",
+                std::string("received ") + (buf[i] == SIGINT ? "SIGINT" : "SIGTERM") + ", stopping");
             stop_requested_.store(true);
           } else if (buf[i] == SIGUSR1 || buf[i] == SIGUSR2) {
             on_user_signal(buf[i]);

@@ -80,8 +80,8 @@ class Host {
   // Publish as `publisher` (filled into source.plugin); ts 0 = now.
   int publish(const ballast_event& event, const char* publisher);
   int publish_json(const std::string& topic, const std::string& json, const char* publisher);
-  int subscribe(const char* pattern, const ballast_subscribe_options* options, ballast_handler handler,
-                void* user, const char* owner, uint64_t* id);
+  int subscribe(const char* pattern, const ballast_subscribe_options* options, ballast_handler handler, void* user,
+                const char* owner, uint64_t* id);
   int unsubscribe(uint64_t id);
 
   // The interface table `name`@`version` of loaded plugin `plugin` (""
@@ -129,7 +129,7 @@ class Host {
   bool stopped_ = false;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stop_requested_{false};
-  std::atomic<size_t> plugins_loaded_{0};  // plugins_.size(), for other threads
+  std::atomic<size_t> plugins_loaded_{0};       // plugins_.size(), for other threads
   std::unique_ptr<class HostMetrics> metrics_;  // declared last: stopped first
 
   friend struct HostApiTable;

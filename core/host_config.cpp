@@ -16,9 +16,8 @@ namespace {
 
 // Every top-level key of a config file: the host's, the executor's `job`
 // (plugins/scheduler/runner) and the cluster role's `cluster` (core/cluster).
-const std::vector<std::string> kConfigKeys = {"node",      "role",       "log_level", "log_format", "bus",
-                                              "journal",   "plugins",    "policy",    "metrics",    "job",
-                                              "cluster"};
+const std::vector<std::string> kConfigKeys = {"node",    "role",   "log_level", "log_format", "bus",    "journal",
+                                              "plugins", "policy", "metrics",   "job",        "cluster"};
 
 std::string script_search(const std::string& reference, const std::string& base_dir) {
   std::error_code ec;
@@ -124,7 +123,8 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
   uint64_t threads = 0, capacity = 0;
   if (int rc = as_uint(config, "bus.dispatcher_threads", 1, 1024, &threads); rc != BALLAST_OK) return rc;
   if (int rc = as_uint(config, "bus.queue_capacity", 4096, uint64_t{1} << 30, &capacity); rc != BALLAST_OK) return rc;
-  if (threads == 0 || threads > 64) return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
+  if (threads == 0 || threads > 64)
+    return fail(BALLAST_EINVAL, "config field 'bus.dispatcher_threads': expected 1..64");
   if (capacity == 0 || capacity > (1u << 20))
     return fail(BALLAST_EINVAL, "config field 'bus.queue_capacity': expected 1..1048576");
   options.bus.dispatcher_threads = static_cast<unsigned>(threads);
@@ -165,8 +165,8 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
           optional = entry["optional"].get<bool>();
         }
       } else {
-        return fail(BALLAST_EINVAL, "config field '" + field +
-                                        "': expected a name or { path = ..., config = {...}, optional = true }");
+        return fail(BALLAST_EINVAL,
+                    "config field '" + field + "': expected a name or { path = ..., config = {...}, optional = true }");
       }
       // A plugin that cannot be used stops the host, unless it is optional.
       std::string path;
@@ -190,8 +190,11 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
         popts.fallback_action = f->get<std::string>();
       }
       uint64_t deadline = 0, memory = 0;
-      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, 3600000, &deadline); rc != BALLAST_OK) return rc;
-      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, uint64_t{1} << 20, &memory); rc != BALLAST_OK) return rc;
+      if (int rc = as_uint(*policy, "deadline_ms", popts.call_deadline_ms, 3600000, &deadline); rc != BALLAST_OK)
+        return rc;
+      if (int rc = as_uint(*policy, "memory_mb", popts.memory_limit_bytes >> 20, uint64_t{1} << 20, &memory);
+          rc != BALLAST_OK)
+        return rc;
       popts.call_deadline_ms = static_cast<uint32_t>(deadline);
       popts.memory_limit_bytes = memory << 20;
     } else {
@@ -199,8 +202,9 @@ int host_from_config(const nlohmann::json& config, const std::string& base_dir, 
     }
     bool known = false;
     for (const char* a : kRecoveryActions) known = known || popts.fallback_action == a;
-    if (!known) return fail(BALLAST_EINVAL, "config field 'policy.fallback': '" + popts.fallback_action +
-                                                "' is not a recovery action");
+    if (!known)
+      return fail(BALLAST_EINVAL,
+                  "config field 'policy.fallback': '" + popts.fallback_action + "' is not a recovery action");
     if (int rc = host->load_policy(script_search(script, base_dir), popts); rc != BALLAST_OK) return rc;
   }
 

@@ -104,8 +104,8 @@ int JournalWriter::append_batch(const ballast_event* events, size_t count) {
     frame.clear();
     encode_frame(events[i], &frame);
     if (frame.size() - kFrameHeaderSize > kMaxFrameBody)
-      return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frame.size()) +
-                                      " bytes is above the frame limit");
+      return fail(BALLAST_EINVAL,
+                  impl_->path + ": event of " + std::to_string(frame.size()) + " bytes is above the frame limit");
     frames.insert(frames.end(), frame.begin(), frame.end());
   }
   std::unique_lock<std::mutex> lock(impl_->mu);
@@ -228,8 +228,7 @@ int read_journal(const std::string& path, JournalMode mode,
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    return fail(err == ENOENT ? BALLAST_ENOTFOUND : BALLAST_EIO,
-                path + ": cannot open: " + std::strerror(err));
+    return fail(err == ENOENT ? BALLAST_ENOTFOUND : BALLAST_EIO, path + ": cannot open: " + std::strerror(err));
   }
   Window w(fd);
   int status = BALLAST_OK;
@@ -237,8 +236,8 @@ int read_journal(const std::string& path, JournalMode mode,
   std::string reason;
   for (;;) {
     if (w.want(kFrameHeaderSize) != BALLAST_OK) {
-      status = fail(BALLAST_EIO, path + ": read failed at byte " + std::to_string(w.offset()) + ": " +
-                                     std::strerror(errno));
+      status =
+          fail(BALLAST_EIO, path + ": read failed at byte " + std::to_string(w.offset()) + ": " + std::strerror(errno));
       break;
     }
     if (w.at_end()) break;
@@ -248,8 +247,8 @@ int read_journal(const std::string& path, JournalMode mode,
       std::memcpy(&length, w.data() + 8, 4);  // little endian, as written
       if (std::memcmp(w.data(), kMagic, 4) == 0 && length <= kMaxFrameBody &&
           w.want(kFrameHeaderSize + length) != BALLAST_OK) {
-        status = fail(BALLAST_EIO, path + ": read failed at byte " + std::to_string(w.offset()) + ": " +
-                                       std::strerror(errno));
+        status = fail(BALLAST_EIO,
+                      path + ": read failed at byte " + std::to_string(w.offset()) + ": " + std::strerror(errno));
         break;
       }
     }

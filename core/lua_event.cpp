@@ -10,10 +10,10 @@
 
 namespace ballast {
 
+using codec::field_ref;
 using codec::FieldDesc;
 using codec::FieldType;
 using codec::StructDesc;
-using codec::field_ref;
 
 namespace {
 
@@ -47,7 +47,7 @@ struct LuaField {
 struct LuaPlan {
   const StructDesc* desc;
   std::vector<LuaField> fields;
-  std::vector<const LuaPlan*> elem;  // per field: the plan of an array's element
+  std::vector<const LuaPlan*> elem;   // per field: the plan of an array's element
   std::vector<uint32_t> json_fields;  // indices of the JSON text fields, parsed before the call
 };
 
@@ -152,8 +152,11 @@ void push_struct(lua_State* L, const EventConversion& c, const LuaPlan& plan, co
     const LuaField& lf = plan.fields[i];
     const FieldDesc& f = *lf.field;
     switch (f.type) {
-      case FieldType::size: break;
-      case FieldType::count: set_i(L, lf.key, field_ref<uint32_t>(base, f)); break;
+      case FieldType::size:
+        break;
+      case FieldType::count:
+        set_i(L, lf.key, field_ref<uint32_t>(base, f));
+        break;
       case FieldType::u32: {
         const uint32_t v = field_ref<uint32_t>(base, f);
         if (v < f.name_count) {
@@ -163,11 +166,21 @@ void push_struct(lua_State* L, const EventConversion& c, const LuaPlan& plan, co
         }
         break;
       }
-      case FieldType::i32: set_i(L, lf.key, field_ref<int32_t>(base, f)); break;
-      case FieldType::u64: set_u(L, lf.key, field_ref<uint64_t>(base, f)); break;
-      case FieldType::i64: set_i(L, lf.key, field_ref<int64_t>(base, f)); break;
-      case FieldType::f64: set_n(L, lf.key, field_ref<double>(base, f)); break;
-      case FieldType::str: set_s(L, lf.key, field_ref<const char*>(base, f)); break;
+      case FieldType::i32:
+        set_i(L, lf.key, field_ref<int32_t>(base, f));
+        break;
+      case FieldType::u64:
+        set_u(L, lf.key, field_ref<uint64_t>(base, f));
+        break;
+      case FieldType::i64:
+        set_i(L, lf.key, field_ref<int64_t>(base, f));
+        break;
+      case FieldType::f64:
+        set_n(L, lf.key, field_ref<double>(base, f));
+        break;
+      case FieldType::str:
+        set_s(L, lf.key, field_ref<const char*>(base, f));
+        break;
       case FieldType::json_str:
         if (top) {
           set_json(L, c, lf.key, field_ref<const char*>(base, f), c.json_roots[lf.index]);
@@ -240,8 +253,8 @@ void prepare_event(const ballast_event& event, EventConversion* c) {
   }
   if (event.schema == BALLAST_SCHEMA_JSON && event.payload != nullptr && event.payload_size > 0) {
     std::string error;
-    c->payload_root = c->tape.parse(
-        std::string_view(static_cast<const char*>(event.payload), size_t(event.payload_size)), &error);
+    c->payload_root =
+        c->tape.parse(std::string_view(static_cast<const char*>(event.payload), size_t(event.payload_size)), &error);
     if (c->payload_root < 0) c->warning = "JSON payload is not valid JSON, delivered as text: " + error;
   }
 }

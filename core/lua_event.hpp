@@ -31,15 +31,15 @@ struct LuaPlan;
 
 struct EventConversion {
   const ballast_event* event = nullptr;
-  JsonTape tape;                // JSON parts, parsed before any Lua call
-  int payload_root = -1;        // tape root of a JSON payload
+  JsonTape tape;                  // JSON parts, parsed before any Lua call
+  int payload_root = -1;          // tape root of a JSON payload
   const LuaPlan* plan = nullptr;  // a well-known payload: how it becomes a table
   const void* payload = nullptr;  // ... and the whole struct (codec::whole_payload)
   codec::PayloadScratch scratch;
   std::vector<int> json_roots;  // per field of the struct: tape root of a JSON text field, or -1
   bool drop_payload = false;
-  bool built = false;           // set by the event closure
-  std::string warning;          // why a part is delivered as text, or left out
+  bool built = false;   // set by the event closure
+  std::string warning;  // why a part is delivered as text, or left out
 };
 
 // C++ side: check the payload and parse its JSON parts into conv (reused

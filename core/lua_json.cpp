@@ -4,8 +4,8 @@
 
 #include <charconv>
 #include <climits>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <new>
 
 namespace ballast {
@@ -16,8 +16,7 @@ namespace {
 // for messages, `ancestors` are the stack slots of the tables being walked.
 class Walker {
  public:
-  Walker(lua_State* L, const std::string& root, const JsonLimits& limits)
-      : L_(L), root_(root), limits_(limits) {
+  Walker(lua_State* L, const std::string& root, const JsonLimits& limits) : L_(L), root_(root), limits_(limits) {
     if (limits.shared != nullptr) {
       values_ = limits.shared->values;
       bytes_ = limits.shared->bytes;
@@ -33,8 +32,12 @@ class Walker {
       return fail("more than " + std::to_string(limits_.max_values) + " values");
     }
     switch (lua_type(L_, idx)) {
-      case LUA_TNIL: *out = nullptr; return true;
-      case LUA_TBOOLEAN: *out = lua_toboolean(L_, idx) != 0; return true;
+      case LUA_TNIL:
+        *out = nullptr;
+        return true;
+      case LUA_TBOOLEAN:
+        *out = lua_toboolean(L_, idx) != 0;
+        return true;
       case LUA_TNUMBER: {
         if (lua_isinteger(L_, idx)) {
           *out = int64_t(lua_tointeger(L_, idx));
@@ -58,7 +61,8 @@ class Walker {
           return true;
         }
         return fail("a light userdata cannot be converted");
-      case LUA_TTABLE: return table(idx, out);
+      case LUA_TTABLE:
+        return table(idx, out);
       default:
         return fail(std::string("a ") + luaL_typename(L_, idx) + " cannot be converted");
     }
@@ -118,8 +122,8 @@ class Walker {
       } else if (kt == LUA_TSTRING) {
         ++n_str;
       } else {
-        std::string key = kt == LUA_TNUMBER ? std::to_string(lua_tonumber(L_, -2))
-                                            : std::string("of type ") + luaL_typename(L_, -2);
+        std::string key =
+            kt == LUA_TNUMBER ? std::to_string(lua_tonumber(L_, -2)) : std::string("of type ") + luaL_typename(L_, -2);
         lua_pop(L_, 2);
         return fail("key " + key + " is neither a string nor a positive integer");
       }
@@ -173,8 +177,8 @@ class Walker {
 
 }  // namespace
 
-bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimits& limits,
-                 nlohmann::json* out, std::string* error) {
+bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimits& limits, nlohmann::json* out,
+                 std::string* error) {
   int top = lua_gettop(L);
   idx = lua_absindex(L, idx);
   bool ok = false;
@@ -211,8 +215,7 @@ struct JsonTape::Parser {
       }
     }
     if (error != nullptr) {
-      *error = std::string("JSON: ") + what + " at line " + std::to_string(line) + ", column " +
-               std::to_string(column);
+      *error = std::string("JSON: ") + what + " at line " + std::to_string(line) + ", column " + std::to_string(column);
     }
     return false;
   }
@@ -232,13 +235,20 @@ struct JsonTape::Parser {
     skip_space();
     if (p == end) return fail("unexpected end");
     switch (*p) {
-      case '{': return container(depth, kObject, '}');
-      case '[': return container(depth, kArray, ']');
-      case '"': return string();
-      case 't': return literal("true", kTrue);
-      case 'f': return literal("false", kFalse);
-      case 'n': return literal("null", kNull);
-      default: return number();
+      case '{':
+        return container(depth, kObject, '}');
+      case '[':
+        return container(depth, kArray, ']');
+      case '"':
+        return string();
+      case 't':
+        return literal("true", kTrue);
+      case 'f':
+        return literal("false", kFalse);
+      case 'n':
+        return literal("null", kNull);
+      default:
+        return number();
     }
   }
 
@@ -352,14 +362,30 @@ struct JsonTape::Parser {
       if (*p != '\\') return fail("control character in a string");
       if (++p == end) return fail("unterminated string");
       switch (*p++) {
-        case '"': s += '"'; break;
-        case '\\': s += '\\'; break;
-        case '/': s += '/'; break;
-        case 'b': s += '\b'; break;
-        case 'f': s += '\f'; break;
-        case 'n': s += '\n'; break;
-        case 'r': s += '\r'; break;
-        case 't': s += '\t'; break;
+        case '"':
+          s += '"';
+          break;
+        case '\\':
+          s += '\\';
+          break;
+        case '/':
+          s += '/';
+          break;
+        case 'b':
+          s += '\b';
+          break;
+        case 'f':
+          s += '\f';
+          break;
+        case 'n':
+          s += '\n';
+          break;
+        case 'r':
+          s += '\r';
+          break;
+        case 't':
+          s += '\t';
+          break;
         case 'u': {
           uint32_t cp = 0;
           if (!hex4(&cp)) return false;
@@ -376,7 +402,9 @@ struct JsonTape::Parser {
           utf8(cp);
           break;
         }
-        default: --p; return fail("invalid escape");
+        default:
+          --p;
+          return fail("invalid escape");
       }
     }
     if (s.size() > UINT32_MAX) return fail("text too large");
@@ -467,13 +495,25 @@ int JsonTape::parse(std::string_view text, std::string* error) {
 size_t JsonTape::push_value(lua_State* L, size_t i) const {
   const Token& t = tokens_[i];
   switch (t.kind) {
-    case kNull: LuaSandbox::push_null(L); return i + 1;
-    case kFalse: lua_pushboolean(L, 0); return i + 1;
-    case kTrue: lua_pushboolean(L, 1); return i + 1;
-    case kInteger: lua_pushinteger(L, lua_Integer(t.integer)); return i + 1;
-    case kFloat: lua_pushnumber(L, t.number); return i + 1;
+    case kNull:
+      LuaSandbox::push_null(L);
+      return i + 1;
+    case kFalse:
+      lua_pushboolean(L, 0);
+      return i + 1;
+    case kTrue:
+      lua_pushboolean(L, 1);
+      return i + 1;
+    case kInteger:
+      lua_pushinteger(L, lua_Integer(t.integer));
+      return i + 1;
+    case kFloat:
+      lua_pushnumber(L, t.number);
+      return i + 1;
     case kString:
-    case kView: push_string(L, t); return i + 1;
+    case kView:
+      push_string(L, t);
+      return i + 1;
     case kObject: {
       lua_createtable(L, 0, int(std::min<uint32_t>(t.count, INT_MAX)));
       size_t j = i + 1;

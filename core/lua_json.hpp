@@ -45,8 +45,8 @@ struct JsonLimits {
 
 // Convert the value at `idx`. On failure *error is "<path>: <why>" (path
 // starting with `root`, e.g. "args"). Never raises a Lua error.
-bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimits& limits,
-                 nlohmann::json* out, std::string* error);
+bool lua_to_json(lua_State* L, int idx, const std::string& root, const JsonLimits& limits, nlohmann::json* out,
+                 std::string* error);
 
 // Parsed JSON values, ready to be pushed as Lua values. Reused across calls:
 // clear() keeps the capacity.
@@ -69,7 +69,7 @@ class JsonTape {
   enum Kind : uint8_t { kNull, kFalse, kTrue, kInteger, kFloat, kString, kView, kObject, kArray };
   struct Token {
     Kind kind;
-    uint32_t count;   // kObject: members, kArray: elements
+    uint32_t count;  // kObject: members, kArray: elements
     union {
       int64_t integer;
       double number;

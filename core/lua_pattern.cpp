@@ -26,18 +26,41 @@ unsigned char uc(char c) { return static_cast<unsigned char>(c); }
 bool class_matches(unsigned char c, unsigned char cl) {
   bool in;
   switch (std::tolower(cl)) {
-    case 'a': in = std::isalpha(c); break;
-    case 'c': in = std::iscntrl(c); break;
-    case 'd': in = std::isdigit(c); break;
-    case 'g': in = std::isgraph(c); break;
-    case 'l': in = std::islower(c); break;
-    case 'p': in = std::ispunct(c); break;
-    case 's': in = std::isspace(c); break;
-    case 'u': in = std::isupper(c); break;
-    case 'w': in = std::isalnum(c); break;
-    case 'x': in = std::isxdigit(c); break;
-    case 'z': in = c == 0; break;  // deprecated in Lua 5.2, still there in 5.4
-    default: return cl == c;
+    case 'a':
+      in = std::isalpha(c);
+      break;
+    case 'c':
+      in = std::iscntrl(c);
+      break;
+    case 'd':
+      in = std::isdigit(c);
+      break;
+    case 'g':
+      in = std::isgraph(c);
+      break;
+    case 'l':
+      in = std::islower(c);
+      break;
+    case 'p':
+      in = std::ispunct(c);
+      break;
+    case 's':
+      in = std::isspace(c);
+      break;
+    case 'u':
+      in = std::isupper(c);
+      break;
+    case 'w':
+      in = std::isalnum(c);
+      break;
+    case 'x':
+      in = std::isxdigit(c);
+      break;
+    case 'z':
+      in = c == 0;
+      break;  // deprecated in Lua 5.2, still there in 5.4
+    default:
+      return cl == c;
   }
   return std::isupper(cl) ? !in : in;
 }
@@ -123,10 +146,14 @@ struct Matcher {
   bool single(const char* s, const char* p, const char* ep) const {
     if (s >= subject_end) return false;
     switch (*p) {
-      case '.': return true;
-      case '%': return class_matches(uc(*s), uc(p[1]));
-      case '[': return set_matches(uc(*s), p, ep - 1);
-      default: return *p == *s;
+      case '.':
+        return true;
+      case '%':
+        return class_matches(uc(*s), uc(p[1]));
+      case '[':
+        return set_matches(uc(*s), p, ep - 1);
+      default:
+        return *p == *s;
     }
   }
 
@@ -144,7 +171,8 @@ struct Matcher {
         case '(':
           if (p + 1 < pattern_end && p[1] == ')') return open_capture(s, p + 2, kPosition);
           return open_capture(s, p + 1, kUnfinished);
-        case ')': return close_capture(s, p + 1);
+        case ')':
+          return close_capture(s, p + 1);
         case '$':
           if (p + 1 == pattern_end) return s == subject_end ? s : nullptr;
           break;  // a '$' elsewhere is itself
@@ -173,7 +201,8 @@ struct Matcher {
             continue;
           }
           break;
-        default: break;
+        default:
+          break;
       }
       const char* ep = class_end(p);
       char repeat = ep < pattern_end ? *ep : '\0';
@@ -472,8 +501,8 @@ int bounded_gsub(lua_State* L) {
   const char* p = luaL_checklstring(L, 2, &lp);
   int kind = lua_type(L, 3);
   lua_Integer max = luaL_optinteger(L, 4, lua_Integer(ls) + 1);
-  luaL_argexpected(L, kind == LUA_TNUMBER || kind == LUA_TSTRING || kind == LUA_TFUNCTION || kind == LUA_TTABLE,
-                   3, "string/function/table");
+  luaL_argexpected(L, kind == LUA_TNUMBER || kind == LUA_TSTRING || kind == LUA_TFUNCTION || kind == LUA_TTABLE, 3,
+                   "string/function/table");
   bool anchor = lp > 0 && p[0] == '^';
   if (anchor) {
     ++p;

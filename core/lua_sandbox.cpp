@@ -431,8 +431,8 @@ int open_libraries(lua_State* L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &kBaseKey);
 
   copy_fields(L, G, base,
-              {"assert", "error", "getmetatable", "ipairs", "next", "pairs", "pcall", "rawequal",
-               "rawget", "rawlen", "select", "tonumber", "tostring", "type", "_VERSION"});
+              {"assert", "error", "getmetatable", "ipairs", "next", "pairs", "pcall", "rawequal", "rawget", "rawlen",
+               "select", "tonumber", "tostring", "type", "_VERSION"});
   lua_pushcfunction(L, sb_setmetatable);
   lua_setfield(L, base, "setmetatable");
   lua_pushcfunction(L, sb_rawset);
@@ -546,9 +546,8 @@ int install_library(lua_State* L) {
 }
 
 int traceback(lua_State* L) {
-  const char* msg = lua_isstring(L, 1)
-                        ? lua_tostring(L, 1)
-                        : lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  const char* msg =
+      lua_isstring(L, 1) ? lua_tostring(L, 1) : lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   luaL_traceback(L, L, msg, 1);
   return 1;
 }
@@ -557,11 +556,16 @@ int traceback(lua_State* L) {
 
 int lua_failure_status(LuaFailure failure) {
   switch (failure) {
-    case LuaFailure::none: return BALLAST_OK;
-    case LuaFailure::syntax: return BALLAST_EFORMAT;
-    case LuaFailure::runtime: return BALLAST_EINVAL;
-    case LuaFailure::deadline: return BALLAST_ETIMEDOUT;
-    case LuaFailure::memory: return BALLAST_ENOMEM;
+    case LuaFailure::none:
+      return BALLAST_OK;
+    case LuaFailure::syntax:
+      return BALLAST_EFORMAT;
+    case LuaFailure::runtime:
+      return BALLAST_EINVAL;
+    case LuaFailure::deadline:
+      return BALLAST_ETIMEDOUT;
+    case LuaFailure::memory:
+      return BALLAST_ENOMEM;
   }
   return BALLAST_EINTERNAL;
 }
@@ -573,8 +577,8 @@ int read_script_file(const std::string& path, const std::string& what, std::stri
     return fail(BALLAST_ENOTFOUND, what + ": cannot read '" + path + "': no such file");
   }
   if (ec || !std::filesystem::is_regular_file(st)) {
-    return fail(BALLAST_EIO, what + ": cannot read '" + path + "': " +
-                                 (ec ? ec.message() : std::string("not a regular file")));
+    return fail(BALLAST_EIO,
+                what + ": cannot read '" + path + "': " + (ec ? ec.message() : std::string("not a regular file")));
   }
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
@@ -740,9 +744,7 @@ void LuaSandbox::on_watchdog_signal(int) {
   }
 }
 
-void LuaSandbox::hook_coroutine(lua_State* co) {
-  lua_sethook(co, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery);
-}
+void LuaSandbox::hook_coroutine(lua_State* co) { lua_sethook(co, &LuaSandbox::hook, LUA_MASKCOUNT, kHookEvery); }
 
 // No hook until the watchdog's signal (lazy), or one every kHookEvery
 // instructions.
@@ -769,8 +771,8 @@ LuaFailure LuaSandbox::classify(int status) {
 void LuaSandbox::describe(LuaFailure failure, std::string* error) {
   size_t len = 0;
   const char* msg = lua_type(L_, -1) == LUA_TSTRING ? lua_tolstring(L_, -1, &len) : nullptr;
-  std::string text = msg != nullptr ? std::string(msg, len)
-                                    : std::string("(error object is a ") + luaL_typename(L_, -1) + " value)";
+  std::string text =
+      msg != nullptr ? std::string(msg, len) : std::string("(error object is a ") + luaL_typename(L_, -1) + " value)";
   lua_pop(L_, 1);
   if (failure == LuaFailure::memory) {
     text = "memory limit of " + std::to_string(limits_.memory_limit_bytes) + " bytes reached: " + text;
@@ -795,14 +797,12 @@ LuaFailure LuaSandbox::protect(lua_CFunction fn, void* ud, int nresults, std::st
   return f;
 }
 
-LuaFailure LuaSandbox::add_library(const char* name, lua_CFunction builder, void* ud,
-                                   std::string* error) {
+LuaFailure LuaSandbox::add_library(const char* name, lua_CFunction builder, void* ud, std::string* error) {
   LibraryArgs args{name, builder, ud};
   return protect(install_library, &args, 0, error);
 }
 
-LuaFailure LuaSandbox::load(std::string_view source, const std::string& chunkname,
-                            std::string* error) {
+LuaFailure LuaSandbox::load(std::string_view source, const std::string& chunkname, std::string* error) {
   lua_rawgetp(L_, LUA_REGISTRYINDEX, &kEnvKey);
   bool has_env = !lua_isnil(L_, -1);
   lua_pop(L_, 1);

@@ -47,8 +47,8 @@
 namespace ballast {
 
 struct LuaLimits {
-  uint32_t deadline_ms = 100;              // wall clock per call()
-  uint64_t memory_limit_bytes = 64u << 20; // cap of the whole state
+  uint32_t deadline_ms = 100;               // wall clock per call()
+  uint64_t memory_limit_bytes = 64u << 20;  // cap of the whole state
 };
 
 // Why a protected call failed.

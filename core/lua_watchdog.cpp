@@ -24,9 +24,9 @@ struct Watchdog {
   void run() {
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
-      int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now().time_since_epoch())
-                        .count();
+      int64_t now =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
       uint32_t shortest = UINT32_MAX;
       for (WatchedCall* c : calls) {
         shortest = std::min(shortest, c->deadline_ms);
@@ -37,8 +37,8 @@ struct Watchdog {
           c->seen_at_ns = now;
           if (!c->interrupted.load(std::memory_order_relaxed)) continue;
         }
-        bool due = now - c->seen_at_ns >= int64_t(c->deadline_ms) * 1000000 ||
-                   c->interrupted.load(std::memory_order_relaxed);
+        bool due =
+            now - c->seen_at_ns >= int64_t(c->deadline_ms) * 1000000 || c->interrupted.load(std::memory_order_relaxed);
         if (!due || c->expired.load(std::memory_order_relaxed) == r) {
           continue;
         }
@@ -104,12 +104,11 @@ bool install_watchdog_handler(void (*handler)(int)) {
   Watchdog& w = watchdog();
   static std::once_flag once;
   std::call_once(once, [&] {
-    struct sigaction old{};
+    struct sigaction old {};
     if (sigaction(WatchedCall::kSignal, nullptr, &old) != 0) return;
-    bool free_to_take = !(old.sa_flags & SA_SIGINFO) &&
-                        (old.sa_handler == SIG_DFL || old.sa_handler == SIG_IGN);
+    bool free_to_take = !(old.sa_flags & SA_SIGINFO) && (old.sa_handler == SIG_DFL || old.sa_handler == SIG_IGN);
     if (!free_to_take) return;
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = handler;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);

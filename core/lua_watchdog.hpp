@@ -32,14 +32,14 @@ namespace ballast {
 struct WatchedCall {
   static constexpr int kSignal = SIGURG;  // ignored by default, rarely used
 
-  std::atomic<uint64_t> running{0};  // sequence number of the call in progress; 0: none
-  std::atomic<uint64_t> expired{0};  // the last sequence number past its deadline
+  std::atomic<uint64_t> running{0};      // sequence number of the call in progress; 0: none
+  std::atomic<uint64_t> expired{0};      // the last sequence number past its deadline
   std::atomic<bool> interrupted{false};  // every call is past its deadline (interrupt())
-  pthread_t thread{};                // the caller, written before `running`
-  uint32_t deadline_ms = 0;          // set before watch()
-  uint64_t next_seq = 1;             // the caller's
-  uint64_t seen = 0;                 // the watchdog's: the call it last saw
-  int64_t seen_at_ns = 0;            // and when it first saw it
+  pthread_t thread{};                    // the caller, written before `running`
+  uint32_t deadline_ms = 0;              // set before watch()
+  uint64_t next_seq = 1;                 // the caller's
+  uint64_t seen = 0;                     // the watchdog's: the call it last saw
+  int64_t seen_at_ns = 0;                // and when it first saw it
 
   // Returns the call this one runs inside (a re-entered state), for end().
   uint64_t begin() {

@@ -5,8 +5,8 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <dlfcn.h>
-#include <link.h>
 #include <elf.h>
+#include <link.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -36,9 +36,7 @@ Registry& registry() {
   return *r;
 }
 
-std::string refused(const std::string& path, const std::string& why) {
-  return "plugin " + path + " refused: " + why;
-}
+std::string refused(const std::string& path, const std::string& why) { return "plugin " + path + " refused: " + why; }
 
 bool valid_plugin_name(const char* name) {
   if (name == nullptr || *name == '\0' || std::strlen(name) > 64) return false;
@@ -194,30 +192,27 @@ int load_plugin_file(const std::string& path_in, PluginFile* out) {
   }
 
   if (!library->has(BALLAST_PLUGIN_ENTRY))
-    return fail(BALLAST_ENOTFOUND,
-                refused(path, std::string("no symbol ") + BALLAST_PLUGIN_ENTRY +
-                                  " (not a Ballast plugin, or built for another ABI major)"));
+    return fail(BALLAST_ENOTFOUND, refused(path, std::string("no symbol ") + BALLAST_PLUGIN_ENTRY +
+                                                     " (not a Ballast plugin, or built for another ABI major)"));
   auto entry = library->get<const ballast_plugin_descriptor*(uint32_t)>(BALLAST_PLUGIN_ENTRY);
 
   // The symbol must be the plugin's own, not one a dependency exports.
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(entry), &info) == 0 || info.dli_fname == nullptr ||
       fs::canonical(info.dli_fname, ec) != canonical)
-    return fail(BALLAST_EFORMAT,
-                refused(path, std::string(BALLAST_PLUGIN_ENTRY) + " is defined in " +
-                                  (info.dli_fname ? info.dli_fname : "an unknown object") +
-                                  ", not in the plugin file itself"));
+    return fail(BALLAST_EFORMAT, refused(path, std::string(BALLAST_PLUGIN_ENTRY) + " is defined in " +
+                                                   (info.dli_fname ? info.dli_fname : "an unknown object") +
+                                                   ", not in the plugin file itself"));
 
   // Negotiation: the first and only call before the descriptor is validated.
   const ballast_plugin_descriptor* d = entry(BALLAST_ABI_MINOR);
   if (d == nullptr)
-    return fail(BALLAST_EVERSION,
-                refused(path, "the plugin declined ABI 1." + std::to_string(BALLAST_ABI_MINOR) +
-                                  " (it needs a newer host)"));
+    return fail(BALLAST_EVERSION, refused(path, "the plugin declined ABI 1." + std::to_string(BALLAST_ABI_MINOR) +
+                                                    " (it needs a newer host)"));
   if (d->size < BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE)
-    return fail(BALLAST_EFORMAT, refused(path, "descriptor size " + std::to_string(d->size) +
-                                                   " is smaller than the required " +
-                                                   std::to_string(BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE)));
+    return fail(BALLAST_EFORMAT,
+                refused(path, "descriptor size " + std::to_string(d->size) + " is smaller than the required " +
+                                  std::to_string(BALLAST_PLUGIN_DESCRIPTOR_V1_SIZE)));
   if (d->abi_major != BALLAST_ABI_MAJOR)
     return fail(BALLAST_EVERSION, refused(path, "descriptor abi_major is " + std::to_string(d->abi_major) +
                                                     ", this host serves " + std::to_string(BALLAST_ABI_MAJOR)));

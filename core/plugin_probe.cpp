@@ -7,12 +7,12 @@
 #include <ballast/status.h>
 
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstdlib>
@@ -34,9 +34,14 @@ nlohmann::json inspect(const std::string& path, bool with_commands) {
   if (load_plugin_file(path, &f) != BALLAST_OK) return {{"error", last_error()}};
   nlohmann::json interfaces = nlohmann::json::array();
   for (const auto& i : f.interfaces) interfaces.push_back({i.name, i.version});
-  nlohmann::json j = {{"path", f.path},       {"name", f.name},   {"version", f.version},
-                      {"kind", f.kind},       {"description", f.description},
-                      {"abi_major", f.abi_major}, {"abi_minor", f.abi_minor}, {"interfaces", interfaces}};
+  nlohmann::json j = {{"path", f.path},
+                      {"name", f.name},
+                      {"version", f.version},
+                      {"kind", f.kind},
+                      {"description", f.description},
+                      {"abi_major", f.abi_major},
+                      {"abi_minor", f.abi_minor},
+                      {"interfaces", interfaces}};
   if (with_commands && f.offers(BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION)) {
     nlohmann::json commands = nlohmann::json::array();
     std::string error;
@@ -61,8 +66,8 @@ nlohmann::json inspect(const std::string& path, bool with_commands) {
   try {
     text = inspect(path, with_commands).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   } catch (const std::exception& e) {
-    text = nlohmann::json{{"error", "plugin " + path + ": " + e.what()}}.dump(
-        -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    text = nlohmann::json{{"error", "plugin " + path + ": " + e.what()}}.dump(-1, ' ', false,
+                                                                              nlohmann::json::error_handler_t::replace);
   }
   text += '\n';
   for (size_t off = 0; off < text.size();) {
@@ -173,8 +178,10 @@ std::vector<PluginProbe> probe_plugin_files(const std::vector<std::string>& file
       Child& c = children[which[k]];
       char buf[4096];
       const ssize_t n = read(c.fd, buf, sizeof buf);
-      if (n > 0 && c.text.size() < (1u << 20)) c.text.append(buf, size_t(n));
-      else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) c.eof = true;
+      if (n > 0 && c.text.size() < (1u << 20))
+        c.text.append(buf, size_t(n));
+      else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+        c.eof = true;
     }
   }
   for (size_t i = 0; i < children.size(); ++i) {

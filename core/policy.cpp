@@ -153,14 +153,13 @@ bool read_action(lua_State* L, int idx, PolicyAction* a, std::string* why, const
 
 // A handler's return value at idx: nil or false (no action), an action
 // table, or a list of them. Raw reads only.
-bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<PolicyAction>* out,
-                 std::string* why, const JsonLimits& limits) {
+bool read_result(lua_State* L, int idx, std::string_view topic, std::vector<PolicyAction>* out, std::string* why,
+                 const JsonLimits& limits) {
   idx = lua_absindex(L, idx);
   int t = lua_type(L, idx);
   if (t == LUA_TNIL || (t == LUA_TBOOLEAN && !lua_toboolean(L, idx))) return true;
   if (t != LUA_TTABLE) {
-    *why = std::string("a handler returns nil, an action table or a list of them, not a ") +
-           lua_typename(L, t);
+    *why = std::string("a handler returns nil, an action table or a list of them, not a ") + lua_typename(L, t);
     return false;
   }
   lua_pushnil(L);
@@ -213,8 +212,8 @@ struct PolicyRuntime {
   struct Handler {
     std::string pattern;
     TopicMatcher matcher;  // points into pattern
-    int ref;                // the function in the registry
-    std::string where;      // file:line of its definition
+    int ref;               // the function in the registry
+    std::string where;     // file:line of its definition
   };
 
   std::string path;
@@ -222,8 +221,8 @@ struct PolicyRuntime {
   PolicyOptions options;
   std::unique_ptr<LuaSandbox> sandbox;
   std::vector<Handler> handlers;
-  bool loading = false;      // the script's top level is running
-  PolicySink* sink = nullptr;  // set while handle() runs
+  bool loading = false;                                   // the script's top level is running
+  PolicySink* sink = nullptr;                             // set while handle() runs
   std::vector<std::pair<int, std::string>> pending_logs;  // logged at load time
   // Message of a failure in a Lua C function, raised after the C++ work is
   // done (a member: the longjmp never skips its destructor).
@@ -338,9 +337,7 @@ struct PolicyRuntime {
   }
 };
 
-PolicyRuntime* impl_of(lua_State* L) {
-  return static_cast<PolicyRuntime*>(lua_touserdata(L, lua_upvalueindex(1)));
-}
+PolicyRuntime* impl_of(lua_State* L) { return static_cast<PolicyRuntime*>(lua_touserdata(L, lua_upvalueindex(1))); }
 
 // ballast.on(pattern, fn): at the top level only (the host subscribes to
 // patterns() once the script has loaded).
@@ -393,9 +390,8 @@ int l_log(lua_State* L) {
 }
 
 int l_now(lua_State* L) {
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::system_clock::now().time_since_epoch())
-                .count();
+  auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   lua_pushnumber(L, double(ns) / 1e9);
   return 1;
 }
@@ -437,8 +433,8 @@ int Policy::load(const std::string& path, PolicyOptions options, std::unique_ptr
   std::string name = options.name.empty() ? std::filesystem::path(path).stem().string() : options.name;
   std::string what = "policy " + name;
   if (!is_action(options.fallback_action)) {
-    return fail(BALLAST_EINVAL, what + ": fallback action '" + options.fallback_action +
-                                    "' is not one of " + action_names());
+    return fail(BALLAST_EINVAL,
+                what + ": fallback action '" + options.fallback_action + "' is not one of " + action_names());
   }
   std::string source;
   if (int rc = read_script_file(path, what, &source); rc != BALLAST_OK) return rc;
@@ -490,8 +486,7 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
   Impl& m = *impl_;
   const char* topic = event.topic != nullptr ? event.topic : "";
   if (m.sink != nullptr) {  // a sink that delivers back into this policy
-    sink.on_error("policy " + m.name + ": handle() called from inside a handler; event '" + topic +
-                  "' not handled");
+    sink.on_error("policy " + m.name + ": handle() called from inside a handler; event '" + topic + "' not handled");
     return 0;
   }
   if (m.stopping.load(std::memory_order_relaxed)) {
@@ -578,10 +573,8 @@ int Policy::handle(const ballast_event& event, PolicySink& sink) {
       if (!ok) f = LuaFailure::runtime;
     }
     if (f != LuaFailure::none) {
-      std::string msg = "policy " + m.name + ": handler for '" + h.pattern + "' (" + h.where +
-                        ") on '" + topic + "' " +
-                        (called ? "returned an invalid action: " : "failed: ") +
-                        error;
+      std::string msg = "policy " + m.name + ": handler for '" + h.pattern + "' (" + h.where + ") on '" + topic + "' " +
+                        (called ? "returned an invalid action: " : "failed: ") + error;
       sink.on_error(msg);
       if (first_error.empty()) first_error = error;
       continue;

@@ -33,23 +33,23 @@
 
 namespace ballast {
 
-inline const char* const kRecoveryActions[] = {"restart", "evict",  "replace", "rollback",
-                                                "checkpoint_now", "pause", "escalate"};
+inline const char* const kRecoveryActions[] = {"restart",        "evict", "replace", "rollback",
+                                               "checkpoint_now", "pause", "escalate"};
 
 struct PolicyOptions {
-  std::string name;                         // for messages; default: the file's stem
-  std::string fallback_action = "escalate"; // published when a call fails
-  uint32_t call_deadline_ms = 100;          // wall clock per handler call
-  uint64_t memory_limit_bytes = 64u << 20;  // cap of the Lua state
+  std::string name;                          // for messages; default: the file's stem
+  std::string fallback_action = "escalate";  // published when a call fails
+  uint32_t call_deadline_ms = 100;           // wall clock per handler call
+  uint64_t memory_limit_bytes = 64u << 20;   // cap of the Lua state
 };
 
 struct PolicyAction {
-  std::string action;      // one of kRecoveryActions
-  std::string subject;     // node/rank, may be empty
+  std::string action;   // one of kRecoveryActions
+  std::string subject;  // node/rank, may be empty
   std::string reason;
-  std::string args_json;   // JSON object text, "{}" when none
-  std::string cause_topic; // topic of the event that triggered it
-  bool fallback = false;   // true when produced by the fallback rule
+  std::string args_json;    // JSON object text, "{}" when none
+  std::string cause_topic;  // topic of the event that triggered it
+  bool fallback = false;    // true when produced by the fallback rule
 };
 
 // What a policy does to the world; the policy plugin implements it (publish

@@ -119,9 +119,7 @@ class OutboxSink : public PolicySink {
     const std::string topic = event.view().topic;
     if (!outbox_.push(std::move(event))) log(BALLAST_LOG_WARN, "stopped: " + topic + " not published");
   }
-  void log(int level, const std::string& message) {
-    host_->log(host_, level, (policy_ + ": " + message).c_str());
-  }
+  void log(int level, const std::string& message) { host_->log(host_, level, (policy_ + ": " + message).c_str()); }
 
   const ballast_host_api* host_;
   Outbox& outbox_;
@@ -168,8 +166,8 @@ struct PolicyPlugin {
     for (size_t i = 0; i < patterns.size(); ++i) {
       bool covered = false;
       for (size_t j = 0; j < patterns.size() && !covered; ++j)
-        covered = i != j && pattern_covers(patterns[j], patterns[i]) &&
-                  !(pattern_covers(patterns[i], patterns[j]) && j > i);
+        covered =
+            i != j && pattern_covers(patterns[j], patterns[i]) && !(pattern_covers(patterns[i], patterns[j]) && j > i);
       if (covered) continue;
       uint64_t id = 0;
       if (int rc = host->subscribe(host, patterns[i].c_str(), &queued, on_event, this, &id); rc != BALLAST_OK)
@@ -206,7 +204,8 @@ int config_uint(const ballast_host_api* host, const char* key, uint64_t fallback
   char* end = nullptr;
   const unsigned long long v = std::strtoull(value, &end, 10);
   if (end == value || *end != '\0' || value[0] == '-') {
-    host->set_error(host, (std::string("config key '") + key + "': expected a non-negative integer, got " + value).c_str());
+    host->set_error(host,
+                    (std::string("config key '") + key + "': expected a non-negative integer, got " + value).c_str());
     return BALLAST_EINVAL;
   }
   *out = v;
@@ -254,17 +253,28 @@ void policy_stop(void* state) {
 void policy_destroy(void* state) {
   auto* p = static_cast<PolicyPlugin*>(state);
   if (const uint64_t skipped = p->policy->skipped(); skipped > 0) {
-    const std::string why = p->policy->name() + ": " + std::to_string(skipped) +
-                            " queued event(s) not handled: the host stopped";
+    const std::string why =
+        p->policy->name() + ": " + std::to_string(skipped) + " queued event(s) not handled: the host stopped";
     p->host->log(p->host, BALLAST_LOG_WARN, why.c_str());
   }
   delete p;
 }
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "policy", "built in", "policy",
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "policy",
+    "built in",
+    "policy",
     "the Lua recovery policy: runs the script's handlers on the events they watch",
-    policy_create, policy_start, policy_stop, policy_destroy, nullptr, nullptr};
+    policy_create,
+    policy_start,
+    policy_stop,
+    policy_destroy,
+    nullptr,
+    nullptr};
 
 }  // namespace
 

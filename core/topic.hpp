@@ -31,9 +31,12 @@ struct TopicMatcher {
   static TopicMatcher of(std::string_view valid_pattern);
   bool matches(std::string_view topic) const {
     switch (kind) {
-      case Kind::all: return true;
-      case Kind::exact: return topic == text;
-      case Kind::prefix: return topic.size() > text.size() && topic.substr(0, text.size()) == text;
+      case Kind::all:
+        return true;
+      case Kind::exact:
+        return topic == text;
+      case Kind::prefix:
+        return topic.size() > text.size() && topic.substr(0, text.size()) == text;
     }
     return false;
   }

@@ -1,14 +1,14 @@
 /* Ballast C ABI: everything, for convenience. */
 #ifndef BALLAST_H
 #define BALLAST_H
-#include "status.h"
+#include "comm.h"
+#include "command.h"
 #include "event.h"
 #include "events.h"
-#include "plugin.h"
-#include "command.h"
 #include "host.h"
-#include "comm.h"
-#include "trace.h"
+#include "plugin.h"
 #include "scheduler.h"
 #include "startup.h"
+#include "status.h"
+#include "trace.h"
 #endif

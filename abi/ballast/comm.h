@@ -67,7 +67,7 @@ enum ballast_comm_dtype {
   BALLAST_DT_BF16 = 3, /* bfloat16; reduced in float, rounded to nearest even */
   BALLAST_DT_I32 = 4,
   BALLAST_DT_I64 = 5,
-  BALLAST_DT_U8 = 6,   /* sum and prod wrap modulo 256 */
+  BALLAST_DT_U8 = 6, /* sum and prod wrap modulo 256 */
   BALLAST_DT_COUNT = 7
 };
 
@@ -87,8 +87,8 @@ static inline uint32_t ballast_dtype_size(uint32_t dtype) {
 
 /* Short stable names ("allreduce", "f32", "sum"); "?" when unknown. Any thread. */
 static inline const char* ballast_op_name(uint32_t op) {
-  static const char* const names[] = {"none", "allreduce", "broadcast", "reduce", "allgather",
-                                      "reduce_scatter", "alltoall", "send", "recv", "barrier"};
+  static const char* const names[] = {"none",           "allreduce", "broadcast", "reduce", "allgather",
+                                      "reduce_scatter", "alltoall",  "send",      "recv",   "barrier"};
   return op < sizeof names / sizeof names[0] ? names[op] : "?";
 }
 static inline const char* ballast_dtype_name(uint32_t dtype) {
@@ -107,16 +107,16 @@ enum ballast_comm_flags {
 /* How to create a world communicator. Zero/NULL/-1 fields take the
  * environment, then the default. Read only during init(). */
 typedef struct ballast_comm_config {
-  uint32_t size;            /* sizeof(ballast_comm_config) */
-  uint32_t flags;           /* enum ballast_comm_flags; env BALLAST_TRACE=0 sets NO_TRACE */
-  int32_t rank;             /* -1: env RANK */
-  int32_t nranks;           /* 0: env WORLD_SIZE */
-  const char* master_addr;  /* NULL: env MASTER_ADDR, else "127.0.0.1" */
-  int32_t master_port;      /* 0: env MASTER_PORT, else 29500; rank 0 listens there */
+  uint32_t size;           /* sizeof(ballast_comm_config) */
+  uint32_t flags;          /* enum ballast_comm_flags; env BALLAST_TRACE=0 sets NO_TRACE */
+  int32_t rank;            /* -1: env RANK */
+  int32_t nranks;          /* 0: env WORLD_SIZE */
+  const char* master_addr; /* NULL: env MASTER_ADDR, else "127.0.0.1" */
+  int32_t master_port;     /* 0: env MASTER_PORT, else 29500; rank 0 listens there */
   int32_t reserved;
-  int64_t timeout_ns;       /* default deadline of an operation; 0: env BALLAST_COMM_TIMEOUT_MS, else 300 s */
-  int64_t init_timeout_ns;  /* deadline of init (bootstrap); 0: the same as timeout_ns */
-  const char* trace_dir;    /* NULL: env BALLAST_TRACE_DIR, else /dev/shm */
+  int64_t timeout_ns;      /* default deadline of an operation; 0: env BALLAST_COMM_TIMEOUT_MS, else 300 s */
+  int64_t init_timeout_ns; /* deadline of init (bootstrap); 0: the same as timeout_ns */
+  const char* trace_dir;   /* NULL: env BALLAST_TRACE_DIR, else /dev/shm */
 } ballast_comm_config;
 #define BALLAST_COMM_CONFIG_V1_SIZE BALLAST_SIZE_TO(ballast_comm_config, trace_dir)
 
@@ -124,28 +124,28 @@ typedef struct ballast_comm_config {
  * until the request completes; the plugin keeps no pointer afterwards.
  * Host memory for the UCX plugin, device memory for the NCCL plugin. */
 typedef struct ballast_comm_args {
-  uint32_t size;        /* sizeof(ballast_comm_args) */
-  uint32_t op;          /* enum ballast_comm_op */
-  uint32_t dtype;       /* enum ballast_comm_dtype */
-  uint32_t redop;       /* enum ballast_comm_redop (allreduce, reduce, reduce_scatter) */
-  const void* sendbuf;  /* may equal recvbuf (in place) except for alltoall */
+  uint32_t size;       /* sizeof(ballast_comm_args) */
+  uint32_t op;         /* enum ballast_comm_op */
+  uint32_t dtype;      /* enum ballast_comm_dtype */
+  uint32_t redop;      /* enum ballast_comm_redop (allreduce, reduce, reduce_scatter) */
+  const void* sendbuf; /* may equal recvbuf (in place) except for alltoall */
   void* recvbuf;
-  uint64_t count;       /* elements, as the op's comment in enum ballast_comm_op says */
-  int32_t root;         /* root of broadcast/reduce, peer of send/recv; else ignored */
+  uint64_t count; /* elements, as the op's comment in enum ballast_comm_op says */
+  int32_t root;   /* root of broadcast/reduce, peer of send/recv; else ignored */
   int32_t reserved;
-  int64_t timeout_ns;   /* this operation's deadline from start; 0: the communicator's */
-  void* stream;         /* NCCL plugin: the cudaStream_t to use, NULL = the comm's own; UCX: ignored */
+  int64_t timeout_ns; /* this operation's deadline from start; 0: the communicator's */
+  void* stream;       /* NCCL plugin: the cudaStream_t to use, NULL = the comm's own; UCX: ignored */
 } ballast_comm_args;
 /* stream may be left out (NULL). */
 #define BALLAST_COMM_ARGS_V1_SIZE BALLAST_SIZE_TO(ballast_comm_args, timeout_ns)
 
 typedef struct ballast_comm_info {
-  uint32_t size;        /* sizeof(ballast_comm_info), set by the caller */
-  int32_t rank;         /* rank in this communicator */
+  uint32_t size; /* sizeof(ballast_comm_info), set by the caller */
+  int32_t rank;  /* rank in this communicator */
   int32_t nranks;
-  int32_t world_rank;   /* rank in the world communicator it descends from */
-  uint64_t comm_id;     /* equal on every member, distinct per communicator */
-  uint64_t seq;         /* collectives started so far on this communicator */
+  int32_t world_rank;     /* rank in the world communicator it descends from */
+  uint64_t comm_id;       /* equal on every member, distinct per communicator */
+  uint64_t seq;           /* collectives started so far on this communicator */
   uint32_t max_in_flight; /* operations started and not yet completed it takes (see above) */
   uint32_t reserved;
 } ballast_comm_info;
@@ -158,7 +158,7 @@ typedef struct ballast_comm_request ballast_comm_request; /* opaque */
 #define BALLAST_COMM_UNDEFINED (-1) /* split colour of a rank that joins no sub-communicator */
 
 typedef struct ballast_comm_api {
-  uint32_t size;     /* sizeof(ballast_comm_api) */
+  uint32_t size; /* sizeof(ballast_comm_api) */
   uint32_t reserved;
 
   /* Create the world communicator: collective over every rank of the job,

@@ -27,8 +27,8 @@ typedef struct ballast_command {
 } ballast_command;
 
 typedef struct ballast_command_table {
-  uint32_t size;                   /* sizeof(ballast_command_table) */
-  uint32_t count;                  /* entries in commands */
+  uint32_t size;  /* sizeof(ballast_command_table) */
+  uint32_t count; /* entries in commands */
   const ballast_command* commands;
 } ballast_command_table;
 #define BALLAST_COMMAND_TABLE_V1_SIZE BALLAST_SIZE_TO(ballast_command_table, commands)

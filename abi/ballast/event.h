@@ -44,13 +44,13 @@ typedef struct ballast_source {
  * schemas) for queued delivery. A handler may read an event only during its
  * call; it must copy what it keeps. */
 typedef struct ballast_event {
-  uint32_t size;        /* sizeof(ballast_event) as the publisher compiled it */
-  uint32_t schema;      /* enum ballast_schema or a custom id */
-  const char* topic;    /* dotted name, NUL-terminated, never NULL */
-  int64_t ts_ns;        /* wall-clock ns since the Unix epoch; 0 = the host fills "now" */
+  uint32_t size;     /* sizeof(ballast_event) as the publisher compiled it */
+  uint32_t schema;   /* enum ballast_schema or a custom id */
+  const char* topic; /* dotted name, NUL-terminated, never NULL */
+  int64_t ts_ns;     /* wall-clock ns since the Unix epoch; 0 = the host fills "now" */
   ballast_source source;
-  const void* payload;  /* NULL when payload_size is 0 */
-  uint64_t payload_size;/* bytes: sizeof the struct for well-known schemas */
+  const void* payload;   /* NULL when payload_size is 0 */
+  uint64_t payload_size; /* bytes: sizeof the struct for well-known schemas */
 } ballast_event;
 #define BALLAST_EVENT_V1_SIZE BALLAST_SIZE_TO(ballast_event, payload_size)
 

@@ -72,8 +72,8 @@ BALLAST_EXPORT int ballast_host_publish_json(ballast_host* host, const char* top
 
 /* Subscribe, as ballast_host_api.subscribe. */
 BALLAST_EXPORT int ballast_host_subscribe(ballast_host* host, const char* pattern,
-                           const ballast_subscribe_options* options, ballast_handler handler,
-                           void* user, uint64_t* id);
+                                          const ballast_subscribe_options* options, ballast_handler handler, void* user,
+                                          uint64_t* id);
 BALLAST_EXPORT int ballast_host_unsubscribe(ballast_host* host, uint64_t id);
 
 /* Render an event as one JSON object {"topic","ts","source","schema","payload"}

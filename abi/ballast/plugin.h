@@ -43,12 +43,7 @@
 extern "C" {
 #endif
 
-enum ballast_log_level {
-  BALLAST_LOG_ERROR = 0,
-  BALLAST_LOG_WARN = 1,
-  BALLAST_LOG_INFO = 2,
-  BALLAST_LOG_DEBUG = 3
-};
+enum ballast_log_level { BALLAST_LOG_ERROR = 0, BALLAST_LOG_WARN = 1, BALLAST_LOG_INFO = 2, BALLAST_LOG_DEBUG = 3 };
 
 typedef void (*ballast_timer_fn)(void* user);
 
@@ -71,9 +66,8 @@ struct ballast_host_api {
   /* Subscribe `handler(user, event)` to a topic ("a.b"), a prefix ("a.*") or
    * everything ("*"). options may be NULL (inline). The id, written to *id,
    * is used to unsubscribe. Delivery is FIFO per publisher thread. */
-  int (*subscribe)(const ballast_host_api* api, const char* pattern,
-                   const ballast_subscribe_options* options, ballast_handler handler,
-                   void* user, uint64_t* id);
+  int (*subscribe)(const ballast_host_api* api, const char* pattern, const ballast_subscribe_options* options,
+                   ballast_handler handler, void* user, uint64_t* id);
 
   /* Remove a subscription. When it returns, the handler is not running and
    * will not be called again (queued events still waiting are discarded and
@@ -95,8 +89,7 @@ struct ballast_host_api {
 
   /* Call fn(user) every period_ns (first call after one period) from the
    * host's timer thread, until cancelled or the host stops. fn must be quick. */
-  int (*timer_start)(const ballast_host_api* api, uint64_t period_ns, ballast_timer_fn fn,
-                     void* user, uint64_t* id);
+  int (*timer_start)(const ballast_host_api* api, uint64_t period_ns, ballast_timer_fn fn, void* user, uint64_t* id);
   /* Cancel a timer; when it returns, fn is not running and will not run again.
    * Must not be called from the timer's own fn. */
   int (*timer_cancel)(const ballast_host_api* api, uint64_t id);
@@ -129,14 +122,14 @@ struct ballast_host_api {
 
 /* An interface a plugin offers, for listing without creating the plugin. */
 typedef struct ballast_interface_info {
-  const char* name;  /* "ballast.comm", "ballast.command", ... */
+  const char* name; /* "ballast.comm", "ballast.command", ... */
   uint32_t version;
 } ballast_interface_info;
 
 typedef struct ballast_plugin_descriptor {
-  uint32_t size;       /* sizeof(ballast_plugin_descriptor) as the plugin compiled it */
-  uint32_t abi_major;  /* BALLAST_ABI_MAJOR */
-  uint32_t abi_minor;  /* BALLAST_ABI_MINOR the plugin was built against */
+  uint32_t size;      /* sizeof(ballast_plugin_descriptor) as the plugin compiled it */
+  uint32_t abi_major; /* BALLAST_ABI_MAJOR */
+  uint32_t abi_minor; /* BALLAST_ABI_MINOR the plugin was built against */
   uint32_t reserved;
   const char* name;        /* unique, [a-z0-9_-]+ */
   const char* version;     /* the plugin's own version, free text */

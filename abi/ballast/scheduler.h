@@ -29,30 +29,30 @@ extern "C" {
 /* What to place. Strings are UTF-8, owned by the caller, read during the
  * call only. */
 typedef struct ballast_placement_request {
-  uint32_t size;              /* sizeof(ballast_placement_request) */
-  uint32_t reserved;          /* 0 */
-  const char* topology_path;  /* Slurm topology.conf or topology.yaml (tree or block) */
-  const char* job_json;       /* {"gpus_per_node","tp","pp","dp","alpha"?,"model"?,"name"?} */
-  const char* state_json;     /* {"busy":[hostlist...],"faulty":[hostlist...]}, or NULL: all free */
-  const char* algorithm;      /* "arnold" (NULL), "exact", "heuristic", "best-fit", "random-fit", "slurm-tree" */
-  uint64_t seed;              /* same input and seed give the same plan */
+  uint32_t size;             /* sizeof(ballast_placement_request) */
+  uint32_t reserved;         /* 0 */
+  const char* topology_path; /* Slurm topology.conf or topology.yaml (tree or block) */
+  const char* job_json;      /* {"gpus_per_node","tp","pp","dp","alpha"?,"model"?,"name"?} */
+  const char* state_json;    /* {"busy":[hostlist...],"faulty":[hostlist...]}, or NULL: all free */
+  const char* algorithm;     /* "arnold" (NULL), "exact", "heuristic", "best-fit", "random-fit", "slurm-tree" */
+  uint64_t seed;             /* same input and seed give the same plan */
 } ballast_placement_request;
 #define BALLAST_PLACEMENT_REQUEST_V1_SIZE BALLAST_SIZE_TO(ballast_placement_request, seed)
 
 /* Which nodes of a placed job failed, and where spares may come from. */
 typedef struct ballast_replacement_request {
-  uint32_t size;              /* sizeof(ballast_replacement_request) */
-  uint32_t reserved;          /* 0 */
-  const char* topology_path;  /* the topology the plan was made on */
-  const char* state_json;     /* as in ballast_placement_request, or NULL */
-  const char* plan_json;      /* the plan, as plan_json() or `ballast plan --json` gives it */
-  const char* failed;         /* hostlist of failed nodes, e.g. "gpu[003,017]" */
-  const char* spares;         /* hostlist of allowed spares, or NULL: every free node outside the plan */
+  uint32_t size;             /* sizeof(ballast_replacement_request) */
+  uint32_t reserved;         /* 0 */
+  const char* topology_path; /* the topology the plan was made on */
+  const char* state_json;    /* as in ballast_placement_request, or NULL */
+  const char* plan_json;     /* the plan, as plan_json() or `ballast plan --json` gives it */
+  const char* failed;        /* hostlist of failed nodes, e.g. "gpu[003,017]" */
+  const char* spares;        /* hostlist of allowed spares, or NULL: every free node outside the plan */
 } ballast_replacement_request;
 #define BALLAST_REPLACEMENT_REQUEST_V1_SIZE BALLAST_SIZE_TO(ballast_replacement_request, spares)
 
 typedef struct ballast_scheduler_api {
-  uint32_t size;              /* sizeof(ballast_scheduler_api) */
+  uint32_t size; /* sizeof(ballast_scheduler_api) */
   uint32_t reserved;
 
   /* Place a job. On success *plan is a new plan owned by the caller, freed

@@ -19,11 +19,11 @@ extern "C" {
 #define BALLAST_STARTUP_VERSION 1
 
 enum ballast_startup_load_flags {
-  BALLAST_LOAD_DIRECT = 1u << 0,    /* O_DIRECT into a fresh allocation (default without a
-                                       destination: mapped, read through the page cache) */
-  BALLAST_LOAD_BUFFERED = 1u << 1,  /* never O_DIRECT */
-  BALLAST_LOAD_SHARE = 1u << 2,     /* one read per node through /dev/shm; the others map it */
-  BALLAST_LOAD_NO_VERIFY = 1u << 3  /* ignore the FILE.crc32c checksums */
+  BALLAST_LOAD_DIRECT = 1u << 0,   /* O_DIRECT into a fresh allocation (default without a
+                                      destination: mapped, read through the page cache) */
+  BALLAST_LOAD_BUFFERED = 1u << 1, /* never O_DIRECT */
+  BALLAST_LOAD_SHARE = 1u << 2,    /* one read per node through /dev/shm; the others map it */
+  BALLAST_LOAD_NO_VERIFY = 1u << 3 /* ignore the FILE.crc32c checksums */
 };
 
 typedef struct ballast_startup_load_options {
@@ -32,11 +32,11 @@ typedef struct ballast_startup_load_options {
   uint64_t chunk_bytes; /* stripe unit, multiple of 4096, 0 = 8 MiB */
   uint32_t flags;       /* enum ballast_startup_load_flags */
   uint32_t reserved;
-  void* destination;    /* the caller's buffer for the whole file, or NULL: the file is mapped
-                           read-only and the stripes read it into the page cache (with DIRECT:
-                           the plugin allocates). Page-aligned and a multiple of 4096 long for
-                           O_DIRECT. Ignored with SHARE. */
-  uint64_t capacity;    /* bytes at destination */
+  void* destination; /* the caller's buffer for the whole file, or NULL: the file is mapped
+                        read-only and the stripes read it into the page cache (with DIRECT:
+                        the plugin allocates). Page-aligned and a multiple of 4096 long for
+                        O_DIRECT. Ignored with SHARE. */
+  uint64_t capacity; /* bytes at destination */
 } ballast_startup_load_options;
 /* Every field after stripes may be left out (0: the default). */
 #define BALLAST_STARTUP_LOAD_OPTIONS_V1_SIZE BALLAST_SIZE_TO(ballast_startup_load_options, stripes)
@@ -44,10 +44,10 @@ typedef struct ballast_startup_load_options {
 /* One tensor of a safetensors file. Strings and shape live as long as the file. */
 typedef struct ballast_startup_tensor {
   const char* name;
-  const char* dtype;     /* "F32", "BF16", ... */
+  const char* dtype; /* "F32", "BF16", ... */
   uint32_t ndim;
-  const int64_t* shape;  /* ndim entries */
-  uint64_t offset;       /* from the start of the file's bytes (data()) */
+  const int64_t* shape; /* ndim entries */
+  uint64_t offset;      /* from the start of the file's bytes (data()) */
   uint64_t bytes;
 } ballast_startup_tensor;
 
@@ -62,8 +62,7 @@ typedef struct ballast_startup_api {
    * exists. options may be NULL. On success *file is set; free it with
    * release(). On failure a negative status and the message through the host's
    * last_error (or ballast_startup_api.last_error). Any thread. */
-  int (*load)(void* state, const char* path, const ballast_startup_load_options* options,
-              ballast_startup_file** file);
+  int (*load)(void* state, const char* path, const ballast_startup_load_options* options, ballast_startup_file** file);
 
   /* The file's bytes (valid until release) and their count. */
   const void* (*data)(const ballast_startup_file* file, uint64_t* bytes);

@@ -58,22 +58,38 @@ enum ballast_status {
  * Header-only so that plugins need not link anything; any thread. */
 static inline const char* ballast_status_name(int status) {
   switch (status) {
-    case BALLAST_OK: return "BALLAST_OK";
-    case BALLAST_EINVAL: return "BALLAST_EINVAL";
-    case BALLAST_ENOMEM: return "BALLAST_ENOMEM";
-    case BALLAST_ENOTFOUND: return "BALLAST_ENOTFOUND";
-    case BALLAST_EVERSION: return "BALLAST_EVERSION";
-    case BALLAST_EFULL: return "BALLAST_EFULL";
-    case BALLAST_ETIMEDOUT: return "BALLAST_ETIMEDOUT";
-    case BALLAST_EIO: return "BALLAST_EIO";
-    case BALLAST_ESTATE: return "BALLAST_ESTATE";
-    case BALLAST_EABORTED: return "BALLAST_EABORTED";
-    case BALLAST_EPEER: return "BALLAST_EPEER";
-    case BALLAST_EFORMAT: return "BALLAST_EFORMAT";
-    case BALLAST_ENOSYS: return "BALLAST_ENOSYS";
-    case BALLAST_EINTERNAL: return "BALLAST_EINTERNAL";
-    case BALLAST_EPLUGIN: return "BALLAST_EPLUGIN";
-    default: return "BALLAST_E(unknown)";
+    case BALLAST_OK:
+      return "BALLAST_OK";
+    case BALLAST_EINVAL:
+      return "BALLAST_EINVAL";
+    case BALLAST_ENOMEM:
+      return "BALLAST_ENOMEM";
+    case BALLAST_ENOTFOUND:
+      return "BALLAST_ENOTFOUND";
+    case BALLAST_EVERSION:
+      return "BALLAST_EVERSION";
+    case BALLAST_EFULL:
+      return "BALLAST_EFULL";
+    case BALLAST_ETIMEDOUT:
+      return "BALLAST_ETIMEDOUT";
+    case BALLAST_EIO:
+      return "BALLAST_EIO";
+    case BALLAST_ESTATE:
+      return "BALLAST_ESTATE";
+    case BALLAST_EABORTED:
+      return "BALLAST_EABORTED";
+    case BALLAST_EPEER:
+      return "BALLAST_EPEER";
+    case BALLAST_EFORMAT:
+      return "BALLAST_EFORMAT";
+    case BALLAST_ENOSYS:
+      return "BALLAST_ENOSYS";
+    case BALLAST_EINTERNAL:
+      return "BALLAST_EINTERNAL";
+    case BALLAST_EPLUGIN:
+      return "BALLAST_EPLUGIN";
+    default:
+      return "BALLAST_E(unknown)";
   }
 }
 

@@ -58,19 +58,19 @@ extern "C" {
 
 enum ballast_trace_algorithm {
   BALLAST_ALGO_NONE = 0,
-  BALLAST_ALGO_LOCAL = 1,              /* one rank: a copy */
+  BALLAST_ALGO_LOCAL = 1, /* one rank: a copy */
   BALLAST_ALGO_RECURSIVE_DOUBLING = 2,
   BALLAST_ALGO_RING = 3,
   BALLAST_ALGO_BINOMIAL_TREE = 4,
   BALLAST_ALGO_PAIRWISE = 5,
   BALLAST_ALGO_DISSEMINATION = 6,
-  BALLAST_ALGO_DIRECT = 7,             /* one message (send/recv) */
-  BALLAST_ALGO_NCCL = 8                /* chosen inside NCCL */
+  BALLAST_ALGO_DIRECT = 7, /* one message (send/recv) */
+  BALLAST_ALGO_NCCL = 8    /* chosen inside NCCL */
 };
 
 static inline const char* ballast_algorithm_name(uint32_t algo) {
-  static const char* const names[] = {"none", "local", "recursive_doubling", "ring",
-                                      "binomial_tree", "pairwise", "dissemination", "direct", "nccl"};
+  static const char* const names[] = {
+      "none", "local", "recursive_doubling", "ring", "binomial_tree", "pairwise", "dissemination", "direct", "nccl"};
   return algo < sizeof names / sizeof names[0] ? names[algo] : "?";
 }
 
@@ -86,48 +86,48 @@ enum ballast_trace_slot_flags {
 
 /* 256 bytes at offset 0 of the file. */
 typedef struct ballast_trace_header {
-  uint64_t magic;         /* BALLAST_TRACE_MAGIC */
-  uint32_t version;       /* BALLAST_TRACE_VERSION */
-  uint32_t header_size;   /* offset of slot 0 (256) */
-  uint32_t slot_size;     /* sizeof(ballast_trace_slot) (192) */
-  uint32_t slot_count;    /* a power of two */
+  uint64_t magic;       /* BALLAST_TRACE_MAGIC */
+  uint32_t version;     /* BALLAST_TRACE_VERSION */
+  uint32_t header_size; /* offset of slot 0 (256) */
+  uint32_t slot_size;   /* sizeof(ballast_trace_slot) (192) */
+  uint32_t slot_count;  /* a power of two */
   int32_t pid;
-  int32_t rank;           /* global rank (RANK), -1 unknown */
-  int32_t nranks;         /* world size, 0 unknown */
-  uint32_t closed;        /* 1 once the process shut its communicators down cleanly */
-  int64_t clock_wall_ns;  /* wall clock (ns since the epoch) at clock_tick */
+  int32_t rank;          /* global rank (RANK), -1 unknown */
+  int32_t nranks;        /* world size, 0 unknown */
+  uint32_t closed;       /* 1 once the process shut its communicators down cleanly */
+  int64_t clock_wall_ns; /* wall clock (ns since the epoch) at clock_tick */
   uint64_t clock_tick;
   double ns_per_tick;
-  uint64_t head;          /* atomic: records ever claimed */
-  uint64_t heartbeat_tick;/* atomic: last time the process's comm code ran */
-  char host[64];          /* the writer's host name */
-  uint64_t skipped;       /* atomic: indices claimed and left (their slot in flight or being written) */
-  uint64_t dropped;       /* atomic: operations unrecorded, every slot in flight */
+  uint64_t head;           /* atomic: records ever claimed */
+  uint64_t heartbeat_tick; /* atomic: last time the process's comm code ran */
+  char host[64];           /* the writer's host name */
+  uint64_t skipped;        /* atomic: indices claimed and left (their slot in flight or being written) */
+  uint64_t dropped;        /* atomic: operations unrecorded, every slot in flight */
   uint8_t reserved[256 - 160];
 } ballast_trace_header;
 
 /* One operation, 192 bytes. */
 typedef struct ballast_trace_slot {
-  uint64_t gen;           /* atomic: record index + 1, 0 while being (re)written */
-  uint64_t comm_id;       /* equal on every member of the communicator */
-  uint64_t seq;           /* per communicator, from 1 (per peer pair for P2P) */
-  uint64_t count;         /* elements (per rank where the op says so) */
-  uint64_t bytes;         /* bytes this rank contributes */
-  uint32_t op;            /* enum ballast_comm_op */
-  uint32_t dtype;         /* enum ballast_comm_dtype */
-  uint32_t redop;         /* enum ballast_comm_redop */
-  uint32_t algorithm;     /* enum ballast_trace_algorithm */
-  int32_t rank;           /* rank in the communicator */
+  uint64_t gen;       /* atomic: record index + 1, 0 while being (re)written */
+  uint64_t comm_id;   /* equal on every member of the communicator */
+  uint64_t seq;       /* per communicator, from 1 (per peer pair for P2P) */
+  uint64_t count;     /* elements (per rank where the op says so) */
+  uint64_t bytes;     /* bytes this rank contributes */
+  uint32_t op;        /* enum ballast_comm_op */
+  uint32_t dtype;     /* enum ballast_comm_dtype */
+  uint32_t redop;     /* enum ballast_comm_redop */
+  uint32_t algorithm; /* enum ballast_trace_algorithm */
+  int32_t rank;       /* rank in the communicator */
   int32_t nranks;
   int32_t world_rank;
-  int32_t peer;           /* root (rooted ops), peer (send/recv), else -1 */
-  uint32_t state;         /* atomic: BALLAST_TRACE_* */
-  int32_t status;         /* final status (BALLAST_OK or a failure) */
-  uint32_t flags;         /* enum ballast_trace_slot_flags */
-  int32_t wait_peer;      /* rank of the oldest unfinished receive, -1 none */
-  int32_t send_peer;      /* rank of the oldest unfinished send, -1 none */
-  uint32_t steps;         /* steps of the algorithm */
-  uint32_t step;          /* current step */
+  int32_t peer;      /* root (rooted ops), peer (send/recv), else -1 */
+  uint32_t state;    /* atomic: BALLAST_TRACE_* */
+  int32_t status;    /* final status (BALLAST_OK or a failure) */
+  uint32_t flags;    /* enum ballast_trace_slot_flags */
+  int32_t wait_peer; /* rank of the oldest unfinished receive, -1 none */
+  int32_t send_peer; /* rank of the oldest unfinished send, -1 none */
+  uint32_t steps;    /* steps of the algorithm */
+  uint32_t step;     /* current step */
   uint32_t reserved0;
   uint64_t issue_tick;
   uint64_t start_tick;

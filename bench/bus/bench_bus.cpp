@@ -255,12 +255,13 @@ void emit(const std::string& c, const char* metric, double value, const char* un
 int main(int argc, char** argv) {
   int runs = 7;
   uint64_t scale = 1;
-  std::string only;  // one group of cases; all when empty
+  std::string only;        // one group of cases; all when empty
   unsigned only_subs = 0;  // one subscriber count; all when 0
   bool quick = false;
-  CLI::App app("The bus: events per second delivered inline, to side threads and queued, against a plain "
-               "function call; JSON lines on stdout (docs/benchmarks.md).",
-               "bench_bus");
+  CLI::App app(
+      "The bus: events per second delivered inline, to side threads and queued, against a plain "
+      "function call; JSON lines on stdout (docs/benchmarks.md).",
+      "bench_bus");
   app.add_option("--runs", runs, "runs per case (the median is reported; default 7)")->check(CLI::PositiveNumber);
   app.add_flag("--quick", quick, "a tenth of the events");
   app.add_option("--only", only, "one group of cases")->check(CLI::IsMember({"inline", "sides", "queued"}));

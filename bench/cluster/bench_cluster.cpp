@@ -18,17 +18,17 @@
 #include "link.hpp"
 
 #include "../../tests/core/cluster/cluster_harness.hpp"
-#include "slurm.hpp"
 #include "command_line.hpp"
 #include "journal.hpp"
+#include "slurm.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,7 +145,8 @@ Controller start_controller(const std::string& dir, const std::string& certs, in
   if (durable) text.replace(text.find("durable = false"), 15, "durable = true");
   text.replace(text.find("journal = \""), 0, "log_level = \"warn\", ");
   // Emulated nodes connect one after another: give the first ones time.
-  text.replace(text.find("heartbeat_ms = 250, silent_after_ms = 2000"), 42, "heartbeat_ms = 1000, silent_after_ms = 30000");
+  text.replace(text.find("heartbeat_ms = 250, silent_after_ms = 2000"), 42,
+               "heartbeat_ms = 1000, silent_after_ms = 30000");
   write_file(cfg, text);
   Controller c{spawn({BALLAST_EXE, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
   // Ready when it accepts TCP connections (a loaded machine can take seconds).
@@ -194,10 +195,13 @@ struct Emulator {
       bool welcomed = false;
       double until = now_s() + 10;
       while (!welcomed && now_s() < until)
-        if (!n.link->pump(100, -1, [&](const Message& m) {
-              welcomed = welcomed || m.type == MsgType::welcome;
-              return true;
-            }, error))
+        if (!n.link->pump(
+                100, -1,
+                [&](const Message& m) {
+                  welcomed = welcomed || m.type == MsgType::welcome;
+                  return true;
+                },
+                error))
           return false;
       if (!welcomed) {
         *error = "no welcome for " + n.name;
@@ -227,7 +231,9 @@ struct Emulator {
           if (t >= n.next_send) {
             n.link->send(MsgType::event, ++n.seq, n.frame.data(), n.frame.size());
             n.in_flight.emplace_back(n.seq, t);
-            n.next_send = (n.next_send == 0 ? t + (1.0 / rate_hz) * (static_cast<double>(i % 100) / 100.0) : n.next_send) + 1.0 / rate_hz;
+            n.next_send =
+                (n.next_send == 0 ? t + (1.0 / rate_hz) * (static_cast<double>(i % 100) / 100.0) : n.next_send) +
+                1.0 / rate_hz;
           }
         } else {
           while (n.seq - n.acked < static_cast<uint64_t>(window) && n.link->queued_bytes() < (256u << 10)) {
@@ -237,25 +243,28 @@ struct Emulator {
         }
       }
       fds.clear();
-      for (size_t i : idx) fds.push_back({nodes[i].link->fd(), static_cast<short>(POLLIN | (nodes[i].link->queued_bytes() ? POLLOUT : 0)), 0});
+      for (size_t i : idx)
+        fds.push_back(
+            {nodes[i].link->fd(), static_cast<short>(POLLIN | (nodes[i].link->queued_bytes() ? POLLOUT : 0)), 0});
       poll(fds.data(), fds.size(), rate_hz > 0 ? 5 : 1);
       std::vector<double> lat;
       for (size_t k = 0; k < idx.size(); ++k) {
         Node& n = nodes[idx[k]];
         std::string error;
         double at = now_s();
-        n.link->pump(0, -1,
-                     [&](const Message& m) {
-                       if (m.type != MsgType::ack) return true;
-                       while (!n.in_flight.empty() && n.in_flight.front().first <= m.number) {
-                         lat.push_back(at - n.in_flight.front().second);
-                         n.in_flight.pop_front();
-                       }
-                       acked_total.fetch_add(m.number - n.acked, std::memory_order_relaxed);
-                       n.acked = m.number;
-                       return true;
-                     },
-                     &error);
+        n.link->pump(
+            0, -1,
+            [&](const Message& m) {
+              if (m.type != MsgType::ack) return true;
+              while (!n.in_flight.empty() && n.in_flight.front().first <= m.number) {
+                lat.push_back(at - n.in_flight.front().second);
+                n.in_flight.pop_front();
+              }
+              acked_total.fetch_add(m.number - n.acked, std::memory_order_relaxed);
+              n.acked = m.number;
+              return true;
+            },
+            &error);
       }
       if (!lat.empty()) {
         std::lock_guard lock(lat_mutex);
@@ -368,13 +377,19 @@ void bench_agent(const std::string& dir) {
     int port = next_port();
     Controller c = start_controller(d, certs, port, true);
     std::string cfg = d + "/a1.lua";
-    write_file(cfg, "return { node = \"a1\", role = \"agent\", log_level = \"warn\",\n"
-                    "  plugins = { { path = \"ballast-collect\", config = { period = 1 } },\n"
-                    "              { path = \"ballast-hang\", config = { trace_dir = \"" + d + "\" } },\n"
-                    "              \"ballast-startup\" },\n"
-                    "  cluster = { controller = \"127.0.0.1:" + std::to_string(port) + "\",\n"
-                    "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/a1.crt\", key = \"" + certs +
-                    "/a1.key\" }, spool = { dir = \"" + d + "/spool\" } } }\n");
+    write_file(cfg,
+               "return { node = \"a1\", role = \"agent\", log_level = \"warn\",\n"
+               "  plugins = { { path = \"ballast-collect\", config = { period = 1 } },\n"
+               "              { path = \"ballast-hang\", config = { trace_dir = \"" +
+                   d +
+                   "\" } },\n"
+                   "              \"ballast-startup\" },\n"
+                   "  cluster = { controller = \"127.0.0.1:" +
+                   std::to_string(port) +
+                   "\",\n"
+                   "    tls = { ca = \"" +
+                   certs + "/ca.crt\", cert = \"" + certs + "/a1.crt\", key = \"" + certs +
+                   "/a1.key\" }, spool = { dir = \"" + d + "/spool\" } } }\n");
     Proc a = spawn({BALLAST_EXE, "run", cfg, "--json"}, d + "/a1.out", d + "/a1.err");
     std::this_thread::sleep_for(std::chrono::seconds(3));
     double cpu0 = cpu_s(a.pid), t0 = now_s();
@@ -413,7 +428,8 @@ void bench_failover(const std::string& dir) {
     std::string etcd = "http://127.0.0.1:" + std::to_string(etcd_port);
     int p1 = next_port(), p2 = next_port();
     auto ctl = [&](const std::string& name, int port) {
-      write_file(d + "/" + name + ".lua", controller_config("127.0.0.1:" + std::to_string(port), certs, d + "/" + name, etcd, 5));
+      write_file(d + "/" + name + ".lua",
+                 controller_config("127.0.0.1:" + std::to_string(port), certs, d + "/" + name, etcd, 5));
       return spawn({BALLAST_EXE, "run", d + "/" + name + ".lua"}, d + "/" + name + ".out", d + "/" + name + ".err");
     };
     Proc c1 = ctl("c1", p1);
@@ -426,7 +442,8 @@ void bench_failover(const std::string& dir) {
       write_file(d + "/" + node + ".lua",
                  agent_config(node, certs, {"127.0.0.1:" + std::to_string(p1), "127.0.0.1:" + std::to_string(p2)},
                               count, 5, 10, d + "/spool-" + node));
-      agents.push_back(spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err"));
+      agents.push_back(
+          spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err"));
     }
     eventually(20, [&] { return ingest_counts(d + "/c1-ingest.journal")["n1"].size() > 500; });
     double killed = wall_s();
@@ -434,7 +451,8 @@ void bench_failover(const std::string& dir) {
     c1.wait();
     eventually(30, [&] {
       auto c = ingest_counts(d + "/c2-ingest.journal");
-      return !c["n1"].empty() && c["n1"].rbegin()->first >= count && !c["n2"].empty() && c["n2"].rbegin()->first >= count;
+      return !c["n1"].empty() && c["n1"].rbegin()->first >= count && !c["n2"].empty() &&
+             c["n2"].rbegin()->first >= count;
     });
     elected.push_back(log_time_s(d + "/c2.err", "is the leader") - killed);
     served.push_back(log_time_s(d + "/c2.err", "connected from") - killed);
@@ -517,25 +535,41 @@ void bench_slurm(const std::string& dir) {
                "          {action = \"replace\", subject = node, reason = why}}\n"
                "end)\n");
     const std::string job_dir = d + "/job";
-    write_file(d + "/controller.lua",
-               "return { node = \"ctl\", role = \"controller\", journal = \"" + d + "/bus.journal\",\n"
-               "  plugins = { \"runner\", \"scheduler\" },\n"
-               "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + job_dir + "\", progress = false,\n"
-               "    command = { \"python3\", \"" + trainer + "\", \"--steps\", \"60\", \"--step-seconds\", \"0.1\",\n"
-               "                \"--checkpoint-every\", \"5\" },\n"
-               "    repair_seconds = 600, placement_timeout_seconds = 10,\n"
-               "    slurm = { conf = \"" + d + "/slurm.conf\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
-               "              reservation = \"ballast-spares\" } },\n"
-               "  policy = { script = \"" + d + "/policy.lua\", fallback = \"escalate\" },\n"
-               "  cluster = { listen = \"" + listen + "\", " + tls("controller") + ",\n"
-               "    ingest_journal = \"" + d + "/ingest.journal\", durable = false,\n"
-               "    heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
+    write_file(d + "/controller.lua", "return { node = \"ctl\", role = \"controller\", journal = \"" + d +
+                                          "/bus.journal\",\n"
+                                          "  plugins = { \"runner\", \"scheduler\" },\n"
+                                          "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" +
+                                          job_dir +
+                                          "\", progress = false,\n"
+                                          "    command = { \"python3\", \"" +
+                                          trainer +
+                                          "\", \"--steps\", \"60\", \"--step-seconds\", \"0.1\",\n"
+                                          "                \"--checkpoint-every\", \"5\" },\n"
+                                          "    repair_seconds = 600, placement_timeout_seconds = 10,\n"
+                                          "    slurm = { conf = \"" +
+                                          d +
+                                          "/slurm.conf\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
+                                          "              reservation = \"ballast-spares\" } },\n"
+                                          "  policy = { script = \"" +
+                                          d +
+                                          "/policy.lua\", fallback = \"escalate\" },\n"
+                                          "  cluster = { listen = \"" +
+                                          listen + "\", " + tls("controller") +
+                                          ",\n"
+                                          "    ingest_journal = \"" +
+                                          d +
+                                          "/ingest.journal\", durable = false,\n"
+                                          "    heartbeat_ms = 250, silent_after_ms = " +
+                                          std::to_string(silent_after_ms) + " } }\n");
     auto agent = [&](const std::string& node) {
-      write_file(d + "/" + node + ".lua",
-                 "return { node = \"" + node + "\", role = \"agent\", log_level = \"warn\",\n"
-                 "  cluster = { controller = { \"" + listen + "\" }, " + tls(node) + ",\n"
-                 "    spool = { dir = \"" + d + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = " +
-                 std::to_string(silent_after_ms) + " } }\n");
+      write_file(d + "/" + node + ".lua", "return { node = \"" + node +
+                                              "\", role = \"agent\", log_level = \"warn\",\n"
+                                              "  cluster = { controller = { \"" +
+                                              listen + "\" }, " + tls(node) +
+                                              ",\n"
+                                              "    spool = { dir = \"" +
+                                              d + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = " +
+                                              std::to_string(silent_after_ms) + " } }\n");
       return spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err");
     };
     Proc ctl = spawn({BALLAST_EXE, "run", d + "/controller.lua", "--json"}, d + "/ctl.out", d + "/ctl.err");
@@ -581,7 +615,8 @@ void bench_slurm(const std::string& dir) {
       double received = j.value("received_s", 0.0);
       if (decided_at == 0 || received < decided_at) decided_at = received;
       if (j.value("action", "") == "evict") evict_start = j.value("start_s", 0.0), evict_end = j.value("end_s", 0.0);
-      if (j.value("action", "") == "replace") replace_start = j.value("start_s", 0.0), resumed_at = j.value("end_s", 0.0);
+      if (j.value("action", "") == "replace")
+        replace_start = j.value("start_s", 0.0), resumed_at = j.value("end_s", 0.0);
     }
     if (!finished || running_again == 0 || resumed_at == 0 || evict_end == 0 ||
         !first_event(d + "/bus.journal", "node.silent", &silent_at)) {
@@ -609,9 +644,10 @@ void bench_slurm(const std::string& dir) {
 
 int main(int argc, char** argv) {
   std::string only;
-  CLI::App app("Cluster mode: controller ingest, nodes per controller, agent cost, fail-over and the Slurm "
-               "backend, with real etcd, TLS links and Slurm daemons; JSON lines on stdout (docs/benchmarks.md).",
-               "bench_cluster");
+  CLI::App app(
+      "Cluster mode: controller ingest, nodes per controller, agent cost, fail-over and the Slurm "
+      "backend, with real etcd, TLS links and Slurm daemons; JSON lines on stdout (docs/benchmarks.md).",
+      "bench_cluster");
   app.add_flag("--quick", g_quick, "one short run of each case");
   app.add_option("--runs", g_runs, "runs per case (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--only", only, "one case")->check(CLI::IsMember({"ingest", "nodes", "agent", "failover", "slurm"}));

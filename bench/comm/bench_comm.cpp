@@ -83,8 +83,10 @@ std::string run(const std::vector<std::string>& args, int n, const std::string& 
         // cannot move away, and 1 MiB allreduce p50 went from 0.23 to 1.2 ms
         // in some runs.
       }
-      if (r == 0) dup2(pipefd[1], 1);
-      else close(1);
+      if (r == 0)
+        dup2(pipefd[1], 1);
+      else
+        close(1);
       const int devnull = open("/dev/null", O_WRONLY);
       dup2(devnull, 2);
       close(pipefd[0]);
@@ -129,7 +131,12 @@ Figures median_of(std::vector<Figures> v) {
 
 // One run of comm_loop (n ranks), traced or not; {} when it failed.
 std::vector<Figures> ours(int n, const std::string& tls, uint64_t bytes, long iters, bool trace) {
-  std::vector<std::string> a = {g_loop, "--bytes", std::to_string(bytes), "--iters", std::to_string(iters), "--warmup",
+  std::vector<std::string> a = {g_loop,
+                                "--bytes",
+                                std::to_string(bytes),
+                                "--iters",
+                                std::to_string(iters),
+                                "--warmup",
                                 std::to_string(std::max<long>(3, iters / 10))};
   if (!trace) a.push_back("--no-trace");
   const std::string o = run(a, n, tls, true);
@@ -144,7 +151,8 @@ std::vector<Figures> mpi(int n, const std::string& tls, uint64_t bytes, long ite
   if (g_mpi.empty()) return {};
   std::vector<std::string> a = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(n)};
   if (tls == "tcp") a.insert(a.end(), {"--mca", "btl", "tcp,self"});
-  a.insert(a.end(), {g_mpi, std::to_string(bytes), std::to_string(iters), std::to_string(std::max<long>(3, iters / 10))});
+  a.insert(a.end(),
+           {g_mpi, std::to_string(bytes), std::to_string(iters), std::to_string(std::max<long>(3, iters / 10))});
   const std::string o = run(a, n, tls, false);
   if (o.empty()) return {};
   return {{field(o, "p50_us"), field(o, "p99_us"), field(o, "mean_us")}};
@@ -222,13 +230,17 @@ double tcp_swap_us(uint64_t bytes, long iters) {
     while (ok && (sent < bytes || got < bytes)) {
       if (sent < bytes) {
         const ssize_t k = send(fds[rank], out.data() + sent, bytes - sent, MSG_NOSIGNAL);
-        if (k > 0) sent += uint64_t(k);
-        else if (k < 0 && errno != EAGAIN) ok = false;
+        if (k > 0)
+          sent += uint64_t(k);
+        else if (k < 0 && errno != EAGAIN)
+          ok = false;
       }
       if (got < bytes) {
         const ssize_t k = recv(fds[1 - rank], in.data() + got, bytes - got, 0);
-        if (k > 0) got += uint64_t(k);
-        else if (k == 0 || errno != EAGAIN) ok = false;  // the peer closed, or an error
+        if (k > 0)
+          got += uint64_t(k);
+        else if (k == 0 || errno != EAGAIN)
+          ok = false;  // the peer closed, or an error
       }
       if (std::chrono::steady_clock::now() > give_up) ok = false;
     }
@@ -462,8 +474,10 @@ double trace_cost_2ranks() {
     ok = ok && pairing(true, &d, &u, &t);
     control.push_back(d);
   }
-  if (old_tls) setenv("UCX_TLS", saved.c_str(), 1);
-  else unsetenv("UCX_TLS");
+  if (old_tls)
+    setenv("UCX_TLS", saved.c_str(), 1);
+  else
+    unsetenv("UCX_TLS");
   if (!ok) return -1;
   emit("trace_record", "op_ns_untraced_2ranks", median(untraced), "ns");
   emit("trace_record", "op_ns_traced_2ranks", median(traced), "ns");
@@ -488,9 +502,10 @@ int main(int argc, char** argv) {
   int reps = 3;
   bool quick = false, trace_only = false;
   std::vector<uint64_t> sizes;
-  CLI::App app("Allreduce latency and bus bandwidth of the UCX comm plugin against Open MPI and the memcpy "
-               "ceiling, and the cost of a trace record; JSON lines on stdout (docs/benchmarks.md).",
-               "bench_comm");
+  CLI::App app(
+      "Allreduce latency and bus bandwidth of the UCX comm plugin against Open MPI and the memcpy "
+      "ceiling, and the cost of a trace record; JSON lines on stdout (docs/benchmarks.md).",
+      "bench_comm");
   app.add_option("--ranks", ranks, "rank counts (default 2,4)")->delimiter(',')->check(CLI::Range(2, 64));
   app.add_option("--tls", tlss, "UCX transports: sm, tcp (default both)")
       ->delimiter(',')

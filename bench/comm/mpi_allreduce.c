@@ -35,9 +35,10 @@ int main(int argc, char** argv) {
   for (long i = 0; i < iters; ++i) sum += lat[i];
   qsort(lat, (size_t)iters, sizeof(double), cmp);
   if (rank == 0)
-    printf("{\"op\":\"allreduce\",\"dtype\":\"f32\",\"bytes\":%ld,\"ranks\":%d,\"iters\":%ld,\"p50_us\":%.3f,"
-           "\"p99_us\":%.3f,\"mean_us\":%.3f,\"check\":\"%s\"}\n",
-           bytes, n, iters, lat[iters / 2], lat[iters * 99 / 100], sum / (double)iters, bad ? "failed" : "passed");
+    printf(
+        "{\"op\":\"allreduce\",\"dtype\":\"f32\",\"bytes\":%ld,\"ranks\":%d,\"iters\":%ld,\"p50_us\":%.3f,"
+        "\"p99_us\":%.3f,\"mean_us\":%.3f,\"check\":\"%s\"}\n",
+        bytes, n, iters, lat[iters / 2], lat[iters * 99 / 100], sum / (double)iters, bad ? "failed" : "passed");
   free(in);
   free(out);
   free(lat);

@@ -1,10 +1,10 @@
 #include "job.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -68,7 +68,8 @@ double work(uint64_t iterations, uint64_t seed) {
 
 void join_cgroups(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--cgroup") == 0) write_file(std::string(argv[i + 1]) + "/cgroup.procs", std::to_string(getpid()));
+    if (std::strcmp(argv[i], "--cgroup") == 0)
+      write_file(std::string(argv[i + 1]) + "/cgroup.procs", std::to_string(getpid()));
 }
 
 const char* arg(int argc, char** argv, const char* name, const char* fallback = nullptr) {
@@ -81,13 +82,20 @@ const char* arg(int argc, char** argv, const char* name, const char* fallback = 
 
 const char* fault_name(Fault f) {
   switch (f) {
-    case Fault::none: return "none";
-    case Fault::cpu_hog: return "cpu_hog";
-    case Fault::cpu_throttle: return "cpu_throttle";
-    case Fault::sigstop: return "sigstop";
-    case Fault::memory: return "memory";
-    case Fault::disk_io: return "disk_io";
-    case Fault::net_throttle: return "net_throttle";
+    case Fault::none:
+      return "none";
+    case Fault::cpu_hog:
+      return "cpu_hog";
+    case Fault::cpu_throttle:
+      return "cpu_throttle";
+    case Fault::sigstop:
+      return "sigstop";
+    case Fault::memory:
+      return "memory";
+    case Fault::disk_io:
+      return "disk_io";
+    case Fault::net_throttle:
+      return "net_throttle";
   }
   return "?";
 }
@@ -119,20 +127,26 @@ Capabilities probe() {
     sh("ip netns del " + ns);
   }
   if (!c.cgroup_v2) c.notes += "cgroup v2 not writable: no per-machine cgroup stats; ";
-  if (!c.cgroup_v1_cpu) c.notes += "no writable cgroup v1 cpu controller: no CPU throttling (cpu.max is not delegated in v2 here either); ";
+  if (!c.cgroup_v1_cpu)
+    c.notes += "no writable cgroup v1 cpu controller: no CPU throttling (cpu.max is not delegated in v2 here either); ";
   if (!c.netns) c.notes += "no network namespaces/veth: machines share the network, no network faults; ";
   if (!c.netem)
-    c.notes += "tc netem is not in this kernel (\"Specified qdisc kind is unknown\", modules disabled): "
-               "no network delay/loss injection; network faults use tc tbf rate limiting instead; ";
+    c.notes +=
+        "tc netem is not in this kernel (\"Specified qdisc kind is unknown\", modules disabled): "
+        "no network delay/loss injection; network faults use tc tbf rate limiting instead; ";
   return c;
 }
 
 std::vector<Fault> available_faults(const Capabilities& caps, std::string* missing) {
   std::vector<Fault> f = {Fault::cpu_hog, Fault::sigstop, Fault::memory, Fault::disk_io};
-  if (caps.cgroup_v1_cpu) f.insert(f.begin() + 1, Fault::cpu_throttle);
-  else *missing += "cpu_throttle (no writable cpu controller); ";
-  if (caps.netns && caps.tbf) f.push_back(Fault::net_throttle);
-  else *missing += "net_throttle (no netns/veth/tbf); ";
+  if (caps.cgroup_v1_cpu)
+    f.insert(f.begin() + 1, Fault::cpu_throttle);
+  else
+    *missing += "cpu_throttle (no writable cpu controller); ";
+  if (caps.netns && caps.tbf)
+    f.push_back(Fault::net_throttle);
+  else
+    *missing += "net_throttle (no netns/veth/tbf); ";
   if (!caps.netem) *missing += "net delay/loss (no sch_netem in this kernel); ";
   return f;
 }
@@ -236,9 +250,15 @@ bool Job::start(std::string* error) {
   for (size_t k = 0; k < machines_.size(); ++k) {
     Machine& m = machines_[k];
     for (int w = 0; w < opt_.workers; ++w) {
-      std::vector<std::string> args = {"--worker", "--connect", m.host_ip + ":" + std::to_string(port_),
-                                       "--iters", std::to_string(iters), "--payload",
-                                       std::to_string(opt_.payload_bytes), "--seed", std::to_string(k * 100 + w + 1)};
+      std::vector<std::string> args = {"--worker",
+                                       "--connect",
+                                       m.host_ip + ":" + std::to_string(port_),
+                                       "--iters",
+                                       std::to_string(iters),
+                                       "--payload",
+                                       std::to_string(opt_.payload_bytes),
+                                       "--seed",
+                                       std::to_string(k * 100 + w + 1)};
       if (!m.netns.empty()) args.insert(args.end(), {"--netns", m.netns});
       for (const auto& c : m.cgroups) args.insert(args.end(), {"--cgroup", c});
       m.workers.push_back(spawn(args));
@@ -286,16 +306,21 @@ bool Job::inject(Fault f, int k, std::string* error) {
     return true;
   };
   switch (f) {
-    case Fault::none: return true;
-    case Fault::cpu_hog: return hog({"cpu"});
-    case Fault::memory: return hog({"mem"});
-    case Fault::disk_io: return hog({"disk", "--file", disk_file_});
+    case Fault::none:
+      return true;
+    case Fault::cpu_hog:
+      return hog({"cpu"});
+    case Fault::memory:
+      return hog({"mem"});
+    case Fault::disk_io:
+      return hog({"disk", "--file", disk_file_});
     case Fault::sigstop:
       for (pid_t p : m.workers) kill(p, SIGSTOP);
       return true;
     case Fault::cpu_throttle:
       for (const auto& c : m.cgroups)
-        if (access((c + "/cpu.cfs_quota_us").c_str(), W_OK) == 0) return write_file(c + "/cpu.cfs_quota_us", "2000");  // 2% of one CPU
+        if (access((c + "/cpu.cfs_quota_us").c_str(), W_OK) == 0)
+          return write_file(c + "/cpu.cfs_quota_us", "2000");  // 2% of one CPU
       *error = "no cpu controller";
       return false;
     case Fault::net_throttle:

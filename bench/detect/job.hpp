@@ -17,22 +17,22 @@ namespace bench_detect {
 
 struct JobOptions {
   int machines = 5;
-  int workers = 2;          // processes per machine
-  double work_ms = 6;       // CPU work per worker per step (calibrated, fixed work)
-  double pace_ms = 100;     // the coordinator releases a step no sooner than this
+  int workers = 2;       // processes per machine
+  double work_ms = 6;    // CPU work per worker per step (calibrated, fixed work)
+  double pace_ms = 100;  // the coordinator releases a step no sooner than this
   int payload_bytes = 128 * 1024;
-  std::string self_exe;     // this program, re-executed as worker or hog
+  std::string self_exe;  // this program, re-executed as worker or hog
 };
 
 // What this machine allows, probed once.
 struct Capabilities {
-  bool cgroup_v2 = false;   // /sys/fs/cgroup/unified (or /sys/fs/cgroup) writable
+  bool cgroup_v2 = false;  // /sys/fs/cgroup/unified (or /sys/fs/cgroup) writable
   bool cgroup_v1_cpu = false;
-  bool netns = false;       // ip netns + veth
-  bool tbf = false;         // tc tbf on a veth
+  bool netns = false;  // ip netns + veth
+  bool tbf = false;    // tc tbf on a veth
   bool netem = false;
   std::string v2_root, v1_cpu_root;
-  std::string notes;        // why something is missing
+  std::string notes;  // why something is missing
 };
 
 Capabilities probe();
@@ -42,11 +42,11 @@ const char* fault_name(Fault f);
 std::vector<Fault> available_faults(const Capabilities& caps, std::string* missing);
 
 struct Machine {
-  std::string name;               // "m0"
+  std::string name;                  // "m0"
   std::vector<std::string> cgroups;  // v2 dir, v1 cpu dir
-  std::string netns;              // "" when none
-  std::string veth_host, veth_ns; // interface names
-  std::string host_ip;            // the coordinator's address as seen from the machine
+  std::string netns;                 // "" when none
+  std::string veth_host, veth_ns;    // interface names
+  std::string host_ip;               // the coordinator's address as seen from the machine
   std::vector<pid_t> workers;
   std::vector<pid_t> hogs;
 };

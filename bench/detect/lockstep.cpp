@@ -18,15 +18,15 @@
 // CSV that `ballast detect --metrics` reads (labelled series quoted).
 #include "detect_command.hpp"
 #include "detector.hpp"
-#include "lockstep_job.hpp"
-#include "metrics_csv.hpp"
 #include "detector_config.hpp"
 #include "fusion.hpp"
+#include "lockstep_job.hpp"
+#include "metrics_csv.hpp"
 #include "online.hpp"
 
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -146,8 +146,8 @@ FusedNamings fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
   FusedNamings out;
   size_t a = 0, r = 0;
   while (a < alerts.size() || (with_straggler && r < reports.size())) {
-    bool alert_next = a < alerts.size() &&
-                      (!with_straggler || r >= reports.size() || static_cast<double>(alerts[a].ts_ns) / 1e9 <= reports[r].t);
+    bool alert_next = a < alerts.size() && (!with_straggler || r >= reports.size() ||
+                                            static_cast<double>(alerts[a].ts_ns) / 1e9 <= reports[r].t);
     int64_t now = 0;
     if (alert_next) {
       const Alert& x = alerts[a++];
@@ -220,8 +220,8 @@ void write_csv(const std::string& path, const ballast::machine::MetricsTable& t)
     std::string m = t.metrics[r.metric], quoted = "\"";
     for (char c : m) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
     quoted += '"';
-    gzprintf(f, "%.3f,%s,%s,%.9g\n", static_cast<double>(r.ts_ns) / 1e9, t.nodes[r.node].c_str(),
-             quoted.c_str(), r.value);
+    gzprintf(f, "%.3f,%s,%s,%.9g\n", static_cast<double>(r.ts_ns) / 1e9, t.nodes[r.node].c_str(), quoted.c_str(),
+             r.value);
   }
   gzclose(f);
 }
@@ -326,19 +326,27 @@ int main(int argc, char** argv) {
       }
     }
     if (v.found) metrics_by_fault[fi].push_back(v.metric);
-    nlohmann::json j = {{"bench", "detect_lockstep"}, {"case", "scenario"}, {"scenario", sc.index},
-                        {"fault", fault_name(sc.fault)}, {"machines", sc.machines}, {"faulty", sc.faulty},
-                        {"onset_s", sc.onset_s}, {"found", v.found},
+    nlohmann::json j = {{"bench", "detect_lockstep"},
+                        {"case", "scenario"},
+                        {"scenario", sc.index},
+                        {"fault", fault_name(sc.fault)},
+                        {"machines", sc.machines},
+                        {"faulty", sc.faulty},
+                        {"onset_s", sc.onset_s},
+                        {"found", v.found},
                         {"latency_s", v.found ? nlohmann::json(v.latency) : nlohmann::json()},
-                        {"alert_metric", v.metric}, {"false_alerts", v.false_alerts},
+                        {"alert_metric", v.metric},
+                        {"false_alerts", v.false_alerts},
                         {"false_detail", v.false_detail}};
     j["straggler_reports"] = nlohmann::json::array();
     for (const auto& r : reports) {
       nlohmann::json ranks = nlohmann::json::array();
       for (size_t i = 0; i < r.result.mw_ranks.size() && i < r.result.by_rank.size(); ++i)
         ranks.push_back({{"rank", r.result.by_rank[i].name}, {"slowdown", r.result.by_rank[i].slowdown}});
-      j["straggler_reports"].push_back({{"t_s", std::round((r.t - 1.8e9) * 10) / 10}, {"kind", r.result.kind},
-                                        {"slowdown", r.result.slowdown}, {"mw_ranks", ranks}});
+      j["straggler_reports"].push_back({{"t_s", std::round((r.t - 1.8e9) * 10) / 10},
+                                        {"kind", r.result.kind},
+                                        {"slowdown", r.result.slowdown},
+                                        {"mw_ranks", ranks}});
     }
     j["fused_first"] = fused.first.empty() ? "" : fused.first.back().node;
     std::printf("%s\n", j.dump().c_str());
@@ -370,7 +378,8 @@ int main(int argc, char** argv) {
                          {"fusion_machine_only_alerting", &by_fusion_machine_only_alerting}}) {
     std::string cs = std::string("suspects/") + name;
     emit(cs, "faulty_named_first", t->named_first, "runs", {{"of", t->faulty_runs}, {"found", t->found}});
-    emit(cs, "machines_falsely_alerted", t->false_machines, "machines", {{"clean_runs_alerted", t->clean_named}, {"clean", n_clean}});
+    emit(cs, "machines_falsely_alerted", t->false_machines, "machines",
+         {{"clean_runs_alerted", t->clean_named}, {"clean", n_clean}});
     emit(cs, "latency_median", percentile(t->latency, 0.5), "s");
   }
   for (Fault f : all_faults()) {
@@ -386,8 +395,10 @@ int main(int argc, char** argv) {
     double mean = 0;
     for (double l : t.latency) mean += l;
     emit(std::string("fault/") + fault_name(f), "detected", t.tp, "runs",
-         {{"of", t.tp + t.fn}, {"false_alerts", t.fp},
-          {"latency_mean_s", t.latency.empty() ? nlohmann::json() : nlohmann::json(mean / static_cast<double>(t.latency.size()))},
+         {{"of", t.tp + t.fn},
+          {"false_alerts", t.fp},
+          {"latency_mean_s",
+           t.latency.empty() ? nlohmann::json() : nlohmann::json(mean / static_cast<double>(t.latency.size()))},
           {"metric", top}});
   }
   return 0;

@@ -75,30 +75,38 @@ bool after_onset(const Scenario& sc, double t) { return sc.fault != Fault::none 
 // The job's timeline, shared by every machine (lock-step).
 struct Timeline {
   std::vector<Segment> segments;
-  std::vector<double> ckpt_offset;     // per machine
+  std::vector<double> ckpt_offset;  // per machine
 
   const Segment& at(double t) const {
-    auto it = std::upper_bound(segments.begin(), segments.end(), t,
-                               [](double x, const Segment& s) { return x < s.start; });
+    auto it =
+        std::upper_bound(segments.begin(), segments.end(), t, [](double x, const Segment& s) { return x < s.start; });
     return it == segments.begin() ? segments.front() : *(it - 1);
   }
 };
 
 double compute_factor(Fault f) {
   switch (f) {
-    case Fault::slow_gpu: return 1.6;
-    case Fault::gpu_power_cap: return 1.3;
-    case Fault::cpu_contention: return 1.15;
-    default: return 1;
+    case Fault::slow_gpu:
+      return 1.6;
+    case Fault::gpu_power_cap:
+      return 1.3;
+    case Fault::cpu_contention:
+      return 1.15;
+    default:
+      return 1;
   }
 }
 
 double comm_factor(Fault f) {
   switch (f) {
-    case Fault::nic_flapping: return 1.5;
-    case Fault::pfc_storm: return 3;
-    case Fault::degraded_network: return 2.5;
-    default: return 1;
+    case Fault::nic_flapping:
+      return 1.5;
+    case Fault::pfc_storm:
+      return 3;
+    case Fault::degraded_network:
+      return 2.5;
+    default:
+      return 1;
   }
 }
 
@@ -150,7 +158,7 @@ Timeline make_timeline(const Scenario& sc, std::mt19937_64& rng) {
 // its counters grow at.
 struct State {
   double util[kGpus], power[kGpus], clock[kGpus];
-  double tx, rx;                // bytes/s on ib0
+  double tx, rx;  // bytes/s on ib0
   bool link_up = true;
   double rx_errors, retrans, tx_pause;
   double cpu_user, cpu_system;  // fraction of each CPU
@@ -159,8 +167,8 @@ struct State {
 };
 
 struct MachineModel {
-  double offset;        // this machine's constant bias, relative
-  double flap_phase;    // nic_flapping: where in its cycle the link starts
+  double offset;      // this machine's constant bias, relative
+  double flap_phase;  // nic_flapping: where in its cycle the link starts
   double flap_period;
   double flap_down;
 };
@@ -185,9 +193,21 @@ State state(const Scenario& sc, const Timeline& tl, const MachineModel& mm, int 
       if (!busy) p = Phase::idle;
     }
     switch (p) {
-      case Phase::compute: s.util[g] = 95; s.power[g] = 650; s.clock[g] = 1980; break;
-      case Phase::comm: s.util[g] = 60; s.power[g] = 350; s.clock[g] = 1980; break;
-      default: s.util[g] = 2; s.power[g] = 110; s.clock[g] = 1980; break;
+      case Phase::compute:
+        s.util[g] = 95;
+        s.power[g] = 650;
+        s.clock[g] = 1980;
+        break;
+      case Phase::comm:
+        s.util[g] = 60;
+        s.power[g] = 350;
+        s.clock[g] = 1980;
+        break;
+      default:
+        s.util[g] = 2;
+        s.power[g] = 110;
+        s.clock[g] = 1980;
+        break;
     }
     if (faulty && g == sc.faulty_gpu && f == Fault::slow_gpu) s.clock[g] = 1190;
     if (faulty && g == sc.faulty_gpu && f == Fault::gpu_power_cap && p == Phase::compute) {
@@ -244,21 +264,29 @@ struct Counters {
 
 const char* fault_name(Fault f) {
   switch (f) {
-    case Fault::none: return "none";
-    case Fault::slow_gpu: return "slow_gpu";
-    case Fault::nic_flapping: return "nic_flapping";
-    case Fault::pfc_storm: return "pfc_storm";
-    case Fault::memory_leak: return "memory_leak";
-    case Fault::cpu_contention: return "cpu_contention";
-    case Fault::gpu_power_cap: return "gpu_power_cap";
-    case Fault::degraded_network: return "degraded_network";
+    case Fault::none:
+      return "none";
+    case Fault::slow_gpu:
+      return "slow_gpu";
+    case Fault::nic_flapping:
+      return "nic_flapping";
+    case Fault::pfc_storm:
+      return "pfc_storm";
+    case Fault::memory_leak:
+      return "memory_leak";
+    case Fault::cpu_contention:
+      return "cpu_contention";
+    case Fault::gpu_power_cap:
+      return "gpu_power_cap";
+    case Fault::degraded_network:
+      return "degraded_network";
   }
   return "?";
 }
 
 const std::vector<Fault>& all_faults() {
-  static const std::vector<Fault> f = {Fault::slow_gpu,       Fault::nic_flapping,  Fault::pfc_storm,
-                                       Fault::memory_leak,    Fault::cpu_contention, Fault::gpu_power_cap,
+  static const std::vector<Fault> f = {Fault::slow_gpu,        Fault::nic_flapping,   Fault::pfc_storm,
+                                       Fault::memory_leak,     Fault::cpu_contention, Fault::gpu_power_cap,
                                        Fault::degraded_network};
   return f;
 }
@@ -336,8 +364,7 @@ ballast::machine::MetricsTable generate(const Scenario& sc, bool plain) {
         t.rows.push_back({ts_ns, static_cast<uint32_t>(m), metric(name), v});
       };
       for (int g = 0; g < kGpus; ++g) {
-        put(gpu(plain ? "gpu_util" : "DCGM_FI_DEV_GPU_UTIL", g),
-            std::clamp(s.util[g] + 3 * n(rng), 0.0, 100.0));
+        put(gpu(plain ? "gpu_util" : "DCGM_FI_DEV_GPU_UTIL", g), std::clamp(s.util[g] + 3 * n(rng), 0.0, 100.0));
         put(gpu(plain ? "gpu_power" : "DCGM_FI_DEV_POWER_USAGE", g), noisy(s.power[g], 0.03));
         put(gpu(plain ? "gpu_sm_clock" : "DCGM_FI_DEV_SM_CLOCK", g), s.clock[g] + 5 * n(rng));
         if (!plain) put(gpu("DCGM_FI_DEV_FB_USED", g), noisy(70000, 0.002));

@@ -33,9 +33,9 @@ struct Scenario {
   int index = 0;
   Fault fault = Fault::none;
   int machines = 8;
-  int faulty = -1;        // machine index, -1 for none
+  int faulty = -1;  // machine index, -1 for none
   int faulty_gpu = 0;
-  double onset_s = 0;     // absolute, same clock as the samples; 0 for none
+  double onset_s = 0;  // absolute, same clock as the samples; 0 for none
   double seconds = 90;
   uint64_t seed = 0;
 };

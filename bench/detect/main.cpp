@@ -15,18 +15,18 @@
 // continuity.
 #include "job.hpp"
 
-#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
+#include "detector_config.hpp"
 #include "metrics_csv.hpp"
 #include "node_sampler.hpp"
 
 #include <ballast/events.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -48,8 +48,8 @@ using ballast::machine::DetectorConfig;
 namespace {
 
 int64_t wall_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 void emit(const std::string& cs, const std::string& metric, double value, const std::string& unit,
@@ -63,8 +63,8 @@ void emit(const std::string& cs, const std::string& metric, double value, const 
 struct Scenario {
   int index;
   Fault fault;
-  int machine;       // -1 for none
-  double onset_s;    // wall clock seconds; 0 for none
+  int machine;     // -1 for none
+  double onset_s;  // wall clock seconds; 0 for none
   std::string csv;
   double steps_per_s_before = 0, steps_per_s_after = 0;
 };
@@ -157,12 +157,16 @@ Verdict judge(const Scenario& sc, const std::vector<Alert>& alerts) {
       }
     } else {
       ++v.false_alerts;
-      v.false_detail.push_back({{"node", a.node}, {"metric", a.metric}, {"kind", a.kind},
+      v.false_detail.push_back({{"node", a.node},
+                                {"metric", a.metric},
+                                {"kind", a.kind},
                                 {"after_onset_s", sc.onset_s > 0 ? ts - sc.onset_s : 0.0}});
     }
   }
-  if (sc.fault == Fault::none) v.outcome = v.false_alerts ? "fp" : "tn";
-  else v.outcome = found ? "tp" : "fn";
+  if (sc.fault == Fault::none)
+    v.outcome = v.false_alerts ? "fp" : "tn";
+  else
+    v.outcome = found ? "tp" : "fn";
   return v;
 }
 
@@ -202,12 +206,18 @@ void report(const std::string& cs, const std::vector<Scenario>& scenarios, const
       ++s.fn;
     }
     if (per_scenario) {
-      nlohmann::json j = {{"bench", "detect"}, {"case", cs + "/scenario"}, {"scenario", sc.index},
-                          {"fault", fault_name(sc.fault)}, {"machine", sc.machine}, {"outcome", v.outcome},
+      nlohmann::json j = {{"bench", "detect"},
+                          {"case", cs + "/scenario"},
+                          {"scenario", sc.index},
+                          {"fault", fault_name(sc.fault)},
+                          {"machine", sc.machine},
+                          {"outcome", v.outcome},
                           {"latency_s", v.latency >= 0 ? nlohmann::json(v.latency) : nlohmann::json()},
-                          {"alert_metric", v.metric}, {"false_alerts", v.false_alerts},
+                          {"alert_metric", v.metric},
+                          {"false_alerts", v.false_alerts},
                           {"false_alert_detail", v.false_detail},
-                          {"steps_per_s_before", sc.steps_per_s_before}, {"steps_per_s_after", sc.steps_per_s_after},
+                          {"steps_per_s_before", sc.steps_per_s_before},
+                          {"steps_per_s_after", sc.steps_per_s_after},
                           {"csv", sc.csv}};
       std::printf("%s\n", j.dump().c_str());
     }
@@ -336,12 +346,13 @@ int replay_main(const std::string& dir, const DetectorConfig& config) {
 
 int main(int argc, char** argv) {
   if (has(argc, argv, "--help") || has(argc, argv, "-h")) {
-    std::fputs("usage: bench_detect [--quick] [--faulty N] [--clean N] [--seconds S] [--out DIR]\n"
-               "       bench_detect --replay DIR [--config FILE.lua]   re-score recorded scenarios\n"
-               "       bench_detect --cost                              the synthetic-load case only\n"
-               "Real faults injected into an emulated job (root: cgroups, network namespaces);\n"
-               "JSON lines on stdout. See docs/benchmarks.md, section detect.\n",
-               stdout);
+    std::fputs(
+        "usage: bench_detect [--quick] [--faulty N] [--clean N] [--seconds S] [--out DIR]\n"
+        "       bench_detect --replay DIR [--config FILE.lua]   re-score recorded scenarios\n"
+        "       bench_detect --cost                              the synthetic-load case only\n"
+        "Real faults injected into an emulated job (root: cgroups, network namespaces);\n"
+        "JSON lines on stdout. See docs/benchmarks.md, section detect.\n",
+        stdout);
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "--worker") == 0) return worker_main(argc, argv);
@@ -361,14 +372,17 @@ int main(int argc, char** argv) {
   Capabilities caps = probe();
   std::string missing;
   std::vector<Fault> faults = available_faults(caps, &missing);
-  int n_faulty = flag(argc, argv, "--faulty") ? std::atoi(flag(argc, argv, "--faulty")) : (quick ? static_cast<int>(faults.size()) : 54);
+  int n_faulty = flag(argc, argv, "--faulty") ? std::atoi(flag(argc, argv, "--faulty"))
+                                              : (quick ? static_cast<int>(faults.size()) : 54);
   int n_clean = flag(argc, argv, "--clean") ? std::atoi(flag(argc, argv, "--clean")) : (quick ? 2 : 20);
   double seconds = flag(argc, argv, "--seconds") ? std::atof(flag(argc, argv, "--seconds")) : (quick ? 14 : 18);
   std::string dir = flag(argc, argv, "--out") ? flag(argc, argv, "--out") : "bench-detect-out";
   mkdir(dir.c_str(), 0755);
-  nlohmann::json env = {{"bench", "detect"}, {"case", "environment"}, {"cgroup_v2", caps.cgroup_v2},
-                        {"cgroup_v1_cpu", caps.cgroup_v1_cpu}, {"netns", caps.netns}, {"tbf", caps.tbf},
-                        {"netem", caps.netem}, {"faults_not_injected", missing}, {"notes", caps.notes}};
+  nlohmann::json env = {{"bench", "detect"},           {"case", "environment"},
+                        {"cgroup_v2", caps.cgroup_v2}, {"cgroup_v1_cpu", caps.cgroup_v1_cpu},
+                        {"netns", caps.netns},         {"tbf", caps.tbf},
+                        {"netem", caps.netem},         {"faults_not_injected", missing},
+                        {"notes", caps.notes}};
   std::printf("%s\n", env.dump().c_str());
 
   JobOptions jo;
@@ -391,9 +405,11 @@ int main(int argc, char** argv) {
     // Faulty and clean runs interleaved so that a change in the machine's
     // background load hits both alike.
     bool clean = n_clean > 0 && (i % ((n_faulty + n_clean) / n_clean) == 0) &&
-                 static_cast<int>(std::count_if(plan.begin(), plan.end(), [](const Scenario& s) { return s.fault == Fault::none; })) < n_clean;
+                 static_cast<int>(std::count_if(plan.begin(), plan.end(),
+                                                [](const Scenario& s) { return s.fault == Fault::none; })) < n_clean;
     int faulty_so_far = static_cast<int>(plan.size()) -
-                        static_cast<int>(std::count_if(plan.begin(), plan.end(), [](const Scenario& s) { return s.fault == Fault::none; }));
+                        static_cast<int>(std::count_if(plan.begin(), plan.end(),
+                                                       [](const Scenario& s) { return s.fault == Fault::none; }));
     if (faulty_so_far >= n_faulty) clean = true;
     sc.fault = clean ? Fault::none : faults[static_cast<size_t>(faulty_so_far) % faults.size()];
     sc.machine = clean ? -1 : static_cast<int>(rng() % static_cast<unsigned>(jo.machines));
@@ -413,12 +429,17 @@ int main(int argc, char** argv) {
       job.stop();
       continue;
     }
-    nlohmann::json j = {{"scenario", sc.index}, {"fault", fault_name(sc.fault)}, {"machine", sc.machine},
-                        {"onset", sc.onset_s}, {"csv", sc.csv}, {"steps_per_s_before", sc.steps_per_s_before},
+    nlohmann::json j = {{"scenario", sc.index},
+                        {"fault", fault_name(sc.fault)},
+                        {"machine", sc.machine},
+                        {"onset", sc.onset_s},
+                        {"csv", sc.csv},
+                        {"steps_per_s_before", sc.steps_per_s_before},
                         {"steps_per_s_after", sc.steps_per_s_after}};
     labels << j.dump() << "\n" << std::flush;
     done.push_back(sc);
-    std::fprintf(stderr, "scenario %d/%zu %s on m%d done\n", sc.index + 1, plan.size(), fault_name(sc.fault), sc.machine);
+    std::fprintf(stderr, "scenario %d/%zu %s on m%d done\n", sc.index + 1, plan.size(), fault_name(sc.fault),
+                 sc.machine);
   }
   report_all(done, config);
   return 0;

@@ -79,9 +79,10 @@ double median(std::vector<double> v) {
 }
 
 void emit(const std::string& c, const std::string& metric, double value, const char* unit) {
-  std::printf("%s\n", nlohmann::json{{"bench", "e2e"}, {"case", c}, {"metric", metric}, {"value", value}, {"unit", unit}}
-                          .dump()
-                          .c_str());
+  std::printf("%s\n",
+              nlohmann::json{{"bench", "e2e"}, {"case", c}, {"metric", metric}, {"value", value}, {"unit", unit}}
+                  .dump()
+                  .c_str());
   std::fflush(stdout);
 }
 
@@ -94,9 +95,10 @@ int main(int argc, char** argv) {
   int demo_repeats = 1;
   std::vector<std::string> kinds = {"crash", "hang", "nan"};
   bool no_demo = false;
-  CLI::App app("The whole loop: `ballast run` with the bundled trainer, one fault per run; detection, decision "
-               "and recovery times, steps lost, then the demonstration's ETTR. JSON lines on stdout.",
-               "bench_e2e");
+  CLI::App app(
+      "The whole loop: `ballast run` with the bundled trainer, one fault per run; detection, decision "
+      "and recovery times, steps lost, then the demonstration's ETTR. JSON lines on stdout.",
+      "bench_e2e");
   app.add_option("--repeats", repeats, "runs per fault kind (default 5)")->check(CLI::PositiveNumber);
   app.add_option("--kinds", kinds, "fault kinds (default crash,hang,nan; also slow, skip, net)")
       ->delimiter(',')
@@ -112,13 +114,12 @@ int main(int argc, char** argv) {
   // The straggler analysis as the demonstration runs it (a clear slowdown only).
   const std::string straggler =
       "{ path = 'straggler', config = { window_steps = 50, report_every = 50, min_slowdown = 2 } }";
-  const std::map<std::string, Kind> spec = {
-      {"crash", {"crash:rank=1@step75", 200, "", ""}},
-      {"hang", {"hang:rank=2@step75", 200, "", ""}},
-      {"nan", {"nan@75", 200, "", ""}},
-      {"slow", {"slow:rank=1,factor=5@step75", 600, straggler, ""}},
-      {"skip", {"skip:rank=2@step75", 200, "", ""}},
-      {"net", {"machine:node=1,kind=net@8", 2000, "'machine'", "netns = true"}}};
+  const std::map<std::string, Kind> spec = {{"crash", {"crash:rank=1@step75", 200, "", ""}},
+                                            {"hang", {"hang:rank=2@step75", 200, "", ""}},
+                                            {"nan", {"nan@75", 200, "", ""}},
+                                            {"slow", {"slow:rank=1,factor=5@step75", 600, straggler, ""}},
+                                            {"skip", {"skip:rank=2@step75", 200, "", ""}},
+                                            {"net", {"machine:node=1,kind=net@8", 2000, "'machine'", "netns = true"}}};
   for (const auto& kind : kinds) {
     if (!spec.count(kind)) {
       std::fprintf(stderr, "bench_e2e: unknown kind %s\n", kind.c_str());
@@ -130,7 +131,8 @@ int main(int argc, char** argv) {
       const std::string dir = root + "/" + kind + "-" + std::to_string(r);
       fs::remove_all(dir);
       fs::create_directories(dir);
-      const nlohmann::json rep = run_ballast(config(dir, stall, spec.at(kind)) + " --inject '" + spec.at(kind).spec + "'", dir);
+      const nlohmann::json rep =
+          run_ballast(config(dir, stall, spec.at(kind)) + " --inject '" + spec.at(kind).spec + "'", dir);
       if (!rep.is_object() || rep["incidents"].size() != 1) {
         std::fprintf(stderr, "bench_e2e: %s run %d: no single incident (see %s)\n", kind.c_str(), r, dir.c_str());
         continue;
@@ -138,7 +140,8 @@ int main(int argc, char** argv) {
       const auto& i = rep["incidents"][0];
       ok += rep["state"] == "finished" && i["outcome"] == "recovered";
       const std::string verdict = i["verdict"].is_string() ? i["verdict"].get<std::string>() : "";
-      right += (kind == "crash" && verdict == "crashed rank:1") || (kind == "hang" && verdict.find("rank:2") != std::string::npos) ||
+      right += (kind == "crash" && verdict == "crashed rank:1") ||
+               (kind == "hang" && verdict.find("rank:2") != std::string::npos) ||
                (kind == "nan" && verdict.rfind("nan ", 0) == 0) || (kind == "net" && verdict == "outlier node1") ||
                (kind == "slow" && verdict == "straggler rank:1") ||
                (kind == "skip" && i["message"].is_string() &&

@@ -29,7 +29,6 @@
 #include <string>
 #include <vector>
 
-
 namespace {
 
 using ballast::faults::Fault;
@@ -201,7 +200,8 @@ int main(int argc, char** argv) {
   std::string script = std::string(BALLAST_SOURCE_DIR) + "/scripts/default.lua";
   std::vector<double> scales = {1, 10, 60};
   int standbys = -1;
-  CLI::App app{"ETTR of a job of the InfiniteHBD trace's size, Ballast against a cold requeue; JSON lines on stdout", "bench_ettr"};
+  CLI::App app{"ETTR of a job of the InfiniteHBD trace's size, Ballast against a cold requeue; JSON lines on stdout",
+               "bench_ettr"};
   app.add_option("--trace", trace, "InfiniteHBD fault trace (JSON)");
   app.add_option("--policy", script, "recovery policy that chooses each recovery");
   app.add_option("--standbys", standbys, "spare nodes (default: the P99 of nodes under a fault at once, hourly)");

@@ -19,10 +19,10 @@
 namespace ballast::faults {
 
 struct Fault {
-  std::string node;                // "node-<first 8 hex digits of the node_id>"
+  std::string node;                     // "node-<first 8 hex digits of the node_id>"
   double start_days = 0, end_days = 0;  // end: the matching fault_end, or start when there is none
-  std::string level, cls, desc;    // the trace's fault_type
-  std::string kind;                // kind_of(level, cls, desc)
+  std::string level, cls, desc;         // the trace's fault_type
+  std::string kind;                     // kind_of(level, cls, desc)
 };
 
 // The kind a fault.confirmed carries: "unknown" when the trace says no more
@@ -90,15 +90,20 @@ constexpr double kEpoch = 1700000000.0;
 
 // One JSON line: the fault.confirmed an inspection would publish for f.
 inline std::string to_event(const Fault& f) {
-  const nlohmann::json evidence = {{"level", f.level}, {"class", f.cls}, {"desc", f.desc},
-                                   {"duration_s", (f.end_days - f.start_days) * 86400.0}};
-  const nlohmann::json line = {
-      {"topic", "fault.confirmed"},
-      {"ts", kEpoch + f.start_days * 86400.0},
-      {"source", {{"node", f.node}, {"plugin", "inspection"}}},
-      {"payload",
-       {{"stage", 1}, {"subject", f.node}, {"rank", -1}, {"kind", f.kind}, {"metric", f.cls + ": " + f.desc},
-        {"confidence", 1.0}, {"detector", "inspection"}, {"evidence", evidence.dump()}}}};
+  const nlohmann::json evidence = {
+      {"level", f.level}, {"class", f.cls}, {"desc", f.desc}, {"duration_s", (f.end_days - f.start_days) * 86400.0}};
+  const nlohmann::json line = {{"topic", "fault.confirmed"},
+                               {"ts", kEpoch + f.start_days * 86400.0},
+                               {"source", {{"node", f.node}, {"plugin", "inspection"}}},
+                               {"payload",
+                                {{"stage", 1},
+                                 {"subject", f.node},
+                                 {"rank", -1},
+                                 {"kind", f.kind},
+                                 {"metric", f.cls + ": " + f.desc},
+                                 {"confidence", 1.0},
+                                 {"detector", "inspection"},
+                                 {"evidence", evidence.dump()}}}};
   return line.dump();
 }
 

@@ -68,12 +68,12 @@ size_t verdict_line(const std::string& out) {
 }
 
 struct Outcome {
-  bool finished = false;     // launch ended within the bench's own limit
+  bool finished = false;  // launch ended within the bench's own limit
   int exit_code = -1;
-  bool verdict = false;      // launch printed a verdict
-  bool correct = false;      // ... naming the faulty rank, with the expected kind, and no other rank
-  double detect_s = -1;      // fault -> verdict
-  std::string summary;       // what the verdict said, for a failure's report
+  bool verdict = false;  // launch printed a verdict
+  bool correct = false;  // ... naming the faulty rank, with the expected kind, and no other rank
+  double detect_s = -1;  // fault -> verdict
+  std::string summary;   // what the verdict said, for a failure's report
 };
 
 // One `ballast launch` run; its stdout (the verdict) and stderr (the fault's
@@ -92,10 +92,28 @@ Outcome run_once(const std::string& ballast, const std::string& loop, int n, con
     std::filesystem::remove_all(dir);
     return o;
   }
-  const std::vector<std::string> args = {ballast, "launch", "-n", std::to_string(n), "--stall", std::to_string(stall),
-                                         "--trace-dir", dir, "--json", "--", loop, "--bytes", std::to_string(bytes),
-                                         "--iters", std::to_string(iters), "--warmup", "3", "--fault", fault,
-                                         "--fault-rank", std::to_string(fault_rank), "--fault-iter",
+  const std::vector<std::string> args = {ballast,
+                                         "launch",
+                                         "-n",
+                                         std::to_string(n),
+                                         "--stall",
+                                         std::to_string(stall),
+                                         "--trace-dir",
+                                         dir,
+                                         "--json",
+                                         "--",
+                                         loop,
+                                         "--bytes",
+                                         std::to_string(bytes),
+                                         "--iters",
+                                         std::to_string(iters),
+                                         "--warmup",
+                                         "3",
+                                         "--fault",
+                                         fault,
+                                         "--fault-rank",
+                                         std::to_string(fault_rank),
+                                         "--fault-iter",
                                          std::to_string(fault_iter)};
   const pid_t pid = fork();
   if (pid == 0) {
@@ -159,8 +177,10 @@ Outcome run_once(const std::string& ballast, const std::string& loop, int n, con
     const int r = c.value("rank", -1);
     const std::string kind = c.value("kind", "");
     o.summary += " rank " + std::to_string(r) + " " + kind;
-    if (r == fault_rank && kind == expected_kind(fault)) named = true;
-    else others = true;
+    if (r == fault_rank && kind == expected_kind(fault))
+      named = true;
+    else
+      others = true;
   }
   o.correct = named && !others;
   const auto at = se.find("monotonic_ns ");
@@ -206,9 +226,10 @@ int main(int argc, char** argv) {
   std::string tls = "sm,self";
   std::vector<uint64_t> sizes = {65536, 4u << 20};
   unsigned seed = 20261125;
-  CLI::App app("How fast and how well `ballast launch` names the rank behind a failed or hung job, against "
-               "Mycroft's published figures; JSON lines on stdout (docs/benchmarks.md).",
-               "bench_hang");
+  CLI::App app(
+      "How fast and how well `ballast launch` names the rank behind a failed or hung job, against "
+      "Mycroft's published figures; JSON lines on stdout (docs/benchmarks.md).",
+      "bench_hang");
   app.add_option("--ranks", n, "ranks per job (default 4)")->check(CLI::Range(2, 64));
   app.add_option("--reps", reps, "runs per fault and size (default 5)")->check(CLI::PositiveNumber);
   app.add_option("--stall", stall, "launch's --stall, seconds (default 10)")->check(CLI::PositiveNumber);

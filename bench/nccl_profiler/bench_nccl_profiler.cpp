@@ -110,9 +110,10 @@ void line(const char* c, const char* metric, double value, const char* unit) {
 int main(int argc, char** argv) {
   int runs = 9, ops = 200000;
   bool quick = false;
-  CLI::App app("The stand-alone NCCL profiler's cost per operation, without a GPU, against an empty profiler table; "
-               "JSON lines on stdout.",
-               "bench_nccl_profiler");
+  CLI::App app(
+      "The stand-alone NCCL profiler's cost per operation, without a GPU, against an empty profiler table; "
+      "JSON lines on stdout.",
+      "bench_nccl_profiler");
   app.add_option("--runs", runs, "runs (the median is reported; default 9)")->check(CLI::PositiveNumber);
   app.add_flag("--quick", quick, "a tenth of the operations, 3 runs");
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;

@@ -21,10 +21,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -91,8 +91,8 @@ Figures measure(const std::function<void()>& call) {
 }
 
 void print(const char* c, const char* metric, double value, const char* unit) {
-  std::printf("{\"bench\":\"policy\",\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.1f,\"unit\":\"%s\"}\n", c,
-              metric, value, unit);
+  std::printf("{\"bench\":\"policy\",\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.1f,\"unit\":\"%s\"}\n", c, metric,
+              value, unit);
 }
 
 void report(const char* c, Figures f) {
@@ -104,9 +104,10 @@ void report(const char* c, Figures f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("The cost of one Lua policy handler call, end to end, against a bare lua_pcall; JSON lines on "
-               "stdout (docs/benchmarks.md).",
-               "bench_policy");
+  CLI::App app(
+      "The cost of one Lua policy handler call, end to end, against a bare lua_pcall; JSON lines on "
+      "stdout (docs/benchmarks.md).",
+      "bench_policy");
   app.add_option("CALLS", kCalls, "calls per run (default 200000)")->check(CLI::Range(1000, 1000000000));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   std::string path = (std::filesystem::temp_directory_path() / "ballast-bench-policy.lua").string();

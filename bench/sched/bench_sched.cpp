@@ -91,7 +91,10 @@ void report(const std::string& c, const Tally& t) {
   double ours = t.sum.at("arnold");
   if (ours > 0) emit(c, "ratio_of_means.best_baseline_over_ours", per_inst_best / ours, "x");
   double mean = 0, mx = 0;
-  for (double r : t.ratios) { mean += r; mx = std::max(mx, r); }
+  for (double r : t.ratios) {
+    mean += r;
+    mx = std::max(mx, r);
+  }
   if (!t.ratios.empty()) {
     emit(c, "ratio.mean", mean / t.ratios.size(), "x");
     emit(c, "ratio.max", mx, "x");
@@ -123,9 +126,12 @@ void run_instance(const Topology& topo, const std::vector<NodeState>& st, Job jo
   t.sum["best-baseline"] += best;
   ++t.instances;
   if (ours.score.objective > best + 1e-9) ++t.worse;
-  if (ours.score.objective > 1e-9) t.ratios.push_back(best / ours.score.objective);
-  else if (best > 1e-9) ++t.ours_zero_base_pos;
-  else ++t.both_zero;
+  if (ours.score.objective > 1e-9)
+    t.ratios.push_back(best / ours.score.objective);
+  else if (best > 1e-9)
+    ++t.ours_zero_base_pos;
+  else
+    ++t.both_zero;
   t.optimal += ours.optimal;
   t.seconds.push_back(ours.seconds);
   t.gaps.push_back(ours.score.objective - ours.lower_bound);
@@ -136,10 +142,11 @@ void run_instance(const Topology& topo, const std::vector<NodeState>& st, Job jo
 int main(int argc, char** argv) {
   int patterns = 100;
   bool quick = false;
-  CLI::App app("Placement quality and speed against the baselines, on Arnold's three simulated settings and on "
-               "100,000-GPU clusters; JSON lines on "
-               "stdout (docs/benchmarks.md).",
-               "bench_sched");
+  CLI::App app(
+      "Placement quality and speed against the baselines, on Arnold's three simulated settings and on "
+      "100,000-GPU clusters; JSON lines on "
+      "stdout (docs/benchmarks.md).",
+      "bench_sched");
   app.add_flag("--quick", quick, "10 patterns");
   app.add_option("--patterns", patterns, "free-node patterns per setting (default 100)")->check(CLI::PositiveNumber);
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;

@@ -4,7 +4,8 @@
 //
 //   bench_startup [--dir DIR] [--reps 3] [--ckpt-mib 2560] [--tree-mib 300] [--files 4000] [--keep] [--reads-only]
 //                 [--no-reads] [--cases plain,...]   (a subset of the start cases; plain, or striped for the
-//                                                     striped_prefetch_* cases, is always run: the base they are compared with)
+//                                                     striped_prefetch_* cases, is always run: the base they are
+//                                                     compared with)
 //                 [--reuse]   (use the data set an earlier --keep run left in DIR; implies --keep)
 //                 [--trace]   (per start, on stderr: memory counters and the job's CPU time around the job)
 //                 [--settle S]  (pause after each drop, for freed memory to reach the host; default 15)
@@ -42,11 +43,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "startup_command.hpp"
 #include "hotblocks.hpp"
-#include "striped_read.hpp"
 #include "snapshot.hpp"
 #include "stages.hpp"
+#include "startup_command.hpp"
+#include "striped_read.hpp"
 #include "util.hpp"
 
 namespace fs = std::filesystem;
@@ -63,17 +64,17 @@ struct Config {
   bool no_reads = false;    // only the start cases
   bool reuse = false;       // keep the data set of an earlier --keep run in DIR
   bool trace = false;       // one line per start on stderr: memory counters around the job
-  std::vector<std::string> cases = {"plain", "snapshot", "prefetch", "striped", "all", "prefetch_wrong",
-                                    "prefetch_stale"};
+  std::vector<std::string> cases = {"plain", "snapshot",       "prefetch",      "striped",
+                                    "all",   "prefetch_wrong", "prefetch_stale"};
   // Chosen with --cases only.
   std::vector<std::string> extra_cases = {"striped_prefetch_wrong", "striped_prefetch_stale"};
 };
 
 void emit(const std::string& c, const std::string& metric, double value, const std::string& unit) {
-  std::printf("%s\n", nlohmann::json({{"bench", "startup"}, {"case", c}, {"metric", metric}, {"value", value},
-                                      {"unit", unit}})
-                          .dump()
-                          .c_str());
+  std::printf("%s\n",
+              nlohmann::json({{"bench", "startup"}, {"case", c}, {"metric", metric}, {"value", value}, {"unit", unit}})
+                  .dump()
+                  .c_str());
   std::fflush(stdout);
 }
 
@@ -160,8 +161,9 @@ std::vector<std::string> make_tree(const std::string& root, uint64_t files, uint
 
 // Text-like bytes (compress about 3x, as source code does).
 void fill_text(Rng& rng, std::string& out, size_t n) {
-  static const char* words[] = {"def ", "return ", "self", ".value", "import ", "numpy", " = ", "(x, y)", "\n    ",
-                                "for i in range(n):", "tensor", "# comment ", "class ", "None", "True", ":\n"};
+  static const char* words[] = {
+      "def ",   "return ",    "self",   ".value", "import ", "numpy", " = ", "(x, y)", "\n    ", "for i in range(n):",
+      "tensor", "# comment ", "class ", "None",   "True",    ":\n"};
   out.clear();
   while (out.size() < n) {
     uint64_t r = rng.next();
@@ -347,7 +349,7 @@ double make_cold(const Data& d) {
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    struct stat st{};
+    struct stat st {};
     ::fstat(fd, &st);
     if (st.st_size > 0) {
       void* m = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
@@ -400,8 +402,8 @@ void warm_snapshot_first(HotProfile& p, const std::string& store) {
 //   plain           install from the lockfile, then the job (sequential buffered checkpoint read)
 //   snapshot        restore the environment snapshot instead of installing
 //   prefetch        hot-block prefetch of the job's recorded profile (checkpoint included) from t0
-//   striped         the job loads the checkpoint with 8 striped readers (the loader's default: into the page cache, mapped)
-//   all             snapshot + prefetch of the snapshot archive, then of the profile without the
+//   striped         the job loads the checkpoint with 8 striped readers (the loader's default: into the page cache,
+//   mapped) all             snapshot + prefetch of the snapshot archive, then of the profile without the
 //                   checkpoint + the node's shared striped checkpoint read, started once the
 //                   prefetcher is done, which the job then maps
 //   prefetch_wrong  prefetch of another job's profile
@@ -426,9 +428,11 @@ Run start_once(const Data& d, const std::string& c) {
   const bool snapshot = c == "snapshot" || c == "all";
   const bool striped = c == "striped" || c == "all" || c.rfind("striped_prefetch_", 0) == 0;
   const bool shared = c == "all";
-  std::string profile = c == "prefetch" ? d.profile_full : c == "all" ? d.profile_nockpt
+  std::string profile = c == "prefetch"                                          ? d.profile_full
+                        : c == "all"                                             ? d.profile_nockpt
                         : c == "prefetch_wrong" || c == "striped_prefetch_wrong" ? d.profile_wrong
-                        : c == "prefetch_stale" || c == "striped_prefetch_stale" ? d.profile_stale : "";
+                        : c == "prefetch_stale" || c == "striped_prefetch_stale" ? d.profile_stale
+                                                                                 : "";
   const double t0 = now_s();
   std::unique_ptr<Prefetcher> pf;
   if (!profile.empty()) {
@@ -472,7 +476,8 @@ Run start_once(const Data& d, const std::string& c) {
     args.push_back("--stages");
     args.push_back(stages);
     auto before = counters();
-    struct rusage ru0{}, ru1{};
+    struct rusage ru0 {
+    }, ru1{};
     ::getrusage(RUSAGE_CHILDREN, &ru0);
     rc = run_process(args, {}, [&](int pid) {
       if (pf) pf->watch(pid);  // a wrong profile stops once the job shows it is not its own
@@ -480,12 +485,13 @@ Run start_once(const Data& d, const std::string& c) {
     ::getrusage(RUSAGE_CHILDREN, &ru1);
     auto after = counters();
     std::ostringstream t;
-    t << "job_user=" << cpu_s(ru1.ru_utime) - cpu_s(ru0.ru_utime) << " job_sys=" << cpu_s(ru1.ru_stime) - cpu_s(ru0.ru_stime);
+    t << "job_user=" << cpu_s(ru1.ru_utime) - cpu_s(ru0.ru_utime)
+      << " job_sys=" << cpu_s(ru1.ru_stime) - cpu_s(ru0.ru_stime);
     for (const char* k : {"MemFree:", "Cached:", "Dirty:", "Writeback:", "Shmem:", "Active(file):", "Inactive(file):"})
       t << " " << k << before[k] / 1024;
-    for (const char* k : {"pgfault", "pgmajfault", "pgpgin", "pgpgout", "pgfree", "pgalloc_normal", "pgalloc_dma32",
-                          "workingset_refault_file", "pgscan_kswapd", "compact_stall", "thp_fault_alloc", "nr_dirtied",
-                          "nr_written"})
+    for (const char* k :
+         {"pgfault", "pgmajfault", "pgpgin", "pgpgout", "pgfree", "pgalloc_normal", "pgalloc_dma32",
+          "workingset_refault_file", "pgscan_kswapd", "compact_stall", "thp_fault_alloc", "nr_dirtied", "nr_written"})
       t << " d_" << k << "=" << after[k] - before[k];
     run.trace = t.str() + pf_at_job;
   }
@@ -506,7 +512,7 @@ Run start_once(const Data& d, const std::string& c) {
 // ---- checkpoint read modes --------------------------------------------------
 
 double odirect_read(const std::string& path, unsigned threads, uint64_t req) {
-  struct stat st{};
+  struct stat st {};
   ::stat(path.c_str(), &st);
   const uint64_t size = uint64_t(st.st_size) / 4096 * 4096;
   const double t0 = now_s();
@@ -533,7 +539,7 @@ double odirect_read(const std::string& path, unsigned threads, uint64_t req) {
 // whole file (what a plain loader does), or into `ready` memory.
 double buffered_read(const std::string& path, char* ready = nullptr) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  struct stat st{};
+  struct stat st {};
   ::fstat(fd, &st);
   const double t0 = now_s();
   std::unique_ptr<char[]> fresh(ready ? nullptr : new char[size_t(st.st_size)]);
@@ -569,15 +575,20 @@ void cold(const std::string& path) {
 //   striped_N               load_file's default: N readers bring the file into the page cache, mapped
 //   striped_8_direct        load_file with O_DIRECT into a fresh anonymous allocation
 //   striped_8_16m           as striped_8, 16 MiB chunks
-const std::vector<std::string> kReadVariants = {"buffered_sequential", "striped_8", "striped_8_direct",
-                                                "striped_2", "striped_4", "striped_8_16m",
-                                                "buffered_sequential_ready_dst", "striped_8_ready_dst"};
+const std::vector<std::string> kReadVariants = {"buffered_sequential",
+                                                "striped_8",
+                                                "striped_8_direct",
+                                                "striped_2",
+                                                "striped_4",
+                                                "striped_8_16m",
+                                                "buffered_sequential_ready_dst",
+                                                "striped_8_ready_dst"};
 std::vector<std::string> read_variants = {"buffered_sequential", "striped_8", "striped_8_direct"};
 
 void bench_reads(const Data& d, int reps) {
   std::map<std::string, std::vector<double>> r;
   std::vector<double> ceilings;  // per round: the best O_DIRECT variant
-  struct stat st{};
+  struct stat st {};
   ::stat(d.ckpt.c_str(), &st);
   const uint64_t cap = (uint64_t(st.st_size) + 4095) / 4096 * 4096;
   void* ready = nullptr;  // a destination faulted in beforehand (a trainer's staging buffer)
@@ -600,7 +611,8 @@ void bench_reads(const Data& d, int reps) {
   for (int i = 0; i < reps; ++i) {
     double ceiling = 0;
     // 8: the queue depth of 8 striped readers
-    for (auto [t, req] : std::vector<std::pair<unsigned, uint64_t>>{{1, 16 << 20}, {4, 16 << 20}, {8, 8 << 20}, {8, 16 << 20}}) {
+    for (auto [t, req] :
+         std::vector<std::pair<unsigned, uint64_t>>{{1, 16 << 20}, {4, 16 << 20}, {8, 8 << 20}, {8, 16 << 20}}) {
       cold(d.ckpt);
       double v = odirect_read(d.ckpt, t, req);
       r["odirect_" + std::to_string(t) + "t_" + std::to_string(req >> 20) + "m"].push_back(v);
@@ -649,10 +661,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> known_cases = c.cases;
   known_cases.insert(known_cases.end(), c.extra_cases.begin(), c.extra_cases.end());
   std::vector<std::string> cases;
-  CLI::App app("A cold job start on this machine, plain and with each start-up technique alone and together, "
-               "plus the checkpoint read modes against the device's O_DIRECT ceiling; JSON lines on stdout "
-               "(docs/benchmarks.md).",
-               "bench_startup");
+  CLI::App app(
+      "A cold job start on this machine, plain and with each start-up technique alone and together, "
+      "plus the checkpoint read modes against the device's O_DIRECT ceiling; JSON lines on stdout "
+      "(docs/benchmarks.md).",
+      "bench_startup");
   app.add_option("--dir", c.dir, "where the data set is made (default startup-bench)");
   app.add_option("--reps", c.reps, "rounds (default 3)")->check(CLI::PositiveNumber);
   app.add_option("--ckpt-mib", c.ckpt_mib, "checkpoint size (default 2560)")->check(CLI::PositiveNumber);
@@ -664,12 +677,14 @@ int main(int argc, char** argv) {
   app.add_option("--settle", settle_s, "seconds of pause after each drop (default 15)")->check(CLI::NonNegativeNumber);
   app.add_flag("--reads-only", c.reads_only, "the checkpoint read modes only");
   app.add_flag("--no-reads", c.no_reads, "the start cases only");
-  app.add_option("--cases", cases, "a subset of the start cases (plain, or striped for the striped_prefetch_* "
-                                   "ones, is always run: the base they are compared with)")
+  app.add_option("--cases", cases,
+                 "a subset of the start cases (plain, or striped for the striped_prefetch_* "
+                 "ones, is always run: the base they are compared with)")
       ->delimiter(',')
       ->check(CLI::IsMember(known_cases));
-  app.add_option("--reads", read_variants, "checkpoint read variants beside the O_DIRECT ceiling (default "
-                                           "buffered_sequential,striped_8,striped_8_direct)")
+  app.add_option("--reads", read_variants,
+                 "checkpoint read variants beside the O_DIRECT ceiling (default "
+                 "buffered_sequential,striped_8,striped_8_direct)")
       ->delimiter(',')
       ->check(CLI::IsMember(kReadVariants));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;

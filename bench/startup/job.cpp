@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "striped_read.hpp"
 #include "stages.hpp"
+#include "striped_read.hpp"
 #include "util.hpp"
 
 using namespace ballast::startup;
@@ -33,7 +33,7 @@ using namespace ballast::startup;
 namespace {
 
 uint32_t import_file(const std::string& path, std::vector<char>& buf, uint64_t& bytes) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return 0;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
@@ -53,15 +53,17 @@ int main(int argc, char** argv) {
   unsigned striped = 0;
   bool share = false;
   std::string share_flag;
-  CLI::App app("The job whose cold start bench_startup measures: imports files, reads its environment, loads a "
-               "checkpoint.",
-               "bench_startup_job");
+  CLI::App app(
+      "The job whose cold start bench_startup measures: imports files, reads its environment, loads a "
+      "checkpoint.",
+      "bench_startup_job");
   app.add_option("--imports", imports, "file listing the files it imports, in order");
   app.add_option("--env", env, "installed environment it reads");
   app.add_option("--ckpt", ckpt, "checkpoint it loads");
   app.add_option("--striped", striped, "readers of a striped load (0: one plain read)");
   app.add_option("--stages", stages, "stage log to append to");
-  app.add_option("--share", share_flag, "1: share the load among this node's processes")->check(CLI::IsMember({"0", "1"}));
+  app.add_option("--share", share_flag, "1: share the load among this node's processes")
+      ->check(CLI::IsMember({"0", "1"}));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   share = share_flag == "1";
   StageLog log(nullptr, stages);
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
       size = f.size;
     } else {
       int fd = ::open(ckpt.c_str(), O_RDONLY | O_CLOEXEC);
-      struct stat st{};
+      struct stat st {};
       ::fstat(fd, &st);
       size = uint64_t(st.st_size);
       std::unique_ptr<char[]> mem(new char[size]);  // uninitialised, as a tensor allocation

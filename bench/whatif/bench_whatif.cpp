@@ -145,9 +145,10 @@ void scaling(const std::string& dir, int repeat) {
 int main(int argc, char** argv) {
   int repeat = 15;
   std::string dir = std::string(BALLAST_SOURCE_DIR) + "/tests/data/stragglers";
-  CLI::App app("Time of the whole what-if analysis of the AR and ST traces, and how it grows with ranks and steps; "
-               "JSON lines on stdout (docs/benchmarks.md).",
-               "bench_whatif");
+  CLI::App app(
+      "Time of the whole what-if analysis of the AR and ST traces, and how it grows with ranks and steps; "
+      "JSON lines on stdout (docs/benchmarks.md).",
+      "bench_whatif");
   app.add_option("--repeat", repeat, "runs per trace (default 15)")->check(CLI::PositiveNumber);
   app.add_option("--data", dir, "folder of the traces");
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;

@@ -51,7 +51,7 @@ void install_crash_report() {
   ss.ss_sp = stack;
   ss.ss_size = sizeof stack;
   sigaltstack(&ss, nullptr);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_sigaction = on_crash;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
   sigemptyset(&sa.sa_mask);

@@ -20,9 +20,7 @@ int read_event_file(const std::string& path, const std::function<void(const Owne
     std::string problem;
     int rc = read_journal(
         path, JournalMode::refuse_bad, [&](const OwnedEvent& ev, uint64_t) { on_event(ev); },
-        [&](const JournalProblem& p) {
-          problem = path + ": byte " + std::to_string(p.offset) + ": " + p.reason;
-        });
+        [&](const JournalProblem& p) { problem = path + ": byte " + std::to_string(p.offset) + ": " + p.reason; });
     if (rc != BALLAST_OK) return fail(rc, problem.empty() ? std::string(last_error()) : problem);
     return BALLAST_OK;
   }

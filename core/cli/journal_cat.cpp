@@ -31,7 +31,9 @@ void add_journal(CLI::App& app) {
             const ballast_event& e = ev.view();
             std::printf("@%-10llu %.6f %-22s %s/%s %s\n", static_cast<unsigned long long>(offset), e.ts_ns / 1e9,
                         e.topic, e.source.node ? e.source.node : "-", e.source.plugin ? e.source.plugin : "-",
-                        j.contains("payload") ? j["payload"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str() : "");
+                        j.contains("payload")
+                            ? j["payload"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str()
+                            : "");
           }
         },
         [&](const JournalProblem& p) {

@@ -12,7 +12,9 @@
 namespace ballast::cli {
 
 void add_plugins(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plugins", "List plugins (file, name, kind, version, ABI, interfaces, the commands each offers) or why one is refused");
+  auto* cmd = app.add_subcommand(
+      "plugins",
+      "List plugins (file, name, kind, version, ABI, interfaces, the commands each offers) or why one is refused");
   static std::vector<std::string> paths;
   static bool json = false;
   cmd->add_option("PATH", paths, "Plugin files or folders (default: the plugin search path)");
@@ -50,13 +52,16 @@ void add_plugins(CLI::App& app) {
                         {"commands", commands}});
     }
     if (json) {
-      std::printf("%s\n", nlohmann::json{{"plugins", listed}, {"refused", refused}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::printf("%s\n", nlohmann::json{{"plugins", listed}, {"refused", refused}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
     } else {
       if (files.empty()) std::printf("no plugin files in %zu folder(s)\n", roots.size());
       for (auto& p : listed) {
         std::string ifs;
         for (auto& i : p["interfaces"])
-          ifs += (ifs.empty() ? "" : ", ") + i["name"].get<std::string>() + " v" + std::to_string(i["version"].get<int>());
+          ifs +=
+              (ifs.empty() ? "" : ", ") + i["name"].get<std::string>() + " v" + std::to_string(i["version"].get<int>());
         std::string verbs;
         for (auto& c : p["commands"]) verbs += (verbs.empty() ? "ballast " : ", ballast ") + c.get<std::string>();
         std::printf("%-12s %-10s %-8s ABI %s  %s\n  %s\n  interfaces: %s\n", p["name"].get<std::string>().c_str(),

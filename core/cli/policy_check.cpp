@@ -33,9 +33,8 @@ class PrintSink : public PolicySink {
                           {"fallback", a.fallback}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
-      std::printf("%-28s -> %s%s %s%s%s\n", a.cause_topic.c_str(), a.fallback ? "(fallback) " : "",
-                  a.action.c_str(), a.subject.empty() ? "(job)" : a.subject.c_str(),
-                  a.reason.empty() ? "" : ": ", a.reason.c_str());
+      std::printf("%-28s -> %s%s %s%s%s\n", a.cause_topic.c_str(), a.fallback ? "(fallback) " : "", a.action.c_str(),
+                  a.subject.empty() ? "(job)" : a.subject.c_str(), a.reason.empty() ? "" : ": ", a.reason.c_str());
     }
   }
   void on_publish(OwnedEvent event) override {

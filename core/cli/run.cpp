@@ -29,9 +29,17 @@ bool log_overrides(nlohmann::json& config, const std::string& level_flag, const 
   };
   const Setting settings[] = {
       {"log_level", level_flag, "--log-level", "BALLAST_LOG_LEVEL",
-       [](const std::string& v) { int l; return parse_log_level(v, &l); }, "error, warn, info or debug"},
+       [](const std::string& v) {
+         int l;
+         return parse_log_level(v, &l);
+       },
+       "error, warn, info or debug"},
       {"log_format", format_flag, "--log-format", "BALLAST_LOG_FORMAT",
-       [](const std::string& v) { LogFormat f; return parse_log_format(v, &f); }, "text or json"},
+       [](const std::string& v) {
+         LogFormat f;
+         return parse_log_format(v, &f);
+       },
+       "text or json"},
   };
   for (const Setting& s : settings) {
     const char* env = std::getenv(s.env);
@@ -52,8 +60,7 @@ void add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run the host (agent or controller) from a Lua config file");
   static std::string config_path;
   static bool json = false;
-  cmd->add_option("CONFIG", config_path,
-                  "Config file: a Lua file returning a table (its keys: docs/config.md)")
+  cmd->add_option("CONFIG", config_path, "Config file: a Lua file returning a table (its keys: docs/config.md)")
       ->required();
   cmd->add_flag("--json", json, "On exit, print the counters (with a job: the job's report) as one JSON object");
   static JobFlags job_flags;
@@ -168,7 +175,9 @@ void add_run(CLI::App& app) {
       } else {
         std::fprintf(stderr, "ballast run: stopped cleanly;");
       }
-      for (auto& [k, v] : counters.items()) std::fprintf(stderr, " %s=%s", k.c_str(), v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      for (auto& [k, v] : counters.items())
+        std::fprintf(stderr, " %s=%s", k.c_str(),
+                     v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fprintf(stderr, "\n");
     }
   });

@@ -7,7 +7,8 @@ namespace ballast::cli {
 namespace {
 
 bool is_runner(const nlohmann::json& entry) {
-  const nlohmann::json* path = entry.is_string() ? &entry : (entry.is_object() && entry.contains("path") ? &entry["path"] : nullptr);
+  const nlohmann::json* path =
+      entry.is_string() ? &entry : (entry.is_object() && entry.contains("path") ? &entry["path"] : nullptr);
   if (!path || !path->is_string()) return false;
   const std::string stem = std::filesystem::path(path->get<std::string>()).stem().string();
   return stem == "runner" || stem == "ballast-runner";
@@ -25,7 +26,9 @@ bool hand_job_to_runner(nlohmann::json& config, const std::string& base_dir, con
       if (is_runner(e)) entry = &e;
   *has_job = config.contains("job") || entry != nullptr;
   if (!*has_job) {
-    if (flagged) *error = "--inject, --inject-schedule and --timeline need a config with a job (job = { command = {...}, ranks = N })";
+    if (flagged)
+      *error =
+          "--inject, --inject-schedule and --timeline need a config with a job (job = { command = {...}, ranks = N })";
     return !flagged;
   }
   if (!entry) {

@@ -34,7 +34,7 @@ class JobWatch {
  public:
   int attach(Host& host);  // subscribe before the host starts
   bool started() const { return started_; }
-  int exit_code() const;   // finished 0, interrupted 130, anything else 1
+  int exit_code() const;  // finished 0, interrupted 130, anything else 1
   nlohmann::json report() const;
 
  private:

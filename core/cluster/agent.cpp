@@ -3,8 +3,8 @@
 #include "error.hpp"
 #include "host.hpp"
 
-#include <sys/eventfd.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -63,9 +63,9 @@ Agent::~Agent() {
 
 int Agent::start() {
   thread_ = std::thread([this] { run(); });
-  host_.log(BALLAST_LOG_INFO, "cluster", "agent " + options_.node + ": spool " + options_.spool.dir + " at sequence " +
-                                             std::to_string(spool_->last_seq()) + ", acknowledged " +
-                                             std::to_string(spool_->acked()));
+  host_.log(BALLAST_LOG_INFO, "cluster",
+            "agent " + options_.node + ": spool " + options_.spool.dir + " at sequence " +
+                std::to_string(spool_->last_seq()) + ", acknowledged " + std::to_string(spool_->acked()));
   return BALLAST_OK;
 }
 
@@ -192,16 +192,17 @@ void Agent::session(Link& link) {
   uint64_t applied = 0;
   int64_t deadline = now_ms() + options_.connect_timeout_ms;
   while (!welcomed && !refused && now_ms() < deadline && !quit_.load()) {
-    if (!link.pump(100, -1,
-                   [&](const Message& m) {
-                     if (m.type == MsgType::welcome) welcomed = true, applied = m.number;
-                     if (m.type == MsgType::refuse) {
-                       refused = true;
-                       error = std::string(reinterpret_cast<const char*>(m.body), m.body_size);
-                     }
-                     return !refused;
-                   },
-                   &error))
+    if (!link.pump(
+            100, -1,
+            [&](const Message& m) {
+              if (m.type == MsgType::welcome) welcomed = true, applied = m.number;
+              if (m.type == MsgType::refuse) {
+                refused = true;
+                error = std::string(reinterpret_cast<const char*>(m.body), m.body_size);
+              }
+              return !refused;
+            },
+            &error))
       break;
   }
   if (!welcomed) {
@@ -231,52 +232,53 @@ void Agent::session(Link& link) {
       last_hb = now;
       if (overflow > overflow_logged_) {
         host_.log(BALLAST_LOG_WARN, "cluster",
-                  "spool full (" + std::to_string(options_.spool.max_bytes >> 20) + " MiB): " +
-                      std::to_string(overflow) + " event(s) not spooled and lost so far");
+                  "spool full (" + std::to_string(options_.spool.max_bytes >> 20) +
+                      " MiB): " + std::to_string(overflow) + " event(s) not spooled and lost so far");
         overflow_logged_ = overflow;
       }
     }
-    bool ok = link.pump(static_cast<int>(std::max<int64_t>(1, options_.heartbeat_ms - (now - last_hb))), wake_fd_,
-                        [&](const Message& m) {
-                          last_rx = now_ms();
-                          switch (m.type) {
-                            case MsgType::ack: {
-                              spool_->acknowledge(m.number);
-                              std::lock_guard lock(queue_mutex_);
-                              while (!queue_.empty() && queue_.front().first <= m.number) {
-                                queue_bytes_ -= queue_.front().second.size();
-                                queue_.pop_front();
-                              }
-                              return true;
-                            }
-                            case MsgType::action: {
-                              if (m.number > applied_action_) {
-                                OwnedEvent ev;
-                                size_t used = 0;
-                                std::string why;
-                                if (decode_frame(m.body, m.body_size, &ev, &used, &why) != BALLAST_OK) {
-                                  error = "bad action frame: " + why;
-                                  return false;
-                                }
-                                if (host_.publish(ev.view(), "cluster") != BALLAST_OK)
-                                  host_.log(BALLAST_LOG_WARN, "cluster",
-                                            std::string("could not publish an action: ") + last_error());
-                                applied_action_ = m.number;
-                                std::ofstream(fs::path(options_.spool.dir) / "actions") << applied_action_ << "\n";
-                                actions_.fetch_add(1);
-                              } else {
-                                action_repeats_.fetch_add(1);
-                              }
-                              link.send(MsgType::action_ack, m.number);
-                              return true;
-                            }
-                            case MsgType::heartbeat: return true;
-                            default:
-                              error = "unexpected message type " + std::to_string(static_cast<int>(m.type));
-                              return false;
-                          }
-                        },
-                        &error);
+    bool ok = link.pump(
+        static_cast<int>(std::max<int64_t>(1, options_.heartbeat_ms - (now - last_hb))), wake_fd_,
+        [&](const Message& m) {
+          last_rx = now_ms();
+          switch (m.type) {
+            case MsgType::ack: {
+              spool_->acknowledge(m.number);
+              std::lock_guard lock(queue_mutex_);
+              while (!queue_.empty() && queue_.front().first <= m.number) {
+                queue_bytes_ -= queue_.front().second.size();
+                queue_.pop_front();
+              }
+              return true;
+            }
+            case MsgType::action: {
+              if (m.number > applied_action_) {
+                OwnedEvent ev;
+                size_t used = 0;
+                std::string why;
+                if (decode_frame(m.body, m.body_size, &ev, &used, &why) != BALLAST_OK) {
+                  error = "bad action frame: " + why;
+                  return false;
+                }
+                if (host_.publish(ev.view(), "cluster") != BALLAST_OK)
+                  host_.log(BALLAST_LOG_WARN, "cluster", std::string("could not publish an action: ") + last_error());
+                applied_action_ = m.number;
+                std::ofstream(fs::path(options_.spool.dir) / "actions") << applied_action_ << "\n";
+                actions_.fetch_add(1);
+              } else {
+                action_repeats_.fetch_add(1);
+              }
+              link.send(MsgType::action_ack, m.number);
+              return true;
+            }
+            case MsgType::heartbeat:
+              return true;
+            default:
+              error = "unexpected message type " + std::to_string(static_cast<int>(m.type));
+              return false;
+          }
+        },
+        &error);
     uint64_t v;
     ssize_t n = read(wake_fd_, &v, sizeof v);
     (void)n;

@@ -36,8 +36,8 @@ struct AgentOptions {
   std::vector<std::string> controllers;  // host:port, tried in turn
   TlsFiles tls;
   SpoolOptions spool;
-  std::vector<std::string> forward = {"metric.*", "step.*", "fault.*", "collective.*", "straggler.*", "startup.*",
-                                      "trace.*", "job.*"};
+  std::vector<std::string> forward = {"metric.*",    "step.*",    "fault.*", "collective.*",
+                                      "straggler.*", "startup.*", "trace.*", "job.*"};
   int heartbeat_ms = 1000;
   int silent_after_ms = 5000;
   int connect_timeout_ms = 3000;

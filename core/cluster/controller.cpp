@@ -71,9 +71,8 @@ int Controller::create(Host& host, ControllerOptions options, Leadership* leader
   c->leadership_ = leadership;
   if (leadership) c->commits_ = std::make_unique<GroupCommit>(*leadership);
   // Action ids grow across restarts: the epoch is the start time (or the term).
-  c->epoch_ = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
+  c->epoch_ = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   for (auto& [name, n] : c->nodes_) n.last_heard_ms = now_ms();
   *out = std::move(c);
   return BALLAST_OK;
@@ -207,24 +206,25 @@ void Controller::serve(Conn* conn) {
   int64_t deadline = now_ms() + options_.handshake_timeout_ms;
   uint64_t overflow = 0;
   while (!said_hello && now_ms() < deadline && !quit_.load()) {
-    if (!link->pump(100, -1,
-                    [&](const Message& m) {
-                      if (m.type != MsgType::hello) {
-                        error = "first message is not hello";
-                        return false;
-                      }
-                      auto j = nlohmann::json::parse(m.body, m.body + m.body_size, nullptr, false);
-                      if (!j.is_object() || !j.contains("node") || !j["node"].is_string()) {
-                        error = "hello without a node name";
-                        return false;
-                      }
-                      node = j["node"].get<std::string>();
-                      if (j.contains("overflow") && j["overflow"].is_number_unsigned())
-                        overflow = j["overflow"].get<uint64_t>();
-                      said_hello = true;
-                      return true;
-                    },
-                    &error))
+    if (!link->pump(
+            100, -1,
+            [&](const Message& m) {
+              if (m.type != MsgType::hello) {
+                error = "first message is not hello";
+                return false;
+              }
+              auto j = nlohmann::json::parse(m.body, m.body + m.body_size, nullptr, false);
+              if (!j.is_object() || !j.contains("node") || !j["node"].is_string()) {
+                error = "hello without a node name";
+                return false;
+              }
+              node = j["node"].get<std::string>();
+              if (j.contains("overflow") && j["overflow"].is_number_unsigned())
+                overflow = j["overflow"].get<uint64_t>();
+              said_hello = true;
+              return true;
+            },
+            &error))
       break;
   }
   auto refuse = [&](const std::string& why) {
@@ -232,7 +232,8 @@ void Controller::serve(Conn* conn) {
     host_.log(BALLAST_LOG_WARN, "cluster", "refused connection from " + conn->address + ": " + why);
     link->send(MsgType::refuse, 0, why.data(), why.size());
     std::string ignored;
-    link->pump(0, -1, [](const Message&) { return true; }, &ignored);
+    link->pump(
+        0, -1, [](const Message&) { return true; }, &ignored);
   };
   if (!said_hello) return refuse(error.empty() ? "no hello" : error);
   if (node != link->peer_name())
@@ -383,7 +384,8 @@ void Controller::serve(Conn* conn) {
       link->send(MsgType::ack, applied);
       if (stopped) {
         std::string ignored;
-        link->pump(0, -1, [](const Message&) { return true; }, &ignored);
+        link->pump(
+            0, -1, [](const Message&) { return true; }, &ignored);
         break;
       }
     }
@@ -550,9 +552,9 @@ void Controller::watch_silence() {
       r.kind = "silent";
       r.confidence = 1.0;
       r.score = static_cast<double>(now - n.last_heard_ms) / 1000.0;
-      r.detected_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+      r.detected_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       r.since_ns = r.detected_ns - (now - n.last_heard_ms) * 1000000;
       r.detector = "cluster";
       ballast_event ev{};
@@ -629,11 +631,16 @@ nlohmann::json Controller::counters() const {
     std::lock_guard lock(mutex_);
     for (auto& [k, n] : nodes_) connected += n.conn != nullptr;
   }
-  nlohmann::json j = {{"cluster.applied", applied_events_.load()},   {"cluster.duplicates", duplicates_.load()},
-          {"cluster.gaps", gaps_.load()},                {"cluster.refused", refused_.load()},
-          {"cluster.bad_frames", bad_frames_.load()},    {"cluster.node_silent", silent_.load()},
-          {"cluster.actions_sent", actions_sent_.load()}, {"cluster.actions_fenced_off", actions_fenced_off_.load()},
-          {"cluster.connections", connections_.load()},  {"cluster.connected", connected}};
+  nlohmann::json j = {{"cluster.applied", applied_events_.load()},
+                      {"cluster.duplicates", duplicates_.load()},
+                      {"cluster.gaps", gaps_.load()},
+                      {"cluster.refused", refused_.load()},
+                      {"cluster.bad_frames", bad_frames_.load()},
+                      {"cluster.node_silent", silent_.load()},
+                      {"cluster.actions_sent", actions_sent_.load()},
+                      {"cluster.actions_fenced_off", actions_fenced_off_.load()},
+                      {"cluster.connections", connections_.load()},
+                      {"cluster.connected", connected}};
   if (commits_) j["cluster.cursor_commits"] = commits_->transactions();
   return j;
 }

@@ -100,7 +100,8 @@ int Etcd::call(const std::string& path, const nlohmann::json& body, nlohmann::js
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   *reply = nlohmann::json::parse(answer, nullptr, false);
-  if (reply->is_discarded()) return fail(BALLAST_EFORMAT, "etcd " + url + ": reply is not JSON: " + answer.substr(0, 200));
+  if (reply->is_discarded())
+    return fail(BALLAST_EFORMAT, "etcd " + url + ": reply is not JSON: " + answer.substr(0, 200));
   if (status != 200 || reply->contains("error"))
     return fail(BALLAST_EIO, "etcd " + url + ": HTTP " + std::to_string(status) + ": " +
                                  reply->value("error", reply->value("message", answer.substr(0, 200))));
@@ -135,7 +136,9 @@ int Etcd::campaign(const std::string& election, int64_t lease, const std::string
 int Etcd::resign(const std::string& election, const std::string& key, int64_t revision, int64_t lease) {
   nlohmann::json r;
   nlohmann::json body = {{"leader",
-                          {{"name", b64(election)}, {"key", b64(key)}, {"rev", std::to_string(revision)},
+                          {{"name", b64(election)},
+                           {"key", b64(key)},
+                           {"rev", std::to_string(revision)},
                            {"lease", std::to_string(lease)}}}};
   return call("/v3/election/resign", body, &r);
 }
@@ -146,10 +149,12 @@ int Etcd::put_if(const std::string& guard, int64_t revision,
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& [k, v] : puts) ops.push_back({{"request_put", {{"key", b64(k)}, {"value", b64(v)}}}});
   for (const auto& k : deletes) ops.push_back({{"request_delete_range", {{"key", b64(k)}}}});
-  nlohmann::json body = {
-      {"compare",
-       {{{"key", b64(guard)}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", std::to_string(revision)}}}},
-      {"success", ops}};
+  nlohmann::json body = {{"compare",
+                          {{{"key", b64(guard)},
+                            {"target", "CREATE"},
+                            {"result", "EQUAL"},
+                            {"create_revision", std::to_string(revision)}}}},
+                         {"success", ops}};
   nlohmann::json r;
   if (int rc = call("/v3/kv/txn", body, &r); rc != BALLAST_OK) return rc;
   *succeeded = r.value("succeeded", false);

@@ -4,7 +4,9 @@
 
 namespace ballast::cluster {
 
-void GroupCommit::start() { thread_ = std::thread([this] { run(); }); }
+void GroupCommit::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void GroupCommit::stop() {
   {

@@ -90,8 +90,8 @@ void EtcdLeadership::campaign_loop() {
       for (auto& [k, v] : action_kvs) {
         auto j = nlohmann::json::parse(v, nullptr, false);
         if (!j.is_object() || !j.contains("node") || !j.contains("event")) continue;
-        actions_.push_back({j["node"].get<std::string>(), std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10),
-                            j["event"].dump()});
+        actions_.push_back({j["node"].get<std::string>(),
+                            std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10), j["event"].dump()});
       }
     }
     revision_.store(rev);

@@ -27,8 +27,8 @@ namespace ballast::cluster {
 struct EtcdOptions {
   std::string endpoint;  // http://127.0.0.1:2379
   std::string job = "job";
-  std::string name;      // this candidate, for logs
-  std::string value;     // what the leader key holds: the controller's address
+  std::string name;   // this candidate, for logs
+  std::string value;  // what the leader key holds: the controller's address
   int lease_s = 5;
 };
 

@@ -23,7 +23,8 @@ struct Reader {
   int string(const char* key, std::string* out, bool path = false) const {
     const nlohmann::json* v = at(key);
     if (v == nullptr) return BALLAST_OK;
-    if (!v->is_string()) return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected a string");
+    if (!v->is_string())
+      return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected a string");
     *out = v->get<std::string>();
     if (path && fs::path(*out).is_relative()) *out = (fs::path(base_dir) / *out).string();
     return BALLAST_OK;
@@ -41,7 +42,8 @@ struct Reader {
   int boolean(const char* key, bool* out) const {
     const nlohmann::json* v = at(key);
     if (v == nullptr) return BALLAST_OK;
-    if (!v->is_boolean()) return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected true or false");
+    if (!v->is_boolean())
+      return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected true or false");
     *out = v->get<bool>();
     return BALLAST_OK;
   }
@@ -53,18 +55,20 @@ struct Reader {
       return BALLAST_OK;
     }
     if (!v->is_array() || v->empty())
-      return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected a string or a list of strings");
+      return fail(BALLAST_EINVAL,
+                  std::string("config field 'cluster.") + key + "': expected a string or a list of strings");
     out->clear();
     for (const auto& e : *v) {
-      if (!e.is_string()) return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected strings");
+      if (!e.is_string())
+        return fail(BALLAST_EINVAL, std::string("config field 'cluster.") + key + "': expected strings");
       out->push_back(e.get<std::string>());
     }
     return BALLAST_OK;
   }
 };
 
-#define TRY(expr)                               \
-  do {                                          \
+#define TRY(expr)                                        \
+  do {                                                   \
     if (int rc_ = (expr); rc_ != BALLAST_OK) return rc_; \
   } while (0)
 
@@ -76,7 +80,8 @@ int common(const Reader& r, TlsFiles* tls, int* heartbeat_ms, int* silent_after_
   double hb = *heartbeat_ms, silent = *silent_after_ms;
   TRY(r.number("heartbeat_ms", 10, 60000, &hb));
   TRY(r.number("silent_after_ms", 50, 3600000, &silent));
-  if (silent < 2 * hb) return fail(BALLAST_EINVAL, "config field 'cluster.silent_after_ms': must be at least twice heartbeat_ms");
+  if (silent < 2 * hb)
+    return fail(BALLAST_EINVAL, "config field 'cluster.silent_after_ms': must be at least twice heartbeat_ms");
   *heartbeat_ms = static_cast<int>(hb);
   *silent_after_ms = static_cast<int>(silent);
   return BALLAST_OK;

@@ -51,10 +51,10 @@ class Spool {
   // false. Status.
   int read(uint64_t first, uint64_t last, const std::function<bool(uint64_t, const std::vector<unsigned char>&)>& fn);
 
-  uint64_t last_seq() const;    // highest sequence given (0 = none)
-  uint64_t acked() const;       // highest acknowledged
-  uint64_t overflow() const;    // events refused by the bound since the spool was made
-  uint64_t bytes() const;       // size of the segments on disk
+  uint64_t last_seq() const;  // highest sequence given (0 = none)
+  uint64_t acked() const;     // highest acknowledged
+  uint64_t overflow() const;  // events refused by the bound since the spool was made
+  uint64_t bytes() const;     // size of the segments on disk
 
  private:
   Spool() = default;

@@ -40,8 +40,7 @@ struct Message {
 };
 
 // Append one message to *out.
-void encode_message(MsgType type, uint64_t number, const void* body, size_t body_size,
-                    std::vector<unsigned char>* out);
+void encode_message(MsgType type, uint64_t number, const void* body, size_t body_size, std::vector<unsigned char>* out);
 
 // Decode the message at the start of [data, data+size): 1 with *m and
 // *consumed set, 0 when more bytes are needed, -1 on malformed input (*error

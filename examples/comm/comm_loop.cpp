@@ -39,13 +39,14 @@
 namespace {
 
 int usage(const char* why) {
-  std::fprintf(stderr,
-               "comm_loop: %s\n"
-               "usage: comm_loop [--plugin PATH] [--op allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall|barrier]\n"
-               "                 [--bytes N] [--dtype f32|f64|f16|bf16|i32|i64|u8] [--redop sum|prod|min|max]\n"
-               "                 [--iters N] [--warmup N] [--in-flight K] [--timeout-ms N] [--check] [--no-trace]\n"
-               "                 [--fault kill|stop|skip|other|exit|slow --fault-rank R --fault-iter I]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "comm_loop: %s\n"
+      "usage: comm_loop [--plugin PATH] [--op allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall|barrier]\n"
+      "                 [--bytes N] [--dtype f32|f64|f16|bf16|i32|i64|u8] [--redop sum|prod|min|max]\n"
+      "                 [--iters N] [--warmup N] [--in-flight K] [--timeout-ms N] [--check] [--no-trace]\n"
+      "                 [--fault kill|stop|skip|other|exit|slow --fault-rank R --fault-iter I]\n",
+      why);
   return 2;
 }
 
@@ -56,8 +57,8 @@ int lookup(const char* const (&names)[N], const std::string& s) {
   return -1;
 }
 
-const char* const kOps[] = {"none", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
-                            "send", "recv", "barrier"};
+const char* const kOps[] = {"none",           "allreduce", "broadcast", "reduce", "allgather",
+                            "reduce_scatter", "alltoall",  "send",      "recv",   "barrier"};
 const char* const kDtypes[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
 const char* const kRedops[] = {"sum", "prod", "min", "max"};
 
@@ -67,12 +68,35 @@ int value(int rank, uint64_t i) { return int((uint64_t(rank) * 7 + i * 3) % 11) 
 void store(void* buf, uint32_t dtype, uint64_t i, double v) {
   char* p = static_cast<char*>(buf);
   switch (dtype) {
-    case BALLAST_DT_F32: { float f = float(v); std::memcpy(p + 4 * i, &f, 4); break; }
-    case BALLAST_DT_F64: std::memcpy(p + 8 * i, &v, 8); break;
-    case BALLAST_DT_I32: { int32_t x = int32_t(v); std::memcpy(p + 4 * i, &x, 4); break; }
-    case BALLAST_DT_I64: { int64_t x = int64_t(v); std::memcpy(p + 8 * i, &x, 8); break; }
-    case BALLAST_DT_U8: p[i] = char(uint8_t(int64_t(v))); break;
-    case BALLAST_DT_BF16: { float f = float(v); uint32_t b; std::memcpy(&b, &f, 4); uint16_t h = uint16_t(b >> 16); std::memcpy(p + 2 * i, &h, 2); break; }
+    case BALLAST_DT_F32: {
+      float f = float(v);
+      std::memcpy(p + 4 * i, &f, 4);
+      break;
+    }
+    case BALLAST_DT_F64:
+      std::memcpy(p + 8 * i, &v, 8);
+      break;
+    case BALLAST_DT_I32: {
+      int32_t x = int32_t(v);
+      std::memcpy(p + 4 * i, &x, 4);
+      break;
+    }
+    case BALLAST_DT_I64: {
+      int64_t x = int64_t(v);
+      std::memcpy(p + 8 * i, &x, 8);
+      break;
+    }
+    case BALLAST_DT_U8:
+      p[i] = char(uint8_t(int64_t(v)));
+      break;
+    case BALLAST_DT_BF16: {
+      float f = float(v);
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      uint16_t h = uint16_t(b >> 16);
+      std::memcpy(p + 2 * i, &h, 2);
+      break;
+    }
     case BALLAST_DT_F16: {  // small integers only: exact
       float f = float(v);
       uint32_t b;
@@ -88,12 +112,36 @@ void store(void* buf, uint32_t dtype, uint64_t i, double v) {
 double load(const void* buf, uint32_t dtype, uint64_t i) {
   const char* p = static_cast<const char*>(buf);
   switch (dtype) {
-    case BALLAST_DT_F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case BALLAST_DT_F64: { double d; std::memcpy(&d, p + 8 * i, 8); return d; }
-    case BALLAST_DT_I32: { int32_t x; std::memcpy(&x, p + 4 * i, 4); return x; }
-    case BALLAST_DT_I64: { int64_t x; std::memcpy(&x, p + 8 * i, 8); return double(x); }
-    case BALLAST_DT_U8: return uint8_t(p[i]);
-    case BALLAST_DT_BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+    case BALLAST_DT_F32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    case BALLAST_DT_F64: {
+      double d;
+      std::memcpy(&d, p + 8 * i, 8);
+      return d;
+    }
+    case BALLAST_DT_I32: {
+      int32_t x;
+      std::memcpy(&x, p + 4 * i, 4);
+      return x;
+    }
+    case BALLAST_DT_I64: {
+      int64_t x;
+      std::memcpy(&x, p + 8 * i, 8);
+      return double(x);
+    }
+    case BALLAST_DT_U8:
+      return uint8_t(p[i]);
+    case BALLAST_DT_BF16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      uint32_t b = uint32_t(h) << 16;
+      float f;
+      std::memcpy(&f, &b, 4);
+      return f;
+    }
     default: {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
@@ -119,27 +167,42 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "--check") check = true;
-    else if (a == "--no-trace") no_trace = true;
+    if (a == "--check")
+      check = true;
+    else if (a == "--no-trace")
+      no_trace = true;
     else if ((a == "--plugin" || a == "--op" || a == "--dtype" || a == "--redop" || a == "--bytes" || a == "--iters" ||
-              a == "--warmup" || a == "--in-flight" || a == "--timeout-ms" || a == "--fault" || a == "--fault-rank" || a == "--fault-iter")) {
+              a == "--warmup" || a == "--in-flight" || a == "--timeout-ms" || a == "--fault" || a == "--fault-rank" ||
+              a == "--fault-iter")) {
       if (!(v = next())) return usage(("missing value after " + a).c_str());
-      if (a == "--plugin") plugin = v;
-      else if (a == "--op") op_name = v;
-      else if (a == "--dtype") dtype_name = v;
-      else if (a == "--redop") redop_name = v;
-      else if (a == "--fault") fault = v;
+      if (a == "--plugin")
+        plugin = v;
+      else if (a == "--op")
+        op_name = v;
+      else if (a == "--dtype")
+        dtype_name = v;
+      else if (a == "--redop")
+        redop_name = v;
+      else if (a == "--fault")
+        fault = v;
       else {
         char* end = nullptr;
         const long long x = std::strtoll(v, &end, 10);
         if (!end || *end || x < 0) return usage(("bad number '" + std::string(v) + "' after " + a).c_str());
-        if (a == "--bytes") bytes = uint64_t(x);
-        else if (a == "--iters") iters = long(x);
-        else if (a == "--warmup") warmup = long(x);
-        else if (a == "--in-flight") in_flight = long(x);
-        else if (a == "--timeout-ms") timeout_ms = long(x);
-        else if (a == "--fault-rank") fault_rank = long(x);
-        else fault_iter = long(x);
+        if (a == "--bytes")
+          bytes = uint64_t(x);
+        else if (a == "--iters")
+          iters = long(x);
+        else if (a == "--warmup")
+          warmup = long(x);
+        else if (a == "--in-flight")
+          in_flight = long(x);
+        else if (a == "--timeout-ms")
+          timeout_ms = long(x);
+        else if (a == "--fault-rank")
+          fault_rank = long(x);
+        else
+          fault_iter = long(x);
       }
     } else if (a == "--help" || a == "-h") {
       usage("loops a collective through a comm plugin");
@@ -162,7 +225,8 @@ int main(int argc, char** argv) {
   // bus nobody reads.
   ballast_host* host = nullptr;
   const void* table = nullptr;
-  if (ballast_host_create(nullptr, &host) != BALLAST_OK || ballast_host_load_plugin(host, plugin.c_str(), nullptr) != BALLAST_OK ||
+  if (ballast_host_create(nullptr, &host) != BALLAST_OK ||
+      ballast_host_load_plugin(host, plugin.c_str(), nullptr) != BALLAST_OK ||
       ballast_host_get_interface(host, nullptr, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) != BALLAST_OK) {
     std::fprintf(stderr, "comm_loop: cannot use %s: %s\n", plugin.c_str(), ballast_last_error());
     return 1;
@@ -191,8 +255,10 @@ int main(int argc, char** argv) {
   uint64_t count = bytes / es;
   // Per-rank counts for the gathering/scattering ops: --bytes is what each rank contributes.
   const bool blocked = op == BALLAST_OP_ALLGATHER || op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL;
-  if (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL) count = std::max<uint64_t>(count / uint64_t(n), bytes ? 1 : 0);
-  const uint64_t in_elems = (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL) ? count * uint64_t(n) : count;
+  if (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL)
+    count = std::max<uint64_t>(count / uint64_t(n), bytes ? 1 : 0);
+  const uint64_t in_elems =
+      (op == BALLAST_OP_REDUCE_SCATTER || op == BALLAST_OP_ALLTOALL) ? count * uint64_t(n) : count;
   const uint64_t out_elems = blocked && op != BALLAST_OP_REDUCE_SCATTER ? count * uint64_t(n) : count;
   std::vector<char> in(std::max<uint64_t>(in_elems * es, 1));
   std::vector<std::vector<char>> outs(size_t(in_flight), std::vector<char>(std::max<uint64_t>(out_elems * es, 1)));
@@ -214,8 +280,8 @@ int main(int argc, char** argv) {
     if (!fault.empty() && rank == fault_rank && it == fault_iter) {
       timespec now{};
       clock_gettime(CLOCK_MONOTONIC, &now);
-      std::fprintf(stderr, "comm_loop: rank %d: fault %s at iteration %ld, monotonic_ns %lld\n", rank, fault.c_str(), it,
-                   (long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+      std::fprintf(stderr, "comm_loop: rank %d: fault %s at iteration %ld, monotonic_ns %lld\n", rank, fault.c_str(),
+                   it, (long long)now.tv_sec * 1000000000LL + now.tv_nsec);
       std::fflush(stderr);
       if (fault == "kill") raise(SIGKILL);
       if (fault == "stop") raise(SIGSTOP);
@@ -270,8 +336,10 @@ int main(int argc, char** argv) {
         want = redop == BALLAST_RED_PROD ? 1 : redop == BALLAST_RED_SUM ? 0 : value(0, i);
         for (int r = 0; r < n; ++r) {
           const double x = value(r, i);
-          want = redop == BALLAST_RED_SUM ? want + x : redop == BALLAST_RED_PROD ? want * x
-               : redop == BALLAST_RED_MIN ? std::min(want, x) : std::max(want, x);
+          want = redop == BALLAST_RED_SUM    ? want + x
+                 : redop == BALLAST_RED_PROD ? want * x
+                 : redop == BALLAST_RED_MIN  ? std::min(want, x)
+                                             : std::max(want, x);
         }
         if (dtype == BALLAST_DT_U8) want = double(uint64_t(want) % 256);
       } else if (op == BALLAST_OP_BROADCAST) {

@@ -34,7 +34,8 @@ static int on_seen(void* user, const ballast_event* ev) {
 }
 
 static int check(int rc, const char* what) {
-  if (rc != BALLAST_OK) fprintf(stderr, "embed: %s failed: %s (%s)\n", what, ballast_last_error(), ballast_status_name(rc));
+  if (rc != BALLAST_OK)
+    fprintf(stderr, "embed: %s failed: %s (%s)\n", what, ballast_last_error(), ballast_status_name(rc));
   return rc;
 }
 

@@ -57,8 +57,7 @@ static int on_suspected(void* user, const ballast_event* ev) {
   char* end;
   int rc;
   ballast_event out;
-  if (ev->schema == BALLAST_SCHEMA_FAULT_REPORT && report != NULL && report->subject != NULL)
-    subject = report->subject;
+  if (ev->schema == BALLAST_SCHEMA_FAULT_REPORT && report != NULL && report->subject != NULL) subject = report->subject;
   /* The greeting comes from the config and the subject from another plugin:
    * either may hold quotes or control characters. */
   json = (char*)malloc(32 + json_string_size(h->greeting) + json_string_size(subject));
@@ -145,21 +144,20 @@ static void hello_stop(void* state) {
 
 static void hello_destroy(void* state) { free(state); }
 
-static const ballast_plugin_descriptor descriptor = {
-    sizeof(ballast_plugin_descriptor),
-    BALLAST_ABI_MAJOR,
-    BALLAST_ABI_MINOR,
-    0,
-    "hello",
-    "1.0",
-    "example",
-    "Answers every fault.suspected with a hello.seen event",
-    hello_create,
-    hello_start,
-    hello_stop,
-    hello_destroy,
-    NULL, /* get_interface: no interfaces */
-    NULL};
+static const ballast_plugin_descriptor descriptor = {sizeof(ballast_plugin_descriptor),
+                                                     BALLAST_ABI_MAJOR,
+                                                     BALLAST_ABI_MINOR,
+                                                     0,
+                                                     "hello",
+                                                     "1.0",
+                                                     "example",
+                                                     "Answers every fault.suspected with a hello.seen event",
+                                                     hello_create,
+                                                     hello_start,
+                                                     hello_stop,
+                                                     hello_destroy,
+                                                     NULL, /* get_interface: no interfaces */
+                                                     NULL};
 
 BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_minor) {
   (void)host_minor; /* any 1.x host serves the fields this plugin uses */

@@ -79,7 +79,8 @@ uint64_t number(const nlohmann::json& meta, const char* key, const std::string& 
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || *end || errno) throw std::runtime_error(where + ": __metadata__ field '" + key + "' is not a number: " + s);
+  if (s.empty() || *end || errno)
+    throw std::runtime_error(where + ": __metadata__ field '" + key + "' is not a number: " + s);
   return v;
 }
 
@@ -153,7 +154,8 @@ CheckpointMeta read_meta(const LoadedFile& file) {
   const auto header = nlohmann::json::parse(file.data + 8, file.data + 8 + n, nullptr, false);
   if (!header.is_object()) throw std::runtime_error(where + ": the header is not a JSON object");
   auto m = header.find("__metadata__");
-  if (m == header.end() || !m->is_object()) throw std::runtime_error(where + ": no __metadata__ (not a ballast-trainer checkpoint)");
+  if (m == header.end() || !m->is_object())
+    throw std::runtime_error(where + ": no __metadata__ (not a ballast-trainer checkpoint)");
   if (field(*m, "format", where) != kFormat)
     throw std::runtime_error(where + ": __metadata__ format is '" + field(*m, "format", where) + "', not " + kFormat);
   CheckpointMeta meta;
@@ -177,12 +179,14 @@ void read_tensors(const LoadedFile& file, Model& model, Adam& adam) {
     for (const auto& t : file.tensors)
       if (t.name == p.name) found = &t;
     if (!found) throw std::runtime_error(where + ": no tensor '" + p.name + "'");
-    if (found->dtype != "F32") throw std::runtime_error(where + ": tensor '" + p.name + "' is " + found->dtype + ", not F32");
+    if (found->dtype != "F32")
+      throw std::runtime_error(where + ": tensor '" + p.name + "' is " + found->dtype + ", not F32");
     if (found->shape != p.shape) {
       std::string want, got;
       for (auto d : p.shape) want += (want.empty() ? "" : ",") + std::to_string(d);
       for (auto d : found->shape) got += (got.empty() ? "" : ",") + std::to_string(d);
-      throw std::runtime_error(where + ": tensor '" + p.name + "' has shape [" + got + "], the model needs [" + want + "]");
+      throw std::runtime_error(where + ": tensor '" + p.name + "' has shape [" + got + "], the model needs [" + want +
+                               "]");
     }
     if (found->bytes != p.count * 4 || found->offset + found->bytes > file.size)
       throw std::runtime_error(where + ": tensor '" + p.name + "' has the wrong size");

@@ -136,9 +136,12 @@ Injections parse_injections(const std::string& spec) {
     const std::string kind = item.substr(0, at);
     if (at == std::string::npos) throw std::runtime_error("BALLAST_INJECT: '" + item + "' has no @STEP");
     const uint64_t step = parse_step(item, item.substr(at + 1));
-    if (kind == "nan") out.nan.insert(step);
-    else if (kind == "usererror") out.usererror.insert(step);
-    else throw std::runtime_error("BALLAST_INJECT: '" + item + "': unknown kind '" + kind + "' (nan, usererror)");
+    if (kind == "nan")
+      out.nan.insert(step);
+    else if (kind == "usererror")
+      out.usererror.insert(step);
+    else
+      throw std::runtime_error("BALLAST_INJECT: '" + item + "': unknown kind '" + kind + "' (nan, usererror)");
   }
   return out;
 }

@@ -70,14 +70,20 @@ class Trainer {
  public:
   Trainer(const Options& o, trainer::Runtime& rt, trainer::JobChannel& channel, trainer::Injections inject,
           const trainer::Corpus& corpus)
-      : o_(o), rt_(rt), channel_(channel), inject_(std::move(inject)), corpus_(corpus),
-        model_(shape_of(o, corpus)), adam_(model_.parameter_count(), o.lr) {}
+      : o_(o),
+        rt_(rt),
+        channel_(channel),
+        inject_(std::move(inject)),
+        corpus_(corpus),
+        model_(shape_of(o, corpus)),
+        adam_(model_.parameter_count(), o.lr) {}
 
   // Fresh from the seed, or from the checkpoint o.resume_from.
   void start() {
     model_.init(o_.seed);
     if (!o_.resume_from.empty()) resume(o_.resume_from);
-    channel_.report("hello", {{"pid", getpid()}, {"step", step_ + 1}, {"attempt", std::atoll(env("BALLAST_ATTEMPT").c_str())}});
+    channel_.report("hello",
+                    {{"pid", getpid()}, {"step", step_ + 1}, {"attempt", std::atoll(env("BALLAST_ATTEMPT").c_str())}});
   }
 
   // Trains up to step o.steps, or until a stop command.
@@ -94,10 +100,14 @@ class Trainer {
     while (step_ < o_.steps) {
       const uint64_t step = step_ + 1;
       for (const auto& c : channel_.poll()) {
-        if (c.command == "checkpoint_now") save();
-        else if (c.command == "stop") stop_asked = true;
-        else if (c.command == "skip") skip_next_ = true;
-        else if (c.command == "slow") slow_ = c.factor;
+        if (c.command == "checkpoint_now")
+          save();
+        else if (c.command == "stop")
+          stop_asked = true;
+        else if (c.command == "skip")
+          skip_next_ = true;
+        else if (c.command == "slow")
+          slow_ = c.factor;
       }
       if (inject_.usererror.count(step))
         throw Failure(kUserError, "user",
@@ -127,14 +137,14 @@ class Trainer {
       const bool skip = skip_next_;
       if (skip) {  // fault injection: the others wait for this rank in the collective it leaves out
         skip_next_ = false;
-        std::fprintf(stderr, "ballast-trainer: rank %d: leaving the all-reduce of step %llu out (skip)\n",
-                     rt_.rank(), (unsigned long long)step);
+        std::fprintf(stderr, "ballast-trainer: rank %d: leaving the all-reduce of step %llu out (skip)\n", rt_.rank(),
+                     (unsigned long long)step);
       } else {
         try {
           rt_.allreduce_sum(buffer.data(), buffer.size());
         } catch (const trainer::CommError& e) {
-          throw Failure(kInternal, "internal", std::string("gradient all-reduce of step ") + std::to_string(step) +
-                                                   " failed: " + e.what());
+          throw Failure(kInternal, "internal",
+                        std::string("gradient all-reduce of step ") + std::to_string(step) + " failed: " + e.what());
         }
       }
       const double t3 = wall_seconds();
@@ -143,9 +153,9 @@ class Trainer {
       const float inv = 1.0f / float(rt_.world_size());
       loss = buffer[n] * inv;
       if (!std::isfinite(loss))
-        throw Failure(kNan, "nan", "the loss of step " + std::to_string(step) + " is not finite (" +
-                                       std::to_string(loss) + "); weights left as after step " +
-                                       std::to_string(step - 1));
+        throw Failure(kNan, "nan",
+                      "the loss of step " + std::to_string(step) + " is not finite (" + std::to_string(loss) +
+                          "); weights left as after step " + std::to_string(step - 1));
       for (size_t i = 0; i < n; ++i) buffer[i] *= inv;
       adam_.step(model_.params(), buffer.data(), step);
       const double t4 = wall_seconds();
@@ -180,8 +190,9 @@ class Trainer {
     for (int r = 1; r < rt_.world_size(); ++r) low = std::min(low, steps[r]);
     std::string ahead;
     for (int r = 0; r < rt_.world_size(); ++r)
-      if (steps[r] != low) ahead += (ahead.empty() ? "rank " : ", rank ") + std::to_string(r) + " at step " +
-                                    std::to_string(uint64_t(steps[r]));
+      if (steps[r] != low)
+        ahead += (ahead.empty() ? "rank " : ", rank ") + std::to_string(r) + " at step " +
+                 std::to_string(uint64_t(steps[r]));
     if (ahead.empty()) return;
     throw Failure(kInternal, "internal",
                   "the gradient all-reduce of step " + std::to_string(step) + " joined ranks out of step: " + ahead +
@@ -245,14 +256,17 @@ class Trainer {
       throw Failure(kInternal, "internal", e.what());
     }
     saved_ = step_;
-    channel_.report("checkpoint", {{"step", step_}, {"path", w.path}, {"bytes", w.bytes}, {"seconds", wall_seconds() - t0}});
+    channel_.report("checkpoint",
+                    {{"step", step_}, {"path", w.path}, {"bytes", w.bytes}, {"seconds", wall_seconds() - t0}});
   }
 
   void report_step(uint64_t step, float loss, double start, double duration, const std::vector<Op>& ops) {
     if (!channel_.supervised()) return;
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& op : ops) list.push_back({{"optype", op.type}, {"start_s", op.start_s}, {"duration_s", op.duration_s}});
-    channel_.report("step", {{"step", step}, {"loss", loss}, {"start_s", start}, {"duration_s", duration}, {"ops", list}});
+    for (const auto& op : ops)
+      list.push_back({{"optype", op.type}, {"start_s", op.start_s}, {"duration_s", op.duration_s}});
+    channel_.report("step",
+                    {{"step", step}, {"loss", loss}, {"start_s", start}, {"duration_s", duration}, {"ops", list}});
   }
 
   const Options& o_;
@@ -281,7 +295,8 @@ int main(int argc, char** argv) {
   o.checkpoint_dir = env("BALLAST_CHECKPOINT_DIR");
   o.resume_from = env("BALLAST_RESUME_FROM");
   CLI::App app{"ballast-trainer: data-parallel training of a character-level language model through Ballast"};
-  app.add_option("--steps", o.steps, "train until this step (counted from 1, a resume included)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "train until this step (counted from 1, a resume included)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of the weights and the batches");
   app.add_option("--batch", o.batch, "windows per rank and step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--lr", o.lr, "Adam's learning rate")->check(CLI::Range(1e-6, 1.0));
@@ -290,13 +305,18 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.shape.hidden, "hidden units")->check(CLI::Range(1, 8192));
   app.add_option("--data", o.data, "a text file, or a folder whose regular files are read in name order");
   app.add_option("--max-data-bytes", o.max_data_bytes, "refuse more text than this")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "where rank 0 writes checkpoints (default $BALLAST_CHECKPOINT_DIR; none: no checkpoints)");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on checkpoint_now, stop and the end)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "where rank 0 writes checkpoints (default $BALLAST_CHECKPOINT_DIR; none: no checkpoints)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "steps between checkpoints (0: only on checkpoint_now, stop and the end)");
   app.add_option("--resume-from", o.resume_from, "checkpoint to start from (default $BALLAST_RESUME_FROM)");
-  app.add_option("--log-every", o.log_every, "rank 0 prints the loss every this many steps")->check(CLI::PositiveNumber);
-  app.add_option("--comm-plugin", o.runtime.comm_plugin, "the UCX comm plugin: a path or a name in the plugin search path");
+  app.add_option("--log-every", o.log_every, "rank 0 prints the loss every this many steps")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--comm-plugin", o.runtime.comm_plugin,
+                 "the UCX comm plugin: a path or a name in the plugin search path");
   app.add_option("--startup-plugin", o.runtime.startup_plugin, "the start-up plugin: a path or a name");
-  app.add_option("--comm-timeout-ms", o.runtime.comm_timeout_ms, "deadline of a collective (0: BALLAST_COMM_TIMEOUT_MS, else 300 s)")
+  app.add_option("--comm-timeout-ms", o.runtime.comm_timeout_ms,
+                 "deadline of a collective (0: BALLAST_COMM_TIMEOUT_MS, else 300 s)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

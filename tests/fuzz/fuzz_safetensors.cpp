@@ -1,7 +1,7 @@
 // libFuzzer: a safetensors file's header (length, JSON, tensors), as
 // `ballast startup load` checks it before reading a byte of data.
-#include "striped_read.hpp"
 #include "memfd_input.hpp"
+#include "striped_read.hpp"
 
 #include <stdexcept>
 

@@ -42,7 +42,7 @@ constexpr size_t kNonce = 16, kMac = 32;
 // version, rank, world, pid, two length prefixes, the nonce and the MAC.
 constexpr size_t kMaxHello = 6 * 4 + kMaxHostBytes + kMaxAddressBytes + kNonce + kMac;
 constexpr int64_t kHelloWindowNs = 2000000000;  // a connection has 2 s to send its hello
-constexpr size_t kMaxPending = 512;              // beyond: the oldest pending connection is dropped
+constexpr size_t kMaxPending = 512;             // beyond: the oldest pending connection is dropped
 constexpr size_t kMinSecret = 16;
 
 using Nonce = std::array<uint8_t, kNonce>;
@@ -141,7 +141,8 @@ Mac hmac(const std::string& key, const uint8_t* a, size_t an, const uint8_t* b, 
   put_raw(msg, b, bn);
   // An empty key is valid for HMAC; OpenSSL wants a non-null pointer.
   static const uint8_t kEmpty = 0;
-  HMAC(EVP_sha256(), key.empty() ? static_cast<const void*>(&kEmpty) : key.data(), int(key.size()), msg.data(), msg.size(), out.data(), &len);
+  HMAC(EVP_sha256(), key.empty() ? static_cast<const void*>(&kEmpty) : key.data(), int(key.size()), msg.data(),
+       msg.size(), out.data(), &len);
   return out;
 }
 
@@ -310,8 +311,7 @@ class Master {
         if (ranks_[size_t(i)].fd < 0) missing += (missing.empty() ? "" : ",") + std::to_string(i);
       failure_ = "bootstrap timed out at " + where(addr_, port_) + ": " + std::to_string(joined_) + " of " +
                  std::to_string(nranks_) + " ranks joined; missing rank(s) " + missing;
-      if (dropped_ > 0)
-        failure_ += " (" + std::to_string(dropped_) + " connection(s) dropped: " + last_drop_ + ")";
+      if (dropped_ > 0) failure_ += " (" + std::to_string(dropped_) + " connection(s) dropped: " + last_drop_ + ")";
       timed_out_ = true;
     }
     out->dropped = dropped_;
@@ -485,19 +485,19 @@ class Master {
       extra_.push_back(j);
       return;
     }
-    const std::string who = " (pid " + std::to_string(peer.pid) + " on " + printable(
-                                reinterpret_cast<const uint8_t*>(peer.host.data()), peer.host.size()) + ")";
+    const std::string who = " (pid " + std::to_string(peer.pid) + " on " +
+                            printable(reinterpret_cast<const uint8_t*>(peer.host.data()), peer.host.size()) + ")";
     if (version != kVersion) {
       extra_.push_back(j);
-      failure_ = "a rank sent bootstrap version " + std::to_string(version) + " (expected " +
-                 std::to_string(kVersion) + "): mixed Ballast versions in one job";
+      failure_ = "a rank sent bootstrap version " + std::to_string(version) + " (expected " + std::to_string(kVersion) +
+                 "): mixed Ballast versions in one job";
     } else if (!well_formed) {
       extra_.push_back(j);
       failure_ = "rank " + std::to_string(rank) + " sent a malformed hello" + who;
     } else if (world != nranks_) {
       extra_.push_back(j);
-      failure_ = "world size mismatch: rank " + std::to_string(rank) + who + " has WORLD_SIZE=" +
-                 std::to_string(world) + ", rank 0 has " + std::to_string(nranks_);
+      failure_ = "world size mismatch: rank " + std::to_string(rank) + who +
+                 " has WORLD_SIZE=" + std::to_string(world) + ", rank 0 has " + std::to_string(nranks_);
     } else if (rank <= 0 || rank >= nranks_) {
       extra_.push_back(j);
       failure_ = "rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(nranks_);
@@ -563,8 +563,8 @@ bool connect_master(const sockaddr_in& sa, int64_t deadline, Fd* s, std::string*
   }
 }
 
-int run_client(int rank, int nranks, const std::string& addr, int port, const std::string& key,
-               const PeerInfo& self, int64_t deadline, BootstrapResult* out, std::string* err) {
+int run_client(int rank, int nranks, const std::string& addr, int port, const std::string& key, const PeerInfo& self,
+               int64_t deadline, BootstrapResult* out, std::string* err) {
   sockaddr_in sa;
   if (!resolve(addr, port, &sa, err)) return BALLAST_EINVAL;
   std::string last = "no attempt";
@@ -607,17 +607,17 @@ int run_client(int rank, int nranks, const std::string& addr, int port, const st
         return BALLAST_EFORMAT;
       }
       if (rr == 0) {
-        const bool signed_ok =
-            body.size() >= kMac && (type == kTable || type == kError) && [&] {
-              std::vector<uint8_t> part;
-              put_u32(part, type);
-              put_raw(part, body.data(), body.size() - kMac);
-              return mac_equal(hmac(key, mine.data(), mine.size(), part.data(), part.size()),
-                               body.data() + body.size() - kMac);
-            }();
+        const bool signed_ok = body.size() >= kMac && (type == kTable || type == kError) && [&] {
+          std::vector<uint8_t> part;
+          put_u32(part, type);
+          put_raw(part, body.data(), body.size() - kMac);
+          return mac_equal(hmac(key, mine.data(), mine.size(), part.data(), part.size()),
+                           body.data() + body.size() - kMac);
+        }();
         if (!signed_ok) {
-          *err = "rank " + std::to_string(rank) + ": the master at " + at + " refused the hello: " +
-                 printable(body.data(), body.size()) + " (an unsigned answer: check BALLAST_BOOTSTRAP_SECRET)";
+          *err = "rank " + std::to_string(rank) + ": the master at " + at +
+                 " refused the hello: " + printable(body.data(), body.size()) +
+                 " (an unsigned answer: check BALLAST_BOOTSTRAP_SECRET)";
           return BALLAST_EINVAL;
         }
         body.resize(body.size() - kMac);
@@ -679,8 +679,8 @@ int bootstrap_exchange_with_secret(int rank, int nranks, const std::string& mast
 int bootstrap_exchange(int rank, int nranks, const std::string& master_addr, int master_port, const PeerInfo& self,
                        int64_t deadline_ns, BootstrapResult* out, std::string* err) {
   const char* secret = std::getenv(kBootstrapSecretEnv);
-  return bootstrap_exchange_with_secret(rank, nranks, master_addr, master_port, secret ? secret : "", self,
-                                        deadline_ns, out, err);
+  return bootstrap_exchange_with_secret(rank, nranks, master_addr, master_port, secret ? secret : "", self, deadline_ns,
+                                        out, err);
 }
 
 std::string interface_towards(const std::string& master_addr, std::string* err) {

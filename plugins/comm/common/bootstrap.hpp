@@ -28,9 +28,9 @@ struct PeerInfo {
 };
 
 struct BootstrapResult {
-  uint64_t job_id = 0;  // random, chosen by rank 0: equal on every rank
+  uint64_t job_id = 0;          // random, chosen by rank 0: equal on every rank
   std::vector<PeerInfo> peers;  // by rank
-  int dropped = 0;  // rank 0: connections dropped (malformed, unauthenticated, slow)
+  int dropped = 0;              // rank 0: connections dropped (malformed, unauthenticated, slow)
 };
 
 // The environment variable that carries the job's secret.
@@ -43,8 +43,8 @@ inline constexpr size_t kMaxAddressBytes = 16384;
 // Blocks until every rank joined or deadline_ns (CLOCK_MONOTONIC) passed.
 // The secret comes from BALLAST_BOOTSTRAP_SECRET. Returns 0 or a negative
 // BALLAST_E* with *err naming the reason.
-int bootstrap_exchange(int rank, int nranks, const std::string& master_addr, int master_port,
-                       const PeerInfo& self, int64_t deadline_ns, BootstrapResult* out, std::string* err);
+int bootstrap_exchange(int rank, int nranks, const std::string& master_addr, int master_port, const PeerInfo& self,
+                       int64_t deadline_ns, BootstrapResult* out, std::string* err);
 
 // The same with the secret given (empty: none, see above).
 int bootstrap_exchange_with_secret(int rank, int nranks, const std::string& master_addr, int master_port,

@@ -64,9 +64,9 @@ TraceRing* TraceRing::process_ring(const std::string& writer, const std::string&
   }
   size_t keep = 0;
   if (!keep_setting(&keep, err)) return nullptr;
-  TraceRing* ring = create(dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer +
-                               BALLAST_TRACE_SUFFIX,
-                           rank, nranks, err);
+  TraceRing* ring = create(
+      dir + "/rank-" + std::to_string(rank) + "." + std::to_string(getpid()) + "." + writer + BALLAST_TRACE_SUFFIX,
+      rank, nranks, err);
   if (ring) {
     g_ring = ring;
     g_ring_pid = getpid();
@@ -93,14 +93,16 @@ size_t TraceRing::prune(const std::string& dir, size_t keep) {
     ballast_trace_slot newest{};  // the last record claimed: the process's last operation
     bool whole = pread(fd, &h, sizeof h, 0) == ssize_t(sizeof h);
     whole = whole && h.magic == BALLAST_TRACE_MAGIC && h.slot_size == sizeof newest && h.slot_count > 0 &&
-            (h.head == 0 || pread(fd, &newest, sizeof newest,
-                                  off_t(h.header_size + ((h.head - 1) % h.slot_count) * sizeof newest)) ==
-                                ssize_t(sizeof newest));
+            (h.head == 0 ||
+             pread(fd, &newest, sizeof newest, off_t(h.header_size + ((h.head - 1) % h.slot_count) * sizeof newest)) ==
+                 ssize_t(sizeof newest));
     close(fd);
     h.host[sizeof h.host - 1] = '\0';
     if (!whole || !(h.ns_per_tick > 0) || h.pid <= 0) continue;
-    if (std::strcmp(h.host, host) != 0 || !(kill(h.pid, 0) != 0 && errno == ESRCH)) continue;  // not known to have ended
-    const uint64_t tick = std::max({h.heartbeat_tick, newest.issue_tick, newest.start_tick, newest.end_tick, newest.progress_tick});
+    if (std::strcmp(h.host, host) != 0 || !(kill(h.pid, 0) != 0 && errno == ESRCH))
+      continue;  // not known to have ended
+    const uint64_t tick =
+        std::max({h.heartbeat_tick, newest.issue_tick, newest.start_tick, newest.end_tick, newest.progress_tick});
     const int64_t last = h.clock_wall_ns + int64_t(double(int64_t(tick - h.clock_tick)) * h.ns_per_tick);
     if (now - last >= kIdleBeforeRemovalNs) ended.emplace_back(last, path);
   }

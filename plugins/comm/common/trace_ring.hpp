@@ -72,9 +72,7 @@ class TraceRing {
     __atomic_fetch_add(&hdr_->dropped, 1, __ATOMIC_RELAXED);
     return nullptr;
   }
-  static void publish(ballast_trace_slot* s, uint64_t index) {
-    __atomic_store_n(&s->gen, index + 1, __ATOMIC_RELEASE);
-  }
+  static void publish(ballast_trace_slot* s, uint64_t index) { __atomic_store_n(&s->gen, index + 1, __ATOMIC_RELEASE); }
   // Writers of a record besides the thread that owns it (NCCL's profiler,
   // on NCCL's threads) hold its slot around their stores: hold() is true,
   // the slot held, while slot s carries record `index` in flight (issued or
@@ -96,7 +94,9 @@ class TraceRing {
   // slot is empty or being written.
   bool read_slot(uint64_t k, uint64_t* index, ballast_trace_slot* out) const;
   // Whether slot k holds record i (its first cache line only).
-  bool holds(uint64_t k, uint64_t i) const { return __atomic_load_n(&slots_[k & mask_].gen, __ATOMIC_ACQUIRE) == i + 1; }
+  bool holds(uint64_t k, uint64_t i) const {
+    return __atomic_load_n(&slots_[k & mask_].gen, __ATOMIC_ACQUIRE) == i + 1;
+  }
   int64_t wall_ns(uint64_t tick) const {
     return hdr_->clock_wall_ns + int64_t(double(int64_t(tick - hdr_->clock_tick)) * hdr_->ns_per_tick);
   }

@@ -182,7 +182,8 @@ void start_next(Comm* c) {
   if (!t || __atomic_load_n(&t->state, __ATOMIC_RELAXED) != BALLAST_TRACE_ISSUED) return;
   const uint64_t now = trace_tick();
   __atomic_store_n(&t->start_tick, now, __ATOMIC_RELAXED);
-  __atomic_store_n(&t->progress_tick, std::max(now, __atomic_load_n(&t->progress_tick, __ATOMIC_RELAXED)), __ATOMIC_RELAXED);
+  __atomic_store_n(&t->progress_tick, std::max(now, __atomic_load_n(&t->progress_tick, __ATOMIC_RELAXED)),
+                   __ATOMIC_RELAXED);
   __atomic_store_n(&t->state, BALLAST_TRACE_STARTED, __ATOMIC_RELEASE);
 }
 
@@ -354,16 +355,19 @@ int c_init(void*, const ballast_comm_config* cfg, ballast_comm** out) {
   int devices = 0;
   const cudaError_t ce = cudaGetDeviceCount(&devices);
   if (ce != cudaSuccess || devices == 0)
-    return fail(BALLAST_ENOSYS, std::string("no CUDA device: ") + (ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices"));
+    return fail(BALLAST_ENOSYS,
+                std::string("no CUDA device: ") + (ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices"));
   int rank = cfg && cfg->rank >= 0 ? cfg->rank : int(env_i64("RANK", 0));
   int n = cfg && cfg->nranks > 0 ? cfg->nranks : int(env_i64("WORLD_SIZE", 1));
-  if (n <= 0 || rank < 0 || rank >= n) return fail(BALLAST_EINVAL, "invalid rank " + std::to_string(rank) + " for world size " + std::to_string(n));
+  if (n <= 0 || rank < 0 || rank >= n)
+    return fail(BALLAST_EINVAL, "invalid rank " + std::to_string(rank) + " for world size " + std::to_string(n));
   const int device = int(env_i64("LOCAL_RANK", rank)) % devices;
   cudaSetDevice(device);
   const char* ea = std::getenv("MASTER_ADDR");
   const std::string addr = cfg && cfg->master_addr ? cfg->master_addr : ea && *ea ? ea : "127.0.0.1";
   const int port = cfg && cfg->master_port > 0 ? cfg->master_port : int(env_i64("MASTER_PORT", 29500));
-  const int64_t timeout = cfg && cfg->timeout_ns > 0 ? cfg->timeout_ns : env_i64("BALLAST_COMM_TIMEOUT_MS", 300000) * 1000000;
+  const int64_t timeout =
+      cfg && cfg->timeout_ns > 0 ? cfg->timeout_ns : env_i64("BALLAST_COMM_TIMEOUT_MS", 300000) * 1000000;
   const int64_t deadline = monotonic_ns() + (cfg && cfg->init_timeout_ns > 0 ? cfg->init_timeout_ns : timeout);
   // Rank 0's unique id travels in the bootstrap's address field.
   ncclUniqueId uid{};
@@ -503,14 +507,22 @@ ncclResult_t enqueue(Comm* c, const ballast_comm_args& a, cudaStream_t s) {
   const ncclRedOp_t op = kOps[a.redop];
   const size_t es = ballast_dtype_size(a.dtype);
   switch (a.op) {
-    case BALLAST_OP_ALLREDUCE: return ncclAllReduce(a.sendbuf ? a.sendbuf : a.recvbuf, a.recvbuf, a.count, dt, op, c->nccl, s);
-    case BALLAST_OP_BROADCAST: return ncclBroadcast(a.sendbuf ? a.sendbuf : a.recvbuf, a.recvbuf, a.count, dt, a.root, c->nccl, s);
-    case BALLAST_OP_REDUCE: return ncclReduce(a.sendbuf, a.recvbuf, a.count, dt, op, a.root, c->nccl, s);
-    case BALLAST_OP_ALLGATHER: return ncclAllGather(a.sendbuf, a.recvbuf, a.count, dt, c->nccl, s);
-    case BALLAST_OP_REDUCE_SCATTER: return ncclReduceScatter(a.sendbuf, a.recvbuf, a.count, dt, op, c->nccl, s);
-    case BALLAST_OP_SEND: return ncclSend(a.sendbuf, a.count, dt, a.root, c->nccl, s);
-    case BALLAST_OP_RECV: return ncclRecv(a.recvbuf, a.count, dt, a.root, c->nccl, s);
-    case BALLAST_OP_BARRIER: return ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclInt32, ncclSum, c->nccl, s);
+    case BALLAST_OP_ALLREDUCE:
+      return ncclAllReduce(a.sendbuf ? a.sendbuf : a.recvbuf, a.recvbuf, a.count, dt, op, c->nccl, s);
+    case BALLAST_OP_BROADCAST:
+      return ncclBroadcast(a.sendbuf ? a.sendbuf : a.recvbuf, a.recvbuf, a.count, dt, a.root, c->nccl, s);
+    case BALLAST_OP_REDUCE:
+      return ncclReduce(a.sendbuf, a.recvbuf, a.count, dt, op, a.root, c->nccl, s);
+    case BALLAST_OP_ALLGATHER:
+      return ncclAllGather(a.sendbuf, a.recvbuf, a.count, dt, c->nccl, s);
+    case BALLAST_OP_REDUCE_SCATTER:
+      return ncclReduceScatter(a.sendbuf, a.recvbuf, a.count, dt, op, c->nccl, s);
+    case BALLAST_OP_SEND:
+      return ncclSend(a.sendbuf, a.count, dt, a.root, c->nccl, s);
+    case BALLAST_OP_RECV:
+      return ncclRecv(a.recvbuf, a.count, dt, a.root, c->nccl, s);
+    case BALLAST_OP_BARRIER:
+      return ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclInt32, ncclSum, c->nccl, s);
     case BALLAST_OP_ALLTOALL: {
       ncclGroupStart();
       for (int p = 0; p < c->n; ++p) {
@@ -519,13 +531,15 @@ ncclResult_t enqueue(Comm* c, const ballast_comm_args& a, cudaStream_t s) {
       }
       return ncclGroupEnd();
     }
-    default: return ncclInvalidArgument;
+    default:
+      return ncclInvalidArgument;
   }
 }
 
 int c_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_request** req) {
   auto* c = reinterpret_cast<Comm*>(comm);
-  if (!c || !args || !req || args->size < BALLAST_COMM_ARGS_V1_SIZE) return fail(BALLAST_EINVAL, "start: bad arguments");
+  if (!c || !args || !req || args->size < BALLAST_COMM_ARGS_V1_SIZE)
+    return fail(BALLAST_EINVAL, "start: bad arguments");
   *req = nullptr;
   if (args->op == BALLAST_OP_NONE || args->op > BALLAST_OP_BARRIER || args->dtype >= BALLAST_DT_COUNT ||
       args->redop >= BALLAST_RED_COUNT)
@@ -637,8 +651,18 @@ int c_run(ballast_comm* comm, const ballast_comm_args* args) {
 
 const char* c_last_error(void*) { return t_error.c_str(); }
 
-const ballast_comm_api kApi = {sizeof(ballast_comm_api), 0, c_init, c_split, c_destroy, c_abort, c_info,
-                               c_start, c_test, c_wait, c_run, c_last_error};
+const ballast_comm_api kApi = {sizeof(ballast_comm_api),
+                               0,
+                               c_init,
+                               c_split,
+                               c_destroy,
+                               c_abort,
+                               c_info,
+                               c_start,
+                               c_test,
+                               c_wait,
+                               c_run,
+                               c_last_error};
 
 }  // namespace
 

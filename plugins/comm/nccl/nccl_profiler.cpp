@@ -79,9 +79,9 @@ struct Foreign {
   comm::TraceRing* ring = nullptr;  // the process's ring of foreign communicators
   uint64_t comm_id = 0;
   int32_t rank = -1, nranks = 0, world_rank = -1;
-  uint64_t seq = 0;                // collectives so far
-  std::map<int32_t, uint64_t> p2p; // messages so far, by peer and direction (peer * 2 + is_send)
-  uint64_t order = 0;              // operations so far
+  uint64_t seq = 0;                     // collectives so far
+  std::map<int32_t, uint64_t> p2p;      // messages so far, by peer and direction (peer * 2 + is_send)
+  uint64_t order = 0;                   // operations so far
   std::atomic<uint64_t> done_below{0};  // every operation up to this order is ended
 };
 
@@ -98,8 +98,8 @@ struct KernelCh {
   OpRef* op;
 };
 
-std::atomic<bool> g_every{false};   // trace_every_communicator
-std::atomic<int> g_foreign_live{0}; // foreign communicators not finalized
+std::atomic<bool> g_every{false};    // trace_every_communicator
+std::atomic<int> g_foreign_live{0};  // foreign communicators not finalized
 
 // A channel's network work with one peer, and one transfer (chunk) of it:
 // freed at their stop, the last call NCCL makes on a handle; a ProxyOp's
@@ -144,10 +144,14 @@ uint32_t op_of(const char* func) {
     const char* nccl;
     uint32_t op;
   };
-  static constexpr Name kNames[] = {{"AllReduce", BALLAST_OP_ALLREDUCE}, {"Broadcast", BALLAST_OP_BROADCAST},
-                                    {"Reduce", BALLAST_OP_REDUCE},       {"AllGather", BALLAST_OP_ALLGATHER},
-                                    {"ReduceScatter", BALLAST_OP_REDUCE_SCATTER}, {"AllToAll", BALLAST_OP_ALLTOALL},
-                                    {"Send", BALLAST_OP_SEND},           {"Recv", BALLAST_OP_RECV}};
+  static constexpr Name kNames[] = {{"AllReduce", BALLAST_OP_ALLREDUCE},
+                                    {"Broadcast", BALLAST_OP_BROADCAST},
+                                    {"Reduce", BALLAST_OP_REDUCE},
+                                    {"AllGather", BALLAST_OP_ALLGATHER},
+                                    {"ReduceScatter", BALLAST_OP_REDUCE_SCATTER},
+                                    {"AllToAll", BALLAST_OP_ALLTOALL},
+                                    {"Send", BALLAST_OP_SEND},
+                                    {"Recv", BALLAST_OP_RECV}};
   for (const auto& n : kNames)
     if (func && std::strcmp(func, n.nccl) == 0) return n.op;
   return BALLAST_OP_NONE;
@@ -162,11 +166,11 @@ uint32_t dtype_of(const char* name, uint64_t* count) {
     uint32_t bytes;
   };
   static constexpr Name kNames[] = {
-      {"ncclFloat32", BALLAST_DT_F32, 4},  {"ncclFloat", BALLAST_DT_F32, 4},   {"ncclFloat64", BALLAST_DT_F64, 8},
-      {"ncclDouble", BALLAST_DT_F64, 8},   {"ncclFloat16", BALLAST_DT_F16, 2}, {"ncclHalf", BALLAST_DT_F16, 2},
-      {"ncclBfloat16", BALLAST_DT_BF16, 2}, {"ncclInt32", BALLAST_DT_I32, 4},  {"ncclInt", BALLAST_DT_I32, 4},
-      {"ncclInt64", BALLAST_DT_I64, 8},    {"ncclUint8", BALLAST_DT_U8, 1},    {"ncclInt8", BALLAST_DT_U8, 1},
-      {"ncclChar", BALLAST_DT_U8, 1},      {"ncclUint32", BALLAST_DT_U8, 4},   {"ncclUint64", BALLAST_DT_U8, 8},
+      {"ncclFloat32", BALLAST_DT_F32, 4},   {"ncclFloat", BALLAST_DT_F32, 4},    {"ncclFloat64", BALLAST_DT_F64, 8},
+      {"ncclDouble", BALLAST_DT_F64, 8},    {"ncclFloat16", BALLAST_DT_F16, 2},  {"ncclHalf", BALLAST_DT_F16, 2},
+      {"ncclBfloat16", BALLAST_DT_BF16, 2}, {"ncclInt32", BALLAST_DT_I32, 4},    {"ncclInt", BALLAST_DT_I32, 4},
+      {"ncclInt64", BALLAST_DT_I64, 8},     {"ncclUint8", BALLAST_DT_U8, 1},     {"ncclInt8", BALLAST_DT_U8, 1},
+      {"ncclChar", BALLAST_DT_U8, 1},       {"ncclUint32", BALLAST_DT_U8, 4},    {"ncclUint64", BALLAST_DT_U8, 8},
       {"ncclFloat8e4m3", BALLAST_DT_U8, 1}, {"ncclFloat8e5m2", BALLAST_DT_U8, 1}};
   for (const auto& n : kNames)
     if (name && std::strcmp(name, n.nccl) == 0) {
@@ -272,8 +276,8 @@ ncclResult_t prof_init(void** context, uint64_t comm_id, int* mask, const char* 
     c->foreign->world_rank = world_rank(rank);
     c->tracker = std::make_shared<OpTracker>();
     std::string err;
-    comm::TraceRing* ring = comm::TraceRing::process_ring(kStandaloneWriter, "", c->foreign->world_rank,
-                                                          world_size(nranks), &err);
+    comm::TraceRing* ring =
+        comm::TraceRing::process_ring(kStandaloneWriter, "", c->foreign->world_rank, world_size(nranks), &err);
     if (!ring) {
       if (logfn) logfn(2 /* NCCL_LOG_WARN */, ~0ul, __FILE__, __LINE__, "ballast-nccl-profiler: %s", err.c_str());
       delete c;
@@ -296,8 +300,10 @@ ncclResult_t prof_start(void* context, void** handle, ballast_nccl_prof_descr_v5
     case NCCL_PROF_COLL:
     case NCCL_PROF_P2P: {
       OpRef& r = c->refs[c->next.fetch_add(1, std::memory_order_relaxed) % kOpRefs];
-      if (c->foreign) begin_foreign(c, d, &r);
-      else r.slot = c->tracker->current(&r.ring, &r.index);
+      if (c->foreign)
+        begin_foreign(c, d, &r);
+      else
+        r.slot = c->tracker->current(&r.ring, &r.index);
       *handle = &r;
       break;
     }
@@ -452,6 +458,9 @@ std::string use_as_profiler(std::string* why) {
 
 }  // namespace ballast::comm_nccl
 
-extern "C" const ballast_nccl_profiler_v5 ncclProfiler_v5 = {
-    "ballast-progress", ballast::comm_nccl::prof_init, ballast::comm_nccl::prof_start,
-    ballast::comm_nccl::prof_stop, ballast::comm_nccl::prof_state, ballast::comm_nccl::prof_finalize};
+extern "C" const ballast_nccl_profiler_v5 ncclProfiler_v5 = {"ballast-progress",
+                                                             ballast::comm_nccl::prof_init,
+                                                             ballast::comm_nccl::prof_start,
+                                                             ballast::comm_nccl::prof_stop,
+                                                             ballast::comm_nccl::prof_state,
+                                                             ballast::comm_nccl::prof_finalize};

@@ -20,32 +20,50 @@ extern "C" {
 
 /* Event types: the bits of the activation mask and of a descriptor's type. */
 enum {
-  NCCL_PROF_COLL = 1 << 1,        /* a collective, enqueued (its stop means enqueued, not done) */
-  NCCL_PROF_P2P = 1 << 2,         /* a send or receive, enqueued */
-  NCCL_PROF_PROXY_OP = 1 << 3,    /* a channel's network work for one peer, on the proxy thread */
-  NCCL_PROF_PROXY_STEP = 1 << 4,  /* one network transfer (a chunk) of a ProxyOp */
-  NCCL_PROF_KERNEL_CH = 1 << 6    /* a channel of the kernel running the operation */
+  NCCL_PROF_COLL = 1 << 1,       /* a collective, enqueued (its stop means enqueued, not done) */
+  NCCL_PROF_P2P = 1 << 2,        /* a send or receive, enqueued */
+  NCCL_PROF_PROXY_OP = 1 << 3,   /* a channel's network work for one peer, on the proxy thread */
+  NCCL_PROF_PROXY_STEP = 1 << 4, /* one network transfer (a chunk) of a ProxyOp */
+  NCCL_PROF_KERNEL_CH = 1 << 6   /* a channel of the kernel running the operation */
 };
 
 /* ProxyStep states (values of NCCL's ncclProfilerEventState_t). */
 enum {
-  NCCL_PROF_STEP_SEND_GPU_WAIT = 8,   /* waiting for the GPU to fill the chunk */
-  NCCL_PROF_STEP_SEND_WAIT = 9,       /* handed to the network, waiting for completion */
-  NCCL_PROF_STEP_RECV_WAIT = 10,      /* posted, waiting for the peer's data */
-  NCCL_PROF_STEP_RECV_FLUSH_WAIT = 11,/* arrived, being flushed to the GPU */
-  NCCL_PROF_STEP_RECV_GPU_WAIT = 12,  /* arrived, waiting for the GPU to consume it */
-  NCCL_PROF_STEP_SEND_PEER_WAIT = 20  /* waiting for the receiver's credit */
+  NCCL_PROF_STEP_SEND_GPU_WAIT = 8,    /* waiting for the GPU to fill the chunk */
+  NCCL_PROF_STEP_SEND_WAIT = 9,        /* handed to the network, waiting for completion */
+  NCCL_PROF_STEP_RECV_WAIT = 10,       /* posted, waiting for the peer's data */
+  NCCL_PROF_STEP_RECV_FLUSH_WAIT = 11, /* arrived, being flushed to the GPU */
+  NCCL_PROF_STEP_RECV_GPU_WAIT = 12,   /* arrived, waiting for the GPU to consume it */
+  NCCL_PROF_STEP_SEND_PEER_WAIT = 20   /* waiting for the receiver's credit */
 };
 
 typedef struct {
-  uint64_t type;    /* one NCCL_PROF_* bit */
-  void* parentObj;  /* the handle our startEvent returned for the parent event */
+  uint64_t type;   /* one NCCL_PROF_* bit */
+  void* parentObj; /* the handle our startEvent returned for the parent event */
   int rank;
   union {
-    struct { bool graphCaptured; int groupDepth; } groupApi;
-    struct { const char* func; size_t count; const char* datatype; int root; void* stream; bool graphCaptured; } collApi;
-    struct { const char* func; size_t count; const char* datatype; void* stream; bool graphCaptured; } p2pApi;
-    struct { void* stream; } kernelLaunch;
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      int root;
+      void* stream;
+      bool graphCaptured;
+    } collApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      void* stream;
+      bool graphCaptured;
+    } p2pApi;
+    struct {
+      void* stream;
+    } kernelLaunch;
     struct {
       uint64_t seqNumber;
       const char* func;
@@ -60,26 +78,50 @@ typedef struct {
       const char* proto;
       void* parentGroup;
     } coll;
-    struct { const char* func; void* buff; const char* datatype; size_t count; int peer; uint8_t nChannels; void* parentGroup; } p2p;
     struct {
-      pid_t pid;  /* the process that issued the operation (PXN: maybe not this one) */
+      const char* func;
+      void* buff;
+      const char* datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+      void* parentGroup;
+    } p2p;
+    struct {
+      pid_t pid; /* the process that issued the operation (PXN: maybe not this one) */
       uint8_t channelId;
       int peer;
       int nSteps;
       int chunkSize;
       int isSend;
     } proxyOp;
-    struct { int step; } proxyStep;
-    struct { uint8_t channelId; uint64_t pTimer; } kernelCh;
-    struct { int64_t id; void* data; } netPlugin;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void* data;
+    } netPlugin;
   };
 } ballast_nccl_prof_descr_v5;
 
 typedef union {
-  struct { size_t transSize; } proxyStep;
-  struct { int appendedProxyOps; } proxyCtrl;
-  struct { void* data; } netPlugin;
-  struct { uint64_t pTimer; } kernelCh;
+  struct {
+    size_t transSize;
+  } proxyStep;
+  struct {
+    int appendedProxyOps;
+  } proxyCtrl;
+  struct {
+    void* data;
+  } netPlugin;
+  struct {
+    uint64_t pTimer;
+  } kernelCh;
 } ballast_nccl_prof_state_args_v5;
 
 /* NCCL's logger: never called by Ballast, declared for the slot's type. */

@@ -43,10 +43,21 @@ const void* get_interface(void*, const char* name, uint32_t version) {
 const ballast_interface_info kInterfaces[] = {{BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION}, {nullptr, 0}};
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "comm-nccl", "0.1.0", "comm",
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "comm-nccl",
+    "0.1.0",
+    "comm",
     "collectives on CUDA devices over NCCL (non-blocking communicators, a watchdog that aborts on timeout or error), "
     "traced and published on the bus",
-    create, start, stop, destroy, get_interface, kInterfaces};
+    create,
+    start,
+    stop,
+    destroy,
+    get_interface,
+    kInterfaces};
 
 }  // namespace
 

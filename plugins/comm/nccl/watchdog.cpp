@@ -38,12 +38,17 @@ Verdict decide(const OpState& s) {
 int status_of(Verdict v) {
   switch (v) {
     case Verdict::running:
-    case Verdict::done: return BALLAST_OK;
-    case Verdict::aborted: return BALLAST_EABORTED;
-    case Verdict::nccl_error: return BALLAST_EPEER;
-    case Verdict::cuda_error: return BALLAST_EIO;
+    case Verdict::done:
+      return BALLAST_OK;
+    case Verdict::aborted:
+      return BALLAST_EABORTED;
+    case Verdict::nccl_error:
+      return BALLAST_EPEER;
+    case Verdict::cuda_error:
+      return BALLAST_EIO;
     case Verdict::timed_out:
-    case Verdict::stalled: return BALLAST_ETIMEDOUT;
+    case Verdict::stalled:
+      return BALLAST_ETIMEDOUT;
   }
   return BALLAST_EINTERNAL;
 }
@@ -53,11 +58,20 @@ std::string describe(Verdict v, const std::string& what, const OpState& s, const
   std::string m;
   switch (v) {
     case Verdict::running:
-    case Verdict::done: return "";
-    case Verdict::aborted: m = what + " aborted after " + ran + ": " + detail; break;
-    case Verdict::nccl_error: m = what + " failed in NCCL after " + ran + ": " + detail; break;
-    case Verdict::cuda_error: m = what + " failed after " + ran + ": CUDA error " + detail; break;
-    case Verdict::timed_out: m = what + " timed out: no completion after " + ran; break;
+    case Verdict::done:
+      return "";
+    case Verdict::aborted:
+      m = what + " aborted after " + ran + ": " + detail;
+      break;
+    case Verdict::nccl_error:
+      m = what + " failed in NCCL after " + ran + ": " + detail;
+      break;
+    case Verdict::cuda_error:
+      m = what + " failed after " + ran + ": CUDA error " + detail;
+      break;
+    case Verdict::timed_out:
+      m = what + " timed out: no completion after " + ran;
+      break;
     case Verdict::stalled:
       m = what + " stalled: no progress for " + seconds(s.now - s.last_progress) + " (limit " + seconds(s.stall_ns) +
           "), running for " + ran;

@@ -37,7 +37,9 @@ struct Blocks {
   uint64_t count;
   int n;
   size_t es;
-  size_t off(int i) const { return (uint64_t(i) * (count / uint64_t(n)) + std::min<uint64_t>(uint64_t(i), count % uint64_t(n))) * es; }
+  size_t off(int i) const {
+    return (uint64_t(i) * (count / uint64_t(n)) + std::min<uint64_t>(uint64_t(i), count % uint64_t(n))) * es;
+  }
   size_t len(int i) const { return off(i + 1) - off(i); }
 };
 
@@ -254,8 +256,8 @@ int allreduce_doubling(Build& b) {
 
 int build_allreduce(Build& b) {
   const World& w = *b.c->w;
-  const bool pair = b.n == 2 && b.bytes >= w.pair_min_bytes && b.bytes <= w.pair_bytes &&
-                    (w.tcp_only || b.c->peer(1 - b.r).local);
+  const bool pair =
+      b.n == 2 && b.bytes >= w.pair_min_bytes && b.bytes <= w.pair_bytes && (w.tcp_only || b.c->peer(1 - b.r).local);
   const bool ring = b.n > 1 && b.bytes > w.small_bytes && b.a.count >= uint64_t(b.n) && !pair;
   // The ring and the pair swap read a separate input in place; the others work in dst.
   if (b.bytes && b.src && b.src != b.dst && (!(ring || pair) || partly_overlap(b.src, b.dst, b.bytes))) {
@@ -412,16 +414,25 @@ int build_point_to_point(Build& b) {
 int build(Op& op) {
   Build b(op);
   switch (op.args.op) {
-    case BALLAST_OP_ALLREDUCE: return build_allreduce(b);
-    case BALLAST_OP_REDUCE_SCATTER: return build_reduce_scatter(b);
-    case BALLAST_OP_ALLGATHER: return build_allgather(b);
-    case BALLAST_OP_BROADCAST: return build_broadcast(b);
-    case BALLAST_OP_REDUCE: return build_reduce(b);
-    case BALLAST_OP_ALLTOALL: return build_alltoall(b);
-    case BALLAST_OP_BARRIER: return build_barrier(b);
+    case BALLAST_OP_ALLREDUCE:
+      return build_allreduce(b);
+    case BALLAST_OP_REDUCE_SCATTER:
+      return build_reduce_scatter(b);
+    case BALLAST_OP_ALLGATHER:
+      return build_allgather(b);
+    case BALLAST_OP_BROADCAST:
+      return build_broadcast(b);
+    case BALLAST_OP_REDUCE:
+      return build_reduce(b);
+    case BALLAST_OP_ALLTOALL:
+      return build_alltoall(b);
+    case BALLAST_OP_BARRIER:
+      return build_barrier(b);
     case BALLAST_OP_SEND:
-    case BALLAST_OP_RECV: return build_point_to_point(b);
-    default: return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(op.args.op));
+    case BALLAST_OP_RECV:
+      return build_point_to_point(b);
+    default:
+      return set_last_error(BALLAST_EINVAL, "unknown operation " + std::to_string(op.args.op));
   }
 }
 

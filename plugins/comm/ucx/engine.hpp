@@ -74,15 +74,17 @@ struct World {
   size_t chunk_bytes = 256 << 10;
   size_t small_bytes = 16 << 10;
   bool tcp_only = false;  // UCX_TLS names tcp and no other data transport
-  size_t pair_bytes = 0;  // 2 ranks: allreduce up to this size swaps whole buffers in one message (tcp alone, or one host)
+  size_t pair_bytes =
+      0;  // 2 ranks: allreduce up to this size swaps whole buffers in one message (tcp alone, or one host)
   size_t pair_min_bytes = 128 << 10;  // ... from this size
   size_t direct_bytes = 1 << 10;
   size_t halving_bytes = 512 << 10;
-  bool yield = false;  // more local ranks than CPUs: yield while waiting
-  int efd = -1;             // the worker's event fd (UCP_FEATURE_WAKEUP) when yield: comm_wait may sleep on it
-  int64_t block_ns = -1;    // ... after this long without UCX events (< 0: never sleep)
-  size_t ring_direct_bytes = 4 << 20;  // from this size, out of place, a ring receives into the output (ring_reduce_scatter)
-  bool exact_ticks = false;  // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
+  bool yield = false;     // more local ranks than CPUs: yield while waiting
+  int efd = -1;           // the worker's event fd (UCP_FEATURE_WAKEUP) when yield: comm_wait may sleep on it
+  int64_t block_ns = -1;  // ... after this long without UCX events (< 0: never sleep)
+  size_t ring_direct_bytes =
+      4 << 20;                  // from this size, out of place, a ring receives into the output (ring_reduce_scatter)
+  bool exact_ticks = false;     // BALLAST_TRACE_EXACT=1: the exact clock for small operations too
   int64_t notices_sent_ns = 0;  // when this rank last told its peers of a failure
 
   ~World() {
@@ -132,20 +134,20 @@ struct Xfer {
   int peer = 0;  // rank in the communicator
   char* buf = nullptr;
   size_t len = 0;
-  char* reduce_dst = nullptr;  // receive: reduce each chunk into this
+  char* reduce_dst = nullptr;       // receive: reduce each chunk into this
   const char* reduce_in = nullptr;  // ... combined with this (the local input), when not reduce_dst itself
-  bool staged = false;         // chunk k lands in a slot of kWindow chunks at buf (kept in cache), not at its offset
+  bool staged = false;  // chunk k lands in a slot of kWindow chunks at buf (kept in cache), not at its offset
   size_t nchunks = 0, posted = 0, completed = 0;
   Pending win[kWindow];
 };
 
 struct Step {
   uint32_t first = 0, last = 0;  // xfers
-  char* red_dst = nullptr;        // after the step: red_dst op= red_src (red_count elements)
+  char* red_dst = nullptr;       // after the step: red_dst op= red_src (red_count elements)
   const char* red_src = nullptr;
   size_t red_count = 0;
-  int red_gathered = 0;           // or: red_dst = block 0 op block 1 op ... of red_src (this many blocks)
-  char* copy_dst = nullptr;       // then: copy copy_len bytes
+  int red_gathered = 0;      // or: red_dst = block 0 op block 1 op ... of red_src (this many blocks)
+  char* copy_dst = nullptr;  // then: copy copy_len bytes
   const char* copy_src = nullptr;
   size_t copy_len = 0;
 };
@@ -180,9 +182,9 @@ struct Op {
   Comm* comm = nullptr;
   ballast_comm_args args{};
   uint32_t esize = 1;
-  uint64_t seq = 0;       // this op's seq (collective or p2p)
+  uint64_t seq = 0;  // this op's seq (collective or p2p)
   uint32_t tag_ctx = 0;
-  uint32_t low = 0;       // op | dtype | redop bits
+  uint32_t low = 0;  // op | dtype | redop bits
   uint32_t algorithm = 0;
   // The plan, made by build() and kept for this Op's next operation when
   // that has the same key (plan() in algorithms.cpp).
@@ -267,7 +269,6 @@ struct Comm {
 
   PeerState& peer(int r) { return w->peers[size_t(members[size_t(r)])]; }
 };
-
 
 // algorithms.cpp: op's plan, made or kept, and the copies it starts with
 // done (0, or a failure).

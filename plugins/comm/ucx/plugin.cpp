@@ -36,8 +36,18 @@ int api_start(ballast_comm* comm, const ballast_comm_args* args, ballast_comm_re
 int api_run(ballast_comm* comm, const ballast_comm_args* args) { return comm_run(reinterpret_cast<Comm*>(comm), args); }
 const char* api_last_error(void*) { return last_error(); }
 
-const ballast_comm_api kApi = {sizeof(ballast_comm_api), 0, api_init, api_split, api_destroy, api_abort, api_info,
-                               api_start, comm_test, comm_wait, api_run, api_last_error};
+const ballast_comm_api kApi = {sizeof(ballast_comm_api),
+                               0,
+                               api_init,
+                               api_split,
+                               api_destroy,
+                               api_abort,
+                               api_info,
+                               api_start,
+                               comm_test,
+                               comm_wait,
+                               api_run,
+                               api_last_error};
 
 int create(const ballast_host_api* host, void** state) {
   *state = new State{host, RingPublisher(host)};
@@ -56,10 +66,20 @@ const void* get_interface(void*, const char* name, uint32_t version) {
 
 const ballast_interface_info kInterfaces[] = {{BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION}, {nullptr, 0}};
 
-const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "comm-ucx", "0.1.0", "comm",
-    "collectives between processes over UCX, traced in a shared-memory ring",
-    create, start, stop, destroy, get_interface, kInterfaces};
+const ballast_plugin_descriptor kDescriptor = {sizeof(ballast_plugin_descriptor),
+                                               BALLAST_ABI_MAJOR,
+                                               BALLAST_ABI_MINOR,
+                                               0,
+                                               "comm-ucx",
+                                               "0.1.0",
+                                               "comm",
+                                               "collectives between processes over UCX, traced in a shared-memory ring",
+                                               create,
+                                               start,
+                                               stop,
+                                               destroy,
+                                               get_interface,
+                                               kInterfaces};
 
 }  // namespace
 

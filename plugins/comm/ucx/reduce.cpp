@@ -38,7 +38,7 @@ uint16_t float_to_half(float f) {
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to infinity
-  if (abs < 0x38800000u) {                                 // subnormal or zero in half
+  if (abs < 0x38800000u) {                                  // subnormal or zero in half
     if (abs < 0x33000000u) return sign;
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
@@ -75,10 +75,14 @@ namespace {
 template <class T>
 T combine(T a, T b, uint32_t redop) {
   switch (redop) {
-    case BALLAST_RED_SUM: return T(a + b);
-    case BALLAST_RED_PROD: return T(a * b);
-    case BALLAST_RED_MIN: return b < a ? b : a;
-    default: return a < b ? b : a;
+    case BALLAST_RED_SUM:
+      return T(a + b);
+    case BALLAST_RED_PROD:
+      return T(a * b);
+    case BALLAST_RED_MIN:
+      return b < a ? b : a;
+    default:
+      return a < b ? b : a;
   }
 }
 
@@ -126,8 +130,12 @@ void reduce_to(void* dst, const void* a, const void* b, std::size_t count, uint3
   const char* x = static_cast<const char*>(a);
   const char* s = static_cast<const char*>(b);
   switch (dtype) {
-    case BALLAST_DT_F32: reduce_typed<float>(d, x, s, count, redop); break;
-    case BALLAST_DT_F64: reduce_typed<double>(d, x, s, count, redop); break;
+    case BALLAST_DT_F32:
+      reduce_typed<float>(d, x, s, count, redop);
+      break;
+    case BALLAST_DT_F64:
+      reduce_typed<double>(d, x, s, count, redop);
+      break;
     case BALLAST_DT_I32: {
       // Sum and product wrap like two's complement instead of being undefined.
       if (redop == BALLAST_RED_SUM || redop == BALLAST_RED_PROD)
@@ -143,10 +151,17 @@ void reduce_to(void* dst, const void* a, const void* b, std::size_t count, uint3
         reduce_typed<int64_t>(d, x, s, count, redop);
       break;
     }
-    case BALLAST_DT_U8: reduce_typed<uint8_t>(d, x, s, count, redop); break;
-    case BALLAST_DT_F16: reduce_half<half_to_float, float_to_half>(d, x, s, count, redop); break;
-    case BALLAST_DT_BF16: reduce_half<bf16_to_float, float_to_bf16>(d, x, s, count, redop); break;
-    default: break;
+    case BALLAST_DT_U8:
+      reduce_typed<uint8_t>(d, x, s, count, redop);
+      break;
+    case BALLAST_DT_F16:
+      reduce_half<half_to_float, float_to_half>(d, x, s, count, redop);
+      break;
+    case BALLAST_DT_BF16:
+      reduce_half<bf16_to_float, float_to_bf16>(d, x, s, count, redop);
+      break;
+    default:
+      break;
   }
 }
 

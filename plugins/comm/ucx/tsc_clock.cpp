@@ -8,7 +8,7 @@ namespace ballast::comm {
 
 namespace {
 
-constexpr uint64_t kSpanNs = 50000000;  // re-anchor after 50 ms
+constexpr uint64_t kSpanNs = 50000000;      // re-anchor after 50 ms
 constexpr uint64_t kRefineNs = 1000000000;  // refine the slope from anchors this far apart
 
 #if defined(__x86_64__)

@@ -44,9 +44,9 @@ class TscClock {
   static constexpr int kShift = 32;
   uint64_t reanchor();
 
-  uint64_t mult_ = 0;  // ns per TSC tick << kShift; 0: read CLOCK_MONOTONIC
-  uint64_t tsc0_ = 0, ns0_ = 0;          // the anchor
-  uint64_t span_ = 0;                    // TSC ticks in 50 ms: re-anchor after
+  uint64_t mult_ = 0;                      // ns per TSC tick << kShift; 0: read CLOCK_MONOTONIC
+  uint64_t tsc0_ = 0, ns0_ = 0;            // the anchor
+  uint64_t span_ = 0;                      // TSC ticks in 50 ms: re-anchor after
   uint64_t first_tsc_ = 0, first_ns_ = 0;  // the first anchor, for the slope
 };
 

@@ -44,12 +44,20 @@ char proc_state(int pid) {
 
 std::string state_words(char st) {
   switch (st) {
-    case 0: return "gone";
-    case 'T': case 't': return "stopped";
-    case 'Z': case 'X': return "exited (zombie)";
-    case 'R': return "running";
-    case 'D': return "in uninterruptible I/O";
-    default: return "alive, sleeping";
+    case 0:
+      return "gone";
+    case 'T':
+    case 't':
+      return "stopped";
+    case 'Z':
+    case 'X':
+      return "exited (zombie)";
+    case 'R':
+      return "running";
+    case 'D':
+      return "in uninterruptible I/O";
+    default:
+      return "alive, sleeping";
   }
 }
 
@@ -116,8 +124,8 @@ void send_notices(Comm* c, const std::string& msg) {
   for (int r = 0; r < c->n; ++r) {
     if (r == c->rank || c->peer(r).ep_status != UCS_OK) continue;
     ucp_request_param_t prm{};
-    void* q = ucp_tag_send_nbx(c->peer(r).ep, c->notice, len, make_tag(kSeqControl, uint32_t(c->rank), c->ctx, 0),
-                               &prm);
+    void* q =
+        ucp_tag_send_nbx(c->peer(r).ep, c->notice, len, make_tag(kSeqControl, uint32_t(c->rank), c->ctx, 0), &prm);
     if (q && !UCS_PTR_IS_ERR(q)) pending.push_back(q);
   }
   // Push the notices out before returning: the caller often exits right
@@ -131,7 +139,9 @@ void send_notices(Comm* c, const std::string& msg) {
 }
 
 template <class T>
-inline void put(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+inline void put(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
 
 // The counters that move while an operation runs, into its trace slot.
 [[gnu::always_inline]] inline void put_counters(ballast_trace_slot* s, const Op& op) {
@@ -211,8 +221,7 @@ void cancel_pending(Op& op) {
   // now and then) may put the end before the start.
   const uint64_t end = std::max(op.exact_ticks ? op.comm->clock.now() : trace_tick_coarse(), op.start_tick);
   __atomic_store_n(&op.slot->end_tick, end, __ATOMIC_RELAXED);
-  __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED,
-                   __ATOMIC_RELEASE);
+  __atomic_store_n(&op.slot->state, status == BALLAST_OK ? BALLAST_TRACE_DONE : BALLAST_TRACE_FAILED, __ATOMIC_RELEASE);
   op.slot = nullptr;
 }
 
@@ -280,31 +289,40 @@ int post_chunk(Op& op, Xfer& x) {
   Pending& p = x.win[k % kWindow];
   p.off = k * op.chunk;
   p.len = x.len == 0 ? 0 : std::min(op.chunk, x.len - p.off);
-  if (!x.staged) p.at = x.buf + p.off;
-  else if (op.ring) p.at = x.buf + (op.recvs_posted % kWindow) * op.slot_bytes;
-  else p.at = x.buf + (k % kWindow) * op.chunk;
+  if (!x.staged)
+    p.at = x.buf + p.off;
+  else if (op.ring)
+    p.at = x.buf + (op.recvs_posted % kWindow) * op.slot_bytes;
+  else
+    p.at = x.buf + (k % kWindow) * op.chunk;
   p.req = nullptr;
   p.done_now = false;
   ucp_request_param_t prm{};
   void* r;
   if (x.send) {
-    r = ucp_tag_send_nbx(c->peer(x.peer).ep, p.at, p.len,
-                         make_tag(op.seq, uint32_t(c->rank), op.tag_ctx, op.low), &prm);
+    r = ucp_tag_send_nbx(c->peer(x.peer).ep, p.at, p.len, make_tag(op.seq, uint32_t(c->rank), op.tag_ctx, op.low),
+                         &prm);
   } else {
     // Always a request: UCX 1.13 leaves recv_info unset on immediate completion.
     prm.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    r = ucp_tag_recv_nbx(c->w->worker, p.at, p.len, make_tag(op.seq, uint32_t(x.peer), op.tag_ctx, 0),
-                         kMatchMask, &prm);
+    r = ucp_tag_recv_nbx(c->w->worker, p.at, p.len, make_tag(op.seq, uint32_t(x.peer), op.tag_ctx, 0), kMatchMask,
+                         &prm);
   }
   if (UCS_PTR_IS_ERR(r))  // a peer that failed first has likely said why: fail_peer looks
-    return fail_peer(op, peer_failure(op, x.peer, std::string("cannot ") + (x.send ? "send to" : "receive from") +
-                                                      " rank " + std::to_string(x.peer), UCS_PTR_STATUS(r)));
-  if (r) p.req = r;
-  else p.done_now = true;
+    return fail_peer(op, peer_failure(op, x.peer,
+                                      std::string("cannot ") + (x.send ? "send to" : "receive from") + " rank " +
+                                          std::to_string(x.peer),
+                                      UCS_PTR_STATUS(r)));
+  if (r)
+    p.req = r;
+  else
+    p.done_now = true;
   ++x.posted;
   ++op.chunks_posted;
-  if (x.send) ++op.sends_in_flight;
-  else ++op.recvs_in_flight, ++op.recvs_posted;
+  if (x.send)
+    ++op.sends_in_flight;
+  else
+    ++op.recvs_in_flight, ++op.recvs_posted;
   return BALLAST_OK;
 }
 
@@ -330,8 +348,7 @@ int complete_chunk(Op& op, Xfer& x) {
           std::to_string(p.len) + " were expected (different counts on different ranks)";
     return finish(op, BALLAST_EINVAL, m, true);
   }
-  if (st != UCS_OK)
-    return fail_peer(op, peer_failure(op, x.peer, "transfer with " + who() + " failed", st));
+  if (st != UCS_OK) return fail_peer(op, peer_failure(op, x.peer, "transfer with " + who() + " failed", st));
   if (x.reduce_dst)
     reduce_to(x.reduce_dst + p.off, (x.reduce_in ? x.reduce_in : x.reduce_dst) + p.off, p.at, p.len / op.esize,
               op.args.dtype, op.args.redop);
@@ -344,8 +361,10 @@ int complete_chunk(Op& op, Xfer& x) {
     if (x.reduce_dst) ++op.chunks_reduced;
   }
   ++x.completed;
-  if (x.send) --op.sends_in_flight;
-  else --op.recvs_in_flight;
+  if (x.send)
+    --op.sends_in_flight;
+  else
+    --op.recvs_in_flight;
   return 1;
 }
 
@@ -672,9 +691,7 @@ void end_all(Comm* c, int status, const std::string& why, bool notify) {
 
 // After a failed operation the communicator is unusable: what else was in
 // flight or queued ends with the same status, naming the first failure.
-void end_after_failure(Comm* c) {
-  end_all(c, c->failed, " did not complete: " + c->failed_msg, false);
-}
+void end_after_failure(Comm* c) { end_all(c, c->failed, " did not complete: " + c->failed_msg, false); }
 
 // The running collective ended and others wait behind it: the next one
 // starts, its first chunks posted now rather than at the caller's next test
@@ -768,15 +785,19 @@ int validate(Comm* c, const ballast_comm_args* a) {
   const bool rooted = a->op == BALLAST_OP_BROADCAST || a->op == BALLAST_OP_REDUCE || a->op == BALLAST_OP_SEND ||
                       a->op == BALLAST_OP_RECV;
   if (rooted && (a->root < 0 || a->root >= c->n))
-    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": root/peer " + std::to_string(a->root) +
-                                              " is out of range for " + std::to_string(c->n) + " ranks");
+    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": root/peer " +
+                                              std::to_string(a->root) + " is out of range for " + std::to_string(c->n) +
+                                              " ranks");
   if ((a->op == BALLAST_OP_SEND || a->op == BALLAST_OP_RECV) && a->root == c->rank)
-    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + " to itself (rank " + std::to_string(c->rank) + ")");
+    return set_last_error(BALLAST_EINVAL,
+                          std::string(ballast_op_name(a->op)) + " to itself (rank " + std::to_string(c->rank) + ")");
   if (a->count == 0) return BALLAST_OK;
   const bool needs_send = a->op == BALLAST_OP_SEND || a->op == BALLAST_OP_ALLTOALL;
   const bool needs_recv = !(a->op == BALLAST_OP_SEND || (a->op == BALLAST_OP_REDUCE && a->root != c->rank));
-  if (needs_send && !a->sendbuf) return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": sendbuf is NULL");
-  if (needs_recv && !a->recvbuf) return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": recvbuf is NULL");
+  if (needs_send && !a->sendbuf)
+    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": sendbuf is NULL");
+  if (needs_recv && !a->recvbuf)
+    return set_last_error(BALLAST_EINVAL, std::string(ballast_op_name(a->op)) + ": recvbuf is NULL");
   if (a->op == BALLAST_OP_REDUCE && a->root != c->rank && !a->sendbuf)
     return set_last_error(BALLAST_EINVAL, "reduce: sendbuf is NULL on a non-root rank");
   if (a->op == BALLAST_OP_ALLTOALL && a->sendbuf == a->recvbuf)
@@ -839,7 +860,8 @@ int comm_split(Comm* parent, int32_t colour, int32_t key, Comm** out) {
   if (rc != BALLAST_OK) return set_last_error(rc, std::string("split: ") + last_error());
   uint32_t ctx = 0;
   for (const Entry& e : all) ctx = std::max(ctx, e.next_ctx);
-  if (ctx > kMaxContext) return set_last_error(BALLAST_EFULL, "split: more than 2047 communicators were split in this job");
+  if (ctx > kMaxContext)
+    return set_last_error(BALLAST_EFULL, "split: more than 2047 communicators were split in this job");
   parent->w->next_ctx = ctx + 1;  // every member of parent moves past ctx
   if (mine.colour == BALLAST_COMM_UNDEFINED) return set_last_error(BALLAST_OK, "");
   std::vector<std::pair<int32_t, int>> order;  // (key, parent rank)
@@ -909,8 +931,7 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
       end_after_failure(c);
     }
   }
-  if (c->failed != BALLAST_OK)
-    return set_last_error(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
+  if (c->failed != BALLAST_OK) return set_last_error(BALLAST_ESTATE, "communicator failed earlier: " + c->failed_msg);
   Op& op = take_op(c, *args);
   // The record's slot first: claiming it is a locked instruction, which
   // waits for every store before it; here there are few.
@@ -960,8 +981,10 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
     c->queue.push_back(&op);
   } else {
     if (!begin(op)) return collect(op);  // failed to build: its result, and back to the pool
-    if (p2p) c->p2p.push_back(&op);
-    else c->queue.push_back(&op);
+    if (p2p)
+      c->p2p.push_back(&op);
+    else
+      c->queue.push_back(&op);
     // The first chunks go now, so that they travel while the caller works
     // until its test or wait; the record after them, so as not to hold
     // them up.
@@ -971,8 +994,10 @@ int comm_start(Comm* c, const ballast_comm_args* args, ballast_comm_request** re
       if (op.done && op.slot) end_record(op, op.status);
     }
     if (!posted) {  // ended as a failure in advance() would: the caller collects it
-      if (p2p) c->p2p.pop_back();
-      else c->queue.pop_front();
+      if (p2p)
+        c->p2p.pop_back();
+      else
+        c->queue.pop_front();
       end_after_failure(c);
     }
   }

@@ -42,8 +42,10 @@ bool tcp_only(const char* tls) {
   for (const char* p = tls; *p;) {
     const char* e = std::strchr(p, ',');
     const std::string t(p, e ? size_t(e - p) : std::strlen(p));
-    if (t == "tcp") tcp = true;
-    else if (t != "self") return false;
+    if (t == "tcp")
+      tcp = true;
+    else if (t != "self")
+      return false;
     p = e ? e + 1 : p + t.size();
   }
   return tcp;
@@ -86,8 +88,7 @@ int place(const ballast_comm_config* cfg, Placement* out, std::string* err) {
   out->nranks = nranks;
   out->master_addr = str(cfg ? cfg->master_addr : nullptr, "MASTER_ADDR", "127.0.0.1");
   out->master_port = port;
-  out->timeout_ns =
-      cfg && cfg->timeout_ns > 0 ? cfg->timeout_ns : env_i64("BALLAST_COMM_TIMEOUT_MS", 300000) * 1000000;
+  out->timeout_ns = cfg && cfg->timeout_ns > 0 ? cfg->timeout_ns : env_i64("BALLAST_COMM_TIMEOUT_MS", 300000) * 1000000;
   out->init_timeout_ns = cfg && cfg->init_timeout_ns > 0 ? cfg->init_timeout_ns : out->timeout_ns;
   return BALLAST_OK;
 }
@@ -205,8 +206,8 @@ int connect_peers(World* w, int rank, const PeerInfo& self, const BootstrapResul
     ps.local = ps.host == self.host;
     if (int(i) == rank) continue;
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(boot.peers[i].address.data());
     // Shared memory offers no peer-failure handling in UCX (asking for it
     // would push local peers onto tcp): local peers are watched by pid

@@ -83,8 +83,8 @@ void NodeSampler::system_cpu(int64_t ts, std::vector<Sample>* out, int* failed) 
   while (std::getline(in, line)) {
     if (line.rfind("cpu ", 0) == 0) {
       double f[10] = {};
-      std::sscanf(line.c_str() + 4, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2],
-                  &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]);
+      std::sscanf(line.c_str() + 4, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5],
+                  &f[6], &f[7], &f[8], &f[9]);
       // user nice system idle iowait irq softirq steal guest guest_nice;
       // guest time is already counted in user.
       double cur[6] = {f[0] + f[1], f[2] + f[5] + f[6], f[4], f[7], f[3], 0};
@@ -141,9 +141,8 @@ void NodeSampler::disks(int64_t ts, std::vector<Sample>* out, int* failed) {
     unsigned major = 0, minor = 0;
     char name[64];
     double f[11] = {};
-    if (std::sscanf(line.c_str(), "%u %u %63s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &major,
-                    &minor, name, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8],
-                    &f[9], &f[10]) < 14)
+    if (std::sscanf(line.c_str(), "%u %u %63s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &major, &minor, name, &f[0],
+                    &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10]) < 14)
       continue;
     std::string dev = name;
     // Whole disks only (partitions double-count), and no idle loop/ram devices.
@@ -159,7 +158,8 @@ void NodeSampler::disks(int64_t ts, std::vector<Sample>* out, int* failed) {
 }
 
 void NodeSampler::network(int64_t ts, std::vector<Sample>* out, int* failed) {
-  std::string base = options_.proc_root + (options_.net_pid ? "/" + std::to_string(options_.net_pid) : "/self") + "/net/";
+  std::string base =
+      options_.proc_root + (options_.net_pid ? "/" + std::to_string(options_.net_pid) : "/self") + "/net/";
   std::string text;
   if (!slurp(base + "dev", &text)) {
     ++*failed;
@@ -173,8 +173,8 @@ void NodeSampler::network(int64_t ts, std::vector<Sample>* out, int* failed) {
     std::string iface = line.substr(0, colon);
     iface.erase(0, iface.find_first_not_of(' '));
     double f[16] = {};
-    if (std::sscanf(line.c_str() + colon + 1, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &f[0],
-                    &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &f[11]) < 12)
+    if (std::sscanf(line.c_str() + colon + 1, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2],
+                    &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &f[11]) < 12)
       continue;
     std::string p = "net." + iface + ".";
     rates_.add(out, p + "rx_bytes", f[0], ts);
@@ -294,8 +294,10 @@ void NodeSampler::cgroup(const std::string& dir, int64_t ts, std::vector<Sample>
       rate("cgroup.cpu.user", kv["user_usec"], 1e-6);
       rate("cgroup.cpu.system", kv["system_usec"], 1e-6);
     }
-    if (kv.count("throttled_usec")) rate("cgroup.cpu.throttled", kv["throttled_usec"], 1e-6);
-    else if (kv.count("throttled_time")) rate("cgroup.cpu.throttled", kv["throttled_time"], 1e-9);  // v1: ns
+    if (kv.count("throttled_usec"))
+      rate("cgroup.cpu.throttled", kv["throttled_usec"], 1e-6);
+    else if (kv.count("throttled_time"))
+      rate("cgroup.cpu.throttled", kv["throttled_time"], 1e-9);  // v1: ns
     if (kv.count("nr_throttled")) rate("cgroup.cpu.nr_throttled", kv["nr_throttled"], 1.0);
   }
   if (slurp(dir + "/cpuacct.usage", &text)) rate("cgroup.cpu.usage", std::strtod(text.c_str(), nullptr), 1e-9);

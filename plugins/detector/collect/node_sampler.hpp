@@ -25,13 +25,13 @@
 namespace ballast::collect {
 
 struct NodeOptions {
-  bool system = true;               // node-wide cpu, memory, load, disk, network
-  std::vector<int> pids;            // the job's processes, given
-  std::string process_name;         // ... or matched by /proc/PID/comm (exact)
-  std::vector<std::string> cgroups; // cgroup directories (v2, or v1 cpu/memory); their
-                                    // cgroup.procs are the job's processes too
-  int net_pid = 0;                  // read network from /proc/PID/net (its netns); 0 = own
-  std::string proc_root = "/proc";  // for tests
+  bool system = true;                // node-wide cpu, memory, load, disk, network
+  std::vector<int> pids;             // the job's processes, given
+  std::string process_name;          // ... or matched by /proc/PID/comm (exact)
+  std::vector<std::string> cgroups;  // cgroup directories (v2, or v1 cpu/memory); their
+                                     // cgroup.procs are the job's processes too
+  int net_pid = 0;                   // read network from /proc/PID/net (its netns); 0 = own
+  std::string proc_root = "/proc";   // for tests
 };
 
 class NodeSampler {

@@ -160,8 +160,10 @@ void Nvml::sample(int64_t ts, Rates* rates, std::vector<Sample>* out) {
     if (api_->clock && api_->clock(d, 1, &v) == kSuccess) add_gauge(out, p + "sm_clock", v);
     if (api_->clock && api_->clock(d, 2, &v) == kSuccess) add_gauge(out, p + "mem_clock", v);
     unsigned long long ecc = 0;
-    if (api_->ecc && api_->ecc(d, 0, 0, &ecc) == kSuccess) add_gauge(out, p + "ecc.corrected", static_cast<double>(ecc));
-    if (api_->ecc && api_->ecc(d, 1, 0, &ecc) == kSuccess) add_gauge(out, p + "ecc.uncorrected", static_cast<double>(ecc));
+    if (api_->ecc && api_->ecc(d, 0, 0, &ecc) == kSuccess)
+      add_gauge(out, p + "ecc.corrected", static_cast<double>(ecc));
+    if (api_->ecc && api_->ecc(d, 1, 0, &ecc) == kSuccess)
+      add_gauge(out, p + "ecc.uncorrected", static_cast<double>(ecc));
     if (api_->pcie && api_->pcie(d, 0, &v) == kSuccess) add_gauge(out, p + "pcie.tx_bytes", v * 1024.0);
     if (api_->pcie && api_->pcie(d, 1, &v) == kSuccess) add_gauge(out, p + "pcie.rx_bytes", v * 1024.0);
     if (api_->fields) {
@@ -170,8 +172,10 @@ void Nvml::sample(int64_t ts, Rates* rates, std::vector<Sample>* out) {
       f[1].field_id = kNvlinkRx;
       f[0].scope_id = f[1].scope_id = UINT_MAX;  // summed over the links
       if (api_->fields(d, 2, f) == kSuccess) {
-        if (f[0].ret == kSuccess) rates->add(out, p + "nvlink.tx_bytes", static_cast<double>(f[0].value.ull), ts, 1024.0);
-        if (f[1].ret == kSuccess) rates->add(out, p + "nvlink.rx_bytes", static_cast<double>(f[1].value.ull), ts, 1024.0);
+        if (f[0].ret == kSuccess)
+          rates->add(out, p + "nvlink.tx_bytes", static_cast<double>(f[0].value.ull), ts, 1024.0);
+        if (f[1].ret == kSuccess)
+          rates->add(out, p + "nvlink.rx_bytes", static_cast<double>(f[1].value.ull), ts, 1024.0);
       }
     }
     if (events_) add_gauge(out, p + "xid", xids[i]);

@@ -6,8 +6,8 @@
 #include "prometheus.hpp"
 
 #include <ballast/ballast.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -179,7 +179,8 @@ int create(const ballast_host_api* host, void** state) {
   }
   if (get("scrape_ca_file", &v)) http.ca_file = v;
   if (get("scrape_insecure", &v)) {
-    if (v != "true" && v != "false") return bad("config key 'scrape_insecure': expected true or false, got '" + v + "'");
+    if (v != "true" && v != "false")
+      return bad("config key 'scrape_insecure': expected true or false, got '" + v + "'");
     http.insecure = v == "true";
   }
   if (get("scrape_username", &v)) http.username = v;
@@ -237,12 +238,21 @@ void stop(void* state) {
 void destroy(void* state) { delete static_cast<State*>(state); }
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "collect", "0.1.0",
-    "detector", "node collector: /proc, /sys, cgroups, job processes, NVML GPUs, Prometheus endpoints",
-    create, start, stop, destroy, nullptr, nullptr};
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "collect",
+    "0.1.0",
+    "detector",
+    "node collector: /proc, /sys, cgroups, job processes, NVML GPUs, Prometheus endpoints",
+    create,
+    start,
+    stop,
+    destroy,
+    nullptr,
+    nullptr};
 
 }  // namespace
 
-extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) {
-  return &kDescriptor;
-}
+extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) { return &kDescriptor; }

@@ -99,16 +99,21 @@ bool parse_exposition(const std::string& text, std::vector<PromSample>* out, std
           if (c == '\\') {
             if (i >= line.size()) return fail("unterminated escape in label " + label);
             char e = line[i++];
-            if (e == 'n') c = '\n';
-            else if (e == '\\' || e == '"') c = e;
-            else return fail(std::string("unknown escape \\") + e + " in label " + label);
+            if (e == 'n')
+              c = '\n';
+            else if (e == '\\' || e == '"')
+              c = e;
+            else
+              return fail(std::string("unknown escape \\") + e + " in label " + label);
           }
           value += c;
         }
         s.labels.emplace_back(std::move(label), std::move(value));
         skip_ws();
-        if (i < line.size() && line[i] == ',') ++i;
-        else if (i >= line.size() || line[i] != '}') return fail("expected ',' or '}' after a label");
+        if (i < line.size() && line[i] == ',')
+          ++i;
+        else if (i >= line.size() || line[i] != '}')
+          return fail("expected ',' or '}' after a label");
       }
     }
     skip_ws();
@@ -143,9 +148,12 @@ std::string series_name(const PromSample& s) {
     if (k) n += ',';
     n += s.labels[k].first + "=\"";
     for (char c : s.labels[k].second) {
-      if (c == '\n') n += "\\n";
-      else if (c == '"' || c == '\\') (n += '\\') += c;
-      else n += c;
+      if (c == '\n')
+        n += "\\n";
+      else if (c == '"' || c == '\\')
+        (n += '\\') += c;
+      else
+        n += c;
     }
     n += '"';
   }
@@ -165,8 +173,12 @@ bool Scraper::scrape(int64_t ts, std::vector<Sample>* out, std::string* error) {
     if (map_names_) {
       detector_names::Mapping m;
       if (detector_names::map_series(s.name, s.labels, &m)) {
-        if (std::isfinite(s.value)) names_.add("", series_name(s), s.name, s.labels, at, s.value);
-        else out->push_back(Sample{m.name, 0.0, static_cast<uint32_t>(BALLAST_SAMPLE_INVALID) | (m.counter ? static_cast<uint32_t>(BALLAST_SAMPLE_COUNTER) : 0u)});
+        if (std::isfinite(s.value))
+          names_.add("", series_name(s), s.name, s.labels, at, s.value);
+        else
+          out->push_back(Sample{m.name, 0.0,
+                                static_cast<uint32_t>(BALLAST_SAMPLE_INVALID) |
+                                    (m.counter ? static_cast<uint32_t>(BALLAST_SAMPLE_COUNTER) : 0u)});
         continue;
       }
     }

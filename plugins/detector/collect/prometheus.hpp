@@ -16,9 +16,9 @@ namespace ballast::collect {
 struct PromSample {
   std::string name;
   std::vector<std::pair<std::string, std::string>> labels;  // unescaped, in exposition order
-  double value = 0;     // may be NaN or +-Inf, as exposed
-  int64_t ts_ms = 0;    // 0 when the line has none
-  std::string type;     // from # TYPE of its family: counter, gauge, histogram, summary, untyped
+  double value = 0;                                         // may be NaN or +-Inf, as exposed
+  int64_t ts_ms = 0;                                        // 0 when the line has none
+  std::string type;  // from # TYPE of its family: counter, gauge, histogram, summary, untyped
 };
 
 // Parse an exposition. False with *error "LINE:COL: what" at the first bad line.

@@ -34,8 +34,8 @@ bool Rates::rate(const std::string& key, double value, int64_t ts_ns, double* ra
   return true;
 }
 
-void Rates::add(std::vector<Sample>* out, const std::string& metric, double value, int64_t ts_ns,
-                double scale, const std::string& key) {
+void Rates::add(std::vector<Sample>* out, const std::string& metric, double value, int64_t ts_ns, double scale,
+                const std::string& key) {
   double r = 0;
   bool reset = false;
   if (rate(key.empty() ? metric : key, value, ts_ns, &r, &reset)) {

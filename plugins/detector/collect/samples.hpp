@@ -26,8 +26,8 @@ class Rates {
  public:
   // Adds `metric` = scale * d(value)/dt to *out, keyed by `key` (the metric
   // name unless a finer key is needed, e.g. per process).
-  void add(std::vector<Sample>* out, const std::string& metric, double value, int64_t ts_ns,
-           double scale = 1.0, const std::string& key = {});
+  void add(std::vector<Sample>* out, const std::string& metric, double value, int64_t ts_ns, double scale = 1.0,
+           const std::string& key = {});
   // The rate of `key` without emitting it; false on the first reading or a
   // reset (*reset tells which).
   bool rate(const std::string& key, double value, int64_t ts_ns, double* rate, bool* reset);

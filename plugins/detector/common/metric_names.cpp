@@ -110,8 +110,10 @@ bool fill(std::string_view tmpl, const Labels& labels, std::string* out) {
     std::string_view spec = tmpl.substr(i + 1, end - i - 1);
     size_t bar = spec.find('|');
     const std::string* v = label(labels, spec.substr(0, bar));
-    if (v && !v->empty()) append_value(out, *v);
-    else if (bar != std::string_view::npos) *out += spec.substr(bar + 1);
+    if (v && !v->empty())
+      append_value(out, *v);
+    else if (bar != std::string_view::npos)
+      *out += spec.substr(bar + 1);
     i = end;
   }
   return true;
@@ -163,8 +165,7 @@ bool parse_series(std::string_view t, std::string* name, Labels* labels) {
   return true;
 }
 
-const Normaliser::Known& Normaliser::known(std::string_view series, const std::string* name,
-                                           const Labels* labels) {
+const Normaliser::Known& Normaliser::known(std::string_view series, const std::string* name, const Labels* labels) {
   auto it = known_.find(std::string(series));
   if (it != known_.end()) return it->second;
   Known k{false, {}};
@@ -179,8 +180,7 @@ const Normaliser::Known& Normaliser::known(std::string_view series, const std::s
   return known_.emplace(std::string(series), std::move(k)).first->second;
 }
 
-void Normaliser::record(std::string_view node, std::string_view series, const Mapping& m,
-                        int64_t ts_ns, double value) {
+void Normaliser::record(std::string_view node, std::string_view series, const Mapping& m, int64_t ts_ns, double value) {
   if (!std::isfinite(value)) return;
   double v = value;
   if (m.counter) {
@@ -212,8 +212,8 @@ bool Normaliser::add(std::string_view node, std::string_view series, int64_t ts_
   return true;
 }
 
-bool Normaliser::add(std::string_view node, std::string_view series, std::string_view name,
-                     const Labels& labels, int64_t ts_ns, double value) {
+bool Normaliser::add(std::string_view node, std::string_view series, std::string_view name, const Labels& labels,
+                     int64_t ts_ns, double value) {
   std::string n(name);
   const Known& k = known(series, &n, &labels);
   if (!k.mapped) return false;

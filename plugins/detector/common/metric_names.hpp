@@ -18,9 +18,9 @@
 
 #include <cstdint>
 #include <map>
-#include <tuple>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -30,10 +30,10 @@ namespace ballast::detector_names {
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
 struct Mapping {
-  std::string name;    // the detector's metric name
+  std::string name;      // the detector's metric name
   bool counter = false;  // cumulative: turn into a per-second rate first
-  double scale = 1;    // multiply the value (or rate) by this
-  bool mean = false;   // combine several series by their mean, not their sum
+  double scale = 1;      // multiply the value (or rate) by this
+  bool mean = false;     // combine several series by their mean, not their sum
 };
 
 // Map one exporter series (metric name and labels). False when no rule
@@ -61,8 +61,8 @@ class Normaliser {
   // backwards (a reset), gives nothing yet but still returns true.
   bool add(std::string_view node, std::string_view series, int64_t ts_ns, double value);
   // The same, for a series already split (the scraper's parser gives labels).
-  bool add(std::string_view node, std::string_view series, std::string_view name,
-           const Labels& labels, int64_t ts_ns, double value);
+  bool add(std::string_view node, std::string_view series, std::string_view name, const Labels& labels, int64_t ts_ns,
+           double value);
   // Append the combined samples gathered since the last flush, ordered by
   // node, metric and time.
   void flush(std::vector<Out>* out);
@@ -83,8 +83,7 @@ class Normaliser {
     bool mean = false;
   };
   const Known& known(std::string_view series, const std::string* name, const Labels* labels);
-  void record(std::string_view node, std::string_view series, const Mapping& m, int64_t ts_ns,
-              double value);
+  void record(std::string_view node, std::string_view series, const Mapping& m, int64_t ts_ns, double value);
 
   std::unordered_map<std::string, Known> known_;  // by series text
   std::unordered_map<std::string, Last> last_;    // counters: by node + '\n' + series

@@ -15,8 +15,10 @@ void Fusion::set_placement(std::vector<std::pair<std::string, int32_t>> nodes) {
 
 std::string Fusion::node_of(const Suspicion& s) const {
   int32_t rank = s.rank;
-  if (s.subject.rfind("rank:", 0) == 0) rank = std::atoi(s.subject.c_str() + 5);
-  else if (!s.subject.empty()) return s.subject;  // a node already
+  if (s.subject.rfind("rank:", 0) == 0)
+    rank = std::atoi(s.subject.c_str() + 5);
+  else if (!s.subject.empty())
+    return s.subject;  // a node already
   if (rank < 0) return {};
   if (!placement_.empty()) {
     auto it = std::upper_bound(placement_.begin(), placement_.end(), rank,
@@ -75,7 +77,8 @@ void Fusion::add_straggler(int32_t rank, const std::string& kind, double culprit
   s.score = culprit_slowdown;
   // The share of the job's slowdown this rank explains.
   double excess = job_slowdown - 1;
-  s.confidence = excess > 0 && std::isfinite(culprit_slowdown) ? std::clamp((culprit_slowdown - 1) / excess, 0.0, 1.0) : 0;
+  s.confidence =
+      excess > 0 && std::isfinite(culprit_slowdown) ? std::clamp((culprit_slowdown - 1) / excess, 0.0, 1.0) : 0;
   s.since_ns = s.at_ns = at_ns;
   s.evidence = evidence;
   if (s.confidence > 0) add(std::move(s));
@@ -93,7 +96,8 @@ std::vector<Suspect> Fusion::ranking(int64_t now_ns) const {
       s.evidence.push_back({e, w});
       if (e.since_ns && (!s.since_ns || e.since_ns < s.since_ns)) s.since_ns = e.since_ns;
     }
-    std::sort(s.evidence.begin(), s.evidence.end(), [](const Evidence& a, const Evidence& b) { return a.weight > b.weight; });
+    std::sort(s.evidence.begin(), s.evidence.end(),
+              [](const Evidence& a, const Evidence& b) { return a.weight > b.weight; });
     s.score = 1 - miss;
     s.alerting = s.score >= config_.min_score;
     if (s.score > 1e-3) out.push_back(std::move(s));

@@ -68,8 +68,8 @@ class Fusion {
   // most of the slowdown) is evidence against a rank: under "random" or
   // "stage" the named ranks are merely the slowest of many alike (a
   // job-wide all-reduce slowdown gives every rank the job's whole slowdown).
-  void add_straggler(int32_t rank, const std::string& kind, double culprit_slowdown, double job_slowdown,
-                     int64_t at_ns, const std::string& evidence);
+  void add_straggler(int32_t rank, const std::string& kind, double culprit_slowdown, double job_slowdown, int64_t at_ns,
+                     const std::string& evidence);
   // A placement.plan: node i holds the ranks from its first_rank on.
   void set_placement(std::vector<std::pair<std::string, int32_t>> node_first_rank);
 

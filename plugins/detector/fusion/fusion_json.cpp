@@ -26,8 +26,10 @@ size_t json_depth(const std::string& t) {
   for (size_t i = 0; i < t.size(); ++i) {
     char c = t[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -89,8 +91,8 @@ bool feed_event(const nlohmann::json& ev, Fusion* f, std::string* error) {
         *error = "payload.culprits: rank '" + name + "' is not a rank number";
         return false;
       }
-      nlohmann::json evidence = {{"slowdown", slowdown}, {"culprit_slowdown", number(e, "slowdown", 1)},
-                                 {"kind", text(p, "kind")}};
+      nlohmann::json evidence = {
+          {"slowdown", slowdown}, {"culprit_slowdown", number(e, "slowdown", 1)}, {"kind", text(p, "kind")}};
       f->add_straggler(static_cast<int32_t>(rank), text(p, "kind"), number(e, "slowdown", 1), slowdown, ts,
                        evidence.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     }
@@ -113,9 +115,12 @@ nlohmann::json ranking_json(const std::vector<Suspect>& ranking, int64_t now_ns)
   for (const Suspect& s : ranking) {
     nlohmann::json ev = nlohmann::json::array();
     for (const Evidence& e : s.evidence) {
-      nlohmann::json j = {{"detector", e.from.detector}, {"kind", e.from.kind},
-                          {"weight", e.weight},         {"score", std::isfinite(e.from.score) ? e.from.score : 0},
-                          {"confirmed", e.from.confirmed}, {"since_ns", e.from.since_ns},
+      nlohmann::json j = {{"detector", e.from.detector},
+                          {"kind", e.from.kind},
+                          {"weight", e.weight},
+                          {"score", std::isfinite(e.from.score) ? e.from.score : 0},
+                          {"confirmed", e.from.confirmed},
+                          {"since_ns", e.from.since_ns},
                           {"at_ns", e.from.at_ns}};
       if (!e.from.metric.empty()) j["metric"] = e.from.metric;
       if (e.from.subject != s.node) j["subject"] = e.from.subject;
@@ -126,8 +131,11 @@ nlohmann::json ranking_json(const std::vector<Suspect>& ranking, int64_t now_ns)
       }
       ev.push_back(std::move(j));
     }
-    list.push_back({{"node", s.node}, {"score", s.score}, {"alerting", s.alerting},
-                    {"since_ns", s.since_ns}, {"evidence", std::move(ev)}});
+    list.push_back({{"node", s.node},
+                    {"score", s.score},
+                    {"alerting", s.alerting},
+                    {"since_ns", s.since_ns},
+                    {"evidence", std::move(ev)}});
   }
   return {{"ts_ns", now_ns}, {"suspects", std::move(list)}};
 }

@@ -40,8 +40,7 @@ void publish_if_changed(State* s, int64_t now) {
     std::string key = ballast::fusion::ranking_key(ranking);
     if (key == s->last_key) return;
     s->last_key = key;
-    text = ballast::fusion::ranking_json(ranking, now).dump(-1, ' ', false,
-                                                            nlohmann::json::error_handler_t::replace);
+    text = ballast::fusion::ranking_json(ranking, now).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   ballast_event ev{};
   ev.size = sizeof ev;
@@ -60,8 +59,7 @@ int on_event(void* user, const ballast_event* ev) {
   int64_t now = ev->ts_ns ? ev->ts_ns : s->host->now_ns(s->host);
   try {
     std::unique_lock<std::mutex> lock(s->mu);
-    if (ev->schema == BALLAST_SCHEMA_FAULT_REPORT && ev->payload &&
-        ev->payload_size >= sizeof(ballast_fault_report)) {
+    if (ev->schema == BALLAST_SCHEMA_FAULT_REPORT && ev->payload && ev->payload_size >= sizeof(ballast_fault_report)) {
       const auto* r = static_cast<const ballast_fault_report*>(ev->payload);
       if (r->size < sizeof(ballast_fault_report)) return 0;
       Suspicion x;
@@ -88,8 +86,7 @@ int on_event(void* user, const ballast_event* ev) {
         char* end = nullptr;
         long rank = std::strtol(c.name, &end, 10);
         if (*end || end == c.name || rank < 0 || rank > INT32_MAX) continue;
-        nlohmann::json evidence = {{"slowdown", r->slowdown}, {"culprit_slowdown", c.slowdown},
-                                   {"kind", str(r->kind)}};
+        nlohmann::json evidence = {{"slowdown", r->slowdown}, {"culprit_slowdown", c.slowdown}, {"kind", str(r->kind)}};
         s->fusion.add_straggler(static_cast<int32_t>(rank), str(r->kind), c.slowdown, r->slowdown, now,
                                 evidence.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       }
@@ -121,17 +118,20 @@ int create(const ballast_host_api* host, void** state) {
     double min;
   };
   double ranks_per_node = 0, max_suspects = static_cast<double>(c.max_suspects);
-  Num nums[] = {{"half_life", &c.half_life_s, 0},        {"min_score", &c.min_score, 0},
-                {"suspected_weight", &c.suspected_weight, 0}, {"straggler_weight", &c.straggler_weight, 0},
-                {"ranks_per_node", &ranks_per_node, 0},   {"max_suspects", &max_suspects, 1}};
+  Num nums[] = {{"half_life", &c.half_life_s, 0},
+                {"min_score", &c.min_score, 0},
+                {"suspected_weight", &c.suspected_weight, 0},
+                {"straggler_weight", &c.straggler_weight, 0},
+                {"ranks_per_node", &ranks_per_node, 0},
+                {"max_suspects", &max_suspects, 1}};
   for (const Num& n : nums) {
     const char* v = nullptr;
     if (host->config_get(host, n.key, &v) != BALLAST_OK || !v) continue;
     char* end = nullptr;
     double d = std::strtod(v, &end);
     if (end == v || *end || !(d >= n.min) || d > 1e9) {
-      std::string msg = std::string("config key '") + n.key + "': expected a number >= " +
-                        std::to_string(n.min) + ", got '" + v + "'";
+      std::string msg = std::string("config key '") + n.key + "': expected a number >= " + std::to_string(n.min) +
+                        ", got '" + v + "'";
       host->set_error(host, msg.c_str());
       return BALLAST_EINVAL;
     }
@@ -172,21 +172,28 @@ const ballast_command kCommands[] = {
 const ballast_command_table kCommandTable = {sizeof(ballast_command_table), 1, kCommands};
 
 const void* get_interface(void*, const char* name, uint32_t version) {
-  if (std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION)
-    return &kCommandTable;
+  if (std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION) return &kCommandTable;
   return nullptr;
 }
 
-const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION},
-                                              {nullptr, 0}};
+const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION}, {nullptr, 0}};
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "fusion", "0.1.0",
-    "detector", "suspect fusion: one ranked list of suspects per job from every detector's suspicions",
-    create, start, stop, destroy, get_interface, kInterfaces};
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "fusion",
+    "0.1.0",
+    "detector",
+    "suspect fusion: one ranked list of suspects per job from every detector's suspicions",
+    create,
+    start,
+    stop,
+    destroy,
+    get_interface,
+    kInterfaces};
 
 }  // namespace
 
-extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) {
-  return &kDescriptor;
-}
+extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) { return &kDescriptor; }

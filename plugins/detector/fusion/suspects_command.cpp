@@ -75,8 +75,10 @@ int run(int argc, char** argv) {
     auto ranking = fusion.ranking(now);
     std::string key = ranking_key(ranking);
     if (json && key != last_key) {
-      nlohmann::json out = {{"topic", "suspects.ranking"}, {"ts", static_cast<double>(now) / 1e9},
-                            {"source", {{"plugin", "fusion"}}}, {"payload", ranking_json(ranking, now)}};
+      nlohmann::json out = {{"topic", "suspects.ranking"},
+                            {"ts", static_cast<double>(now) / 1e9},
+                            {"source", {{"plugin", "fusion"}}},
+                            {"payload", ranking_json(ranking, now)}};
       std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
     last_key = key;
@@ -87,8 +89,8 @@ int run(int argc, char** argv) {
   std::printf("%zu suspect(s) from %zu events\n", ranking.size(), events);
   int k = 0;
   for (const Suspect& s : ranking) {
-    std::printf("%2d. %-20s score %.2f%s since %.3f\n", ++k, s.node.c_str(), s.score,
-                s.alerting ? " ALERT" : "      ", static_cast<double>(s.since_ns) / 1e9);
+    std::printf("%2d. %-20s score %.2f%s since %.3f\n", ++k, s.node.c_str(), s.score, s.alerting ? " ALERT" : "      ",
+                static_cast<double>(s.since_ns) / 1e9);
     for (const Evidence& e : s.evidence)
       std::printf("      %-10s %-10s %s%s weight %.2f (score %.3g)\n", e.from.detector.c_str(), e.from.kind.c_str(),
                   e.from.metric.c_str(), e.from.confirmed ? " confirmed" : "", e.weight, e.from.score);

@@ -27,10 +27,13 @@ std::string hex(uint64_t v) {
   return b;
 }
 
-bool unfinished(const ballast_trace_slot& s) { return s.state == BALLAST_TRACE_STARTED || s.state == BALLAST_TRACE_ISSUED; }
+bool unfinished(const ballast_trace_slot& s) {
+  return s.state == BALLAST_TRACE_STARTED || s.state == BALLAST_TRACE_ISSUED;
+}
 
 std::string call(const ballast_trace_slot& s) {
-  std::string t = std::string(ballast_op_name(s.op)) + "(" + std::to_string(s.count) + " x " + ballast_dtype_name(s.dtype);
+  std::string t =
+      std::string(ballast_op_name(s.op)) + "(" + std::to_string(s.count) + " x " + ballast_dtype_name(s.dtype);
   if (s.op == BALLAST_OP_ALLREDUCE || s.op == BALLAST_OP_REDUCE || s.op == BALLAST_OP_REDUCE_SCATTER)
     t += std::string(", ") + ballast_redop_name(s.redop);
   if (s.peer >= 0) t += ", root " + std::to_string(s.peer);
@@ -334,13 +337,15 @@ bool find_laggards(const std::vector<RankRing>& rings, const Members& members, u
     Cause c = lagging_cause(m, max_seq, op, now, doing);
     if (c.kind == "not_joined" && m.last && (m.last->state == BALLAST_TRACE_FAILED || unfinished(*m.last)))
       held_up.push_back(c);
-    else v->causes.push_back(c);
+    else
+      v->causes.push_back(c);
   }
   if (v->causes.empty()) v->causes = std::move(held_up);
   if (v->causes.empty()) return false;
   v->last_progress_ns = 0;
   for (const auto& [rank, m] : members)
-    if (m.last->seq == max_seq) v->last_progress_ns = std::max(v->last_progress_ns, m.ring->wall_ns(m.last->start_tick));
+    if (m.last->seq == max_seq)
+      v->last_progress_ns = std::max(v->last_progress_ns, m.ring->wall_ns(m.last->start_tick));
   return true;
 }
 
@@ -374,8 +379,8 @@ void find_stalled(const Members& members, uint64_t max_seq, const std::string& o
         m.last->send_peer == waiting.rank) {
       c.peer = rank;
       c.evidence = "the link from rank " + std::to_string(rank) + " to rank " + std::to_string(c.rank) +
-                   " stalled first: rank " + std::to_string(rank) + " still sends to it and it still waits for that data; " +
-                   c.evidence;
+                   " stalled first: rank " + std::to_string(rank) +
+                   " still sends to it and it still waits for that data; " + c.evidence;
     }
   v->causes.push_back(c);
 }
@@ -459,28 +464,46 @@ std::string chrome_trace(const std::vector<RankRing>& rings) {
   const int64_t now = wall_now();
   for (const auto& r : rings) {
     const int rank = r.header.rank;
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
-                      {"args", {{"name", "rank " + std::to_string(rank) + " (pid " + std::to_string(r.header.pid) + ")"}}}});
+    events.push_back(
+        {{"name", "process_name"},
+         {"ph", "M"},
+         {"pid", rank},
+         {"args", {{"name", "rank " + std::to_string(rank) + " (pid " + std::to_string(r.header.pid) + ")"}}}});
     std::set<uint64_t> named;
     for (const auto& s : r.records) {
       const int tid = tids.at(s.comm_id);
       if (named.insert(s.comm_id).second)
-        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
-                          {"args", {{"name", "communicator " + hex(s.comm_id) + " (rank " + std::to_string(s.rank) +
-                                                 " of " + std::to_string(s.nranks) + ")"}}}});
-      nlohmann::json args = {{"seq", s.seq}, {"bytes", s.bytes}, {"count", s.count}, {"dtype", ballast_dtype_name(s.dtype)},
+        events.push_back({{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", rank},
+                          {"tid", tid},
+                          {"args",
+                           {{"name", "communicator " + hex(s.comm_id) + " (rank " + std::to_string(s.rank) + " of " +
+                                         std::to_string(s.nranks) + ")"}}}});
+      nlohmann::json args = {{"seq", s.seq},
+                             {"bytes", s.bytes},
+                             {"count", s.count},
+                             {"dtype", ballast_dtype_name(s.dtype)},
                              {"state", s.state == BALLAST_TRACE_DONE     ? "done"
                                        : s.state == BALLAST_TRACE_FAILED ? "failed"
                                        : s.state == BALLAST_TRACE_ISSUED ? "issued"
                                                                          : "in flight"},
-                             {"status", s.status}, {"peer", s.peer}, {"chunks_sent", s.chunks_sent},
-                             {"chunks_received", s.chunks_received}, {"chunks_total", s.chunks_total}};
+                             {"status", s.status},
+                             {"peer", s.peer},
+                             {"chunks_sent", s.chunks_sent},
+                             {"chunks_received", s.chunks_received},
+                             {"chunks_total", s.chunks_total}};
       if (s.start_tick == 0) {
         // Queued behind another collective and never run (still waiting, or
         // ended by that one's failure): a mark where it was issued. A span
         // would overlap the running one on the same thread.
-        events.push_back({{"name", std::string(ballast_op_name(s.op)) + " (not started)"}, {"ph", "i"}, {"s", "t"},
-                          {"ts", double(r.wall_ns(s.issue_tick)) / 1e3}, {"pid", rank}, {"tid", tid}, {"args", args}});
+        events.push_back({{"name", std::string(ballast_op_name(s.op)) + " (not started)"},
+                          {"ph", "i"},
+                          {"s", "t"},
+                          {"ts", double(r.wall_ns(s.issue_tick)) / 1e3},
+                          {"pid", rank},
+                          {"tid", tid},
+                          {"args", args}});
         continue;
       }
       const int64_t start = r.wall_ns(s.start_tick);

@@ -22,7 +22,8 @@ int analyze_main(int argc, char** argv) {
   app.add_option("DIR", dir, "the folder of the *.btrace rings (BALLAST_TRACE_DIR)")->required();
   app.add_flag("--json", json, "print one JSON object");
   app.add_option("--chrome", chrome, "write a Chrome/Perfetto trace of the rings");
-  app.add_option("--slow-ms", opt.slow_ms, "a rank entering collectives this much later than the others is slow (default 1000)")
+  app.add_option("--slow-ms", opt.slow_ms,
+                 "a rank entering collectives this much later than the others is slow (default 1000)")
       ->check(CLI::PositiveNumber);
   if (int rc = util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   std::vector<std::string> errors;

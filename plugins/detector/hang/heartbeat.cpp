@@ -88,20 +88,29 @@ bool parse_heartbeat(const std::string& text, Heartbeat* out, std::string* err) 
     }
     const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
     bool ok = true;
-    if (k == "ballast-heartbeat") ok = magic = v == "1";
-    else if (k == "rank") ok = number(v, &h.rank) && h.rank >= 0 && h.rank < 1 << 20;
-    else if (k == "world") ok = number(v, &h.world) && h.world >= 0 && h.world < 1 << 20;
-    else if (k == "pid") ok = number(v, &h.pid) && h.pid > 0;
-    else if (k == "host") host = v;
-    else if (k == "beat") ok = number(v, &h.beat);
-    else if (k == "step") ok = number(v, &h.step);
-    else if (k == "phase") h.phase = v;
+    if (k == "ballast-heartbeat")
+      ok = magic = v == "1";
+    else if (k == "rank")
+      ok = number(v, &h.rank) && h.rank >= 0 && h.rank < 1 << 20;
+    else if (k == "world")
+      ok = number(v, &h.world) && h.world >= 0 && h.world < 1 << 20;
+    else if (k == "pid")
+      ok = number(v, &h.pid) && h.pid > 0;
+    else if (k == "host")
+      host = v;
+    else if (k == "beat")
+      ok = number(v, &h.beat);
+    else if (k == "step")
+      ok = number(v, &h.step);
+    else if (k == "phase")
+      h.phase = v;
     else if (k == "comm") {
       ok = v == "0" || v == "1";
       h.comm = v == "1";
-    }
-    else if (k == "wall_ns") ok = number(v, &h.wall_ns);
-    else if (k == "stack_signal") ok = number(v, &h.stack_signal) && h.stack_signal >= 0 && h.stack_signal < 65;
+    } else if (k == "wall_ns")
+      ok = number(v, &h.wall_ns);
+    else if (k == "stack_signal")
+      ok = number(v, &h.stack_signal) && h.stack_signal >= 0 && h.stack_signal < 65;
     else if (k == "state") {
       ok = v == "running" || v == "done" || v == "failed";
       h.done = v == "done";
@@ -194,8 +203,8 @@ Verdict analyze_heartbeats(const std::vector<Heartbeat>& beats, const std::map<i
   for (const auto& b : beats)
     if (b.comm && b.step == max_step) v.op = b.phase;
   auto where = [](const Heartbeat& b) {
-    return "step " + std::to_string(b.step) + (b.phase != "-" ? " in " + b.phase : " between phases") +
-           ", last beat " + seconds_ago(wall_now() - b.wall_ns) + " ago";
+    return "step " + std::to_string(b.step) + (b.phase != "-" ? " in " + b.phase : " between phases") + ", last beat " +
+           seconds_ago(wall_now() - b.wall_ns) + " ago";
   };
   const std::string others = anyone_in_comm ? "the others wait in " + (v.op.empty() ? "a collective" : v.op) +
                                                   " of step " + std::to_string(max_step)
@@ -209,9 +218,11 @@ Verdict analyze_heartbeats(const std::vector<Heartbeat>& beats, const std::map<i
   for (const auto& b : beats) {
     const ProcState st = state_of(b);
     const std::string pid = "pid " + std::to_string(b.pid);
-    if (st == ProcState::gone && !b.done) gone.push_back(&b);
+    if (st == ProcState::gone && !b.done)
+      gone.push_back(&b);
     else if (st == ProcState::stopped)
-      v.causes.push_back({b.rank, "stuck", "process " + pid + " is stopped (SIGSTOP or a debugger) at " + where(b) + "; " + others});
+      v.causes.push_back(
+          {b.rank, "stuck", "process " + pid + " is stopped (SIGSTOP or a debugger) at " + where(b) + "; " + others});
   }
   std::stable_sort(gone.begin(), gone.end(), [](const Heartbeat* a, const Heartbeat* b) {
     return std::make_tuple(a->failed, a->comm, a->wall_ns) < std::make_tuple(b->failed, b->comm, b->wall_ns);
@@ -239,10 +250,11 @@ Verdict analyze_heartbeats(const std::vector<Heartbeat>& beats, const std::map<i
   for (const Heartbeat* b : lagging) {
     const auto d = doing.find(b->pid);
     const std::string what = d != doing.end() ? d->second : proc_state_name(state_of(*b));
-    v.causes.push_back({b->rank, "not_joined",
-                        "process pid " + std::to_string(b->pid) + " is " + what + " at " + where(*b) + ", " +
-                            (b->step < max_step ? "behind step " + std::to_string(max_step) : "outside the collective") +
-                            "; " + others});
+    v.causes.push_back(
+        {b->rank, "not_joined",
+         "process pid " + std::to_string(b->pid) + " is " + what + " at " + where(*b) + ", " +
+             (b->step < max_step ? "behind step " + std::to_string(max_step) : "outside the collective") + "; " +
+             others});
   }
   v.verdict = "hang";
   if (!v.causes.empty()) return v;
@@ -265,10 +277,14 @@ std::map<int, std::string> collect_stacks(const std::string& dir, const std::vec
   std::map<int, std::string> paths;
   for (const auto& b : beats) {
     if (b.done || b.failed) continue;
-    if (b.state == ProcState::gone) out[b.rank] = "(no stack: the process is gone)";
-    else if (b.state == ProcState::stopped) out[b.rank] = "(no stack: the process is stopped and cannot run its handler)";
-    else if (b.state != ProcState::alive) out[b.rank] = "(no stack: the process is not on this host)";
-    else if (b.stack_signal <= 0) out[b.rank] = "(no stack: the process installed no stack signal)";
+    if (b.state == ProcState::gone)
+      out[b.rank] = "(no stack: the process is gone)";
+    else if (b.state == ProcState::stopped)
+      out[b.rank] = "(no stack: the process is stopped and cannot run its handler)";
+    else if (b.state != ProcState::alive)
+      out[b.rank] = "(no stack: the process is not on this host)";
+    else if (b.stack_signal <= 0)
+      out[b.rank] = "(no stack: the process installed no stack signal)";
     else {
       const std::string path = dir + "/rank-" + std::to_string(b.rank) + "." + std::to_string(b.pid) + ".stack";
       if (truncate(path.c_str(), 0) != 0 || kill(b.pid, b.stack_signal) != 0) {
@@ -299,7 +315,8 @@ std::map<int, std::string> collect_stacks(const std::string& dir, const std::vec
       }
     }
   }
-  for (const auto& [rank, path] : paths) out[rank] = "(no stack within " + std::to_string(wait_ms) + " ms: " + path + ")";
+  for (const auto& [rank, path] : paths)
+    out[rank] = "(no stack within " + std::to_string(wait_ms) + " ms: " + path + ")";
   return out;
 }
 

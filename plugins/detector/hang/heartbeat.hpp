@@ -17,14 +17,14 @@ struct Heartbeat {
   std::string path;
   int rank = -1, world = 0;
   int32_t pid = 0;
-  uint64_t beat = 0;  // progress marks so far
-  int64_t step = 0;   // the step in progress
-  std::string phase;  // what it does, "-" between phases
-  bool comm = false;  // the phase is a collective the other ranks take part in
-  int64_t wall_ns = 0;  // CLOCK_REALTIME of the last beat
-  int stack_signal = 0;  // the signal that dumps its Python stacks (0: none)
-  bool done = false;     // the process finished its work
-  bool failed = false;   // the process ended on an error of its own
+  uint64_t beat = 0;                     // progress marks so far
+  int64_t step = 0;                      // the step in progress
+  std::string phase;                     // what it does, "-" between phases
+  bool comm = false;                     // the phase is a collective the other ranks take part in
+  int64_t wall_ns = 0;                   // CLOCK_REALTIME of the last beat
+  int stack_signal = 0;                  // the signal that dumps its Python stacks (0: none)
+  bool done = false;                     // the process finished its work
+  bool failed = false;                   // the process ended on an error of its own
   ProcState state = ProcState::unknown;  // of the process, on this host
 };
 

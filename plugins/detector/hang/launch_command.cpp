@@ -65,7 +65,7 @@ class StopSignals {
 
  private:
   static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_[std::size(kSignals)] {};
+  struct sigaction old_[std::size(kSignals)]{};
 };
 
 // Stops the ranks still running and reaps them: SIGTERM to each rank's
@@ -90,7 +90,8 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
   const int signals_before = g_stop_signals;
   for (bool any = true; any && since(t_term) < kGraceSeconds;) {
     if (g_stop_signals != signals_before) {
-      std::fprintf(stderr, "ballast launch: SIG%s during the stop: killing the ranks now\n", sigabbrev_np(g_stop_signal));
+      std::fprintf(stderr, "ballast launch: SIG%s during the stop: killing the ranks now\n",
+                   sigabbrev_np(g_stop_signal));
       break;
     }
     any = false;
@@ -119,7 +120,8 @@ constexpr double kUnwatchedWarnSeconds = 3;
 
 std::string ended_words(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  if (WIFSIGNALED(status))
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
   return "";
 }
 
@@ -134,9 +136,10 @@ struct LaunchArgs {
 // The options before "--"; returns -1 to go on, else the exit code (help,
 // usage error).
 int parse_args(int argc, char** argv, LaunchArgs* a) {
-  CLI::App app("Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
-               "their collective traces; on a failure or a hang print the root cause and stop the job.",
-               "ballast launch");
+  CLI::App app(
+      "Start N local ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), watch them and\n"
+      "their collective traces; on a failure or a hang print the root cause and stop the job.",
+      "ballast launch");
   app.footer("The command the ranks run comes after --: ballast launch -n N [OPTIONS] -- CMD ARGS...");
   app.add_option("-n,--nproc", a->n, "ranks to start")->required()->check(CLI::Range(1, 4096));
   app.add_option("--trace-dir", a->dir, "folder of the trace rings (default: a new one in /dev/shm)");
@@ -157,8 +160,10 @@ int prepare(const char* prog, LaunchArgs* a) {
   if (a->dir.empty()) {
     // tmpfs: on a disk file system, write-back would fault the ranks' ring stores.
     char shm[] = "/dev/shm/ballast-launch-XXXXXX", tmp[] = "/tmp/ballast-launch-XXXXXX";
-    if (mkdtemp(shm)) a->dir = shm;
-    else if (mkdtemp(tmp)) a->dir = tmp;
+    if (mkdtemp(shm))
+      a->dir = shm;
+    else if (mkdtemp(tmp))
+      a->dir = tmp;
     else {
       std::fprintf(stderr, "%s: cannot create a trace folder in /dev/shm or /tmp: %s\n", prog, std::strerror(errno));
       return 1;
@@ -253,13 +258,12 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
       codes[size_t(r)] = st;
       --end.running;
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      const bool first_signal =
-          end.failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(end.failed_rank)]);
+      const bool first_signal = end.failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(end.failed_rank)]);
       if (!ok && (end.failed_rank < 0 || first_signal)) {
         end.failed_rank = r;
-        end.why = WIFEXITED(st) ? "exited with code " + std::to_string(WEXITSTATUS(st))
-                                : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" +
-                                      strsignal(WTERMSIG(st)) + ")";
+        end.why = WIFEXITED(st)
+                      ? "exited with code " + std::to_string(WEXITSTATUS(st))
+                      : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
       }
     }
     if (end.failed_rank >= 0) break;
@@ -331,9 +335,11 @@ int report_and_stop(const LaunchArgs& a, const WatchEnd& end, const std::vector<
     // "healthy" beside a failed rank reads as a contradiction: it speaks of
     // the collectives only.
     if (v.verdict == "healthy" && end.failed_rank >= 0)
-      std::fprintf(stderr, rings.empty() && beats.empty()
-                               ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none wrote a heartbeat)\n"
-                               : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
+      std::fprintf(stderr,
+                   rings.empty() && beats.empty()
+                       ? "  no trace ring in %s: no rank ran a collective through a Ballast comm plugin (and none "
+                         "wrote a heartbeat)\n"
+                       : "  the traces in %s show no hang or mismatch: the failure is the rank's own\n",
                    a.dir.c_str());
   }
   // What each rank's process was when the verdict was given: the launcher
@@ -383,8 +389,8 @@ int launch_main(int argc, char** argv) {
   std::vector<pid_t> pids(size_t(a.n), -1);
   std::vector<int> codes(size_t(a.n), -1);  // exit status, -1 while running
   if (!start_ranks(a, argv, secret, &pids)) return 1;
-  std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", a.n, argv[a.command],
-               a.port, a.dir.c_str());
+  std::fprintf(stderr, "ballast launch: %d ranks of '%s', MASTER_PORT %d, traces in %s\n", a.n, argv[a.command], a.port,
+               a.dir.c_str());
 
   const WatchEnd end = watch(a, pids, codes);
   if (end.running == 0 && end.failed_rank < 0) return 0;

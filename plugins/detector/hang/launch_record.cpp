@@ -42,8 +42,11 @@ bool write_launch_record(const std::string& dir, const LaunchRecord& rec, std::s
   if (j["verdict"].is_discarded()) j["verdict"] = nullptr;
   j["ranks"] = nlohmann::json::array();
   for (const auto& r : rec.ranks)
-    j["ranks"].push_back({{"rank", r.rank}, {"pid", r.pid}, {"state_at_verdict", proc_state_name(r.state)},
-                          {"ended", r.ended}, {"stopped_by_launcher", r.stopped_by_launcher}});
+    j["ranks"].push_back({{"rank", r.rank},
+                          {"pid", r.pid},
+                          {"state_at_verdict", proc_state_name(r.state)},
+                          {"ended", r.ended},
+                          {"stopped_by_launcher", r.stopped_by_launcher}});
   const std::string path = dir + "/" + kLaunchRecordName, part = path + ".part";
   {
     std::ofstream f(part, std::ios::trunc);
@@ -122,7 +125,8 @@ std::string launch_summary(const LaunchRecord& rec) {
       if (c.is_object() && c.contains("rank") && c.contains("kind"))
         causes += (causes.empty() ? "" : ", ") + std::string("rank ") + c["rank"].dump() + " " +
                   (c["kind"].is_string() ? c["kind"].get<std::string>() : c["kind"].dump());
-    t += "  its verdict: " + (v.contains("verdict") && v["verdict"].is_string() ? v["verdict"].get<std::string>() : "?") +
+    t += "  its verdict: " +
+         (v.contains("verdict") && v["verdict"].is_string() ? v["verdict"].get<std::string>() : "?") +
          (causes.empty() ? "" : " (" + causes + ")") + "\n";
   }
   return t;

@@ -23,11 +23,11 @@ struct LaunchRank {
 };
 
 struct LaunchRecord {
-  std::string reason;       // "rank 2 (pid 123) was killed by signal 9 (Killed)", "the job hangs: ..."
-  int failed_rank = -1;     // the rank whose end stopped the job, -1 for a hang
-  int64_t verdict_ns = 0;   // wall clock of the verdict
-  int64_t stopped_ns = 0;   // wall clock when the last rank was stopped, 0 before
-  std::string verdict_json; // the launcher's verdict (Verdict::to_json())
+  std::string reason;        // "rank 2 (pid 123) was killed by signal 9 (Killed)", "the job hangs: ..."
+  int failed_rank = -1;      // the rank whose end stopped the job, -1 for a hang
+  int64_t verdict_ns = 0;    // wall clock of the verdict
+  int64_t stopped_ns = 0;    // wall clock when the last rank was stopped, 0 before
+  std::string verdict_json;  // the launcher's verdict (Verdict::to_json())
   std::vector<LaunchRank> ranks;
 };
 

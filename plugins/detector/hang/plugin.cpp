@@ -41,7 +41,7 @@ struct State {
   uint64_t signature = 0;
   int64_t last_change_ns = 0;
   std::set<std::pair<uint64_t, uint64_t>> reported;  // (comm, seq) already published
-  bool paused = false;    // the executor stopped the job on purpose (job.state "paused")
+  bool paused = false;                               // the executor stopped the job on purpose (job.state "paused")
   uint64_t sub_state = 0;
   bool subscribed = false;
 };
@@ -109,7 +109,8 @@ void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
   // stack signal), as `ballast launch` prints them.
   auto evidence = nlohmann::json::parse(v.to_json());
   evidence["stacks"] = nlohmann::json::object();
-  for (const auto& [rank, stack] : collect_stacks(s->dir, beats, 1000)) evidence["stacks"][std::to_string(rank)] = stack;
+  for (const auto& [rank, stack] : collect_stacks(s->dir, beats, 1000))
+    evidence["stacks"][std::to_string(rank)] = stack;
   publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat", evidence.dump());
 }
 
@@ -183,16 +184,28 @@ const ballast_command kCommands[] = {
 const ballast_command_table kCommandTable = {sizeof(ballast_command_table), 2, kCommands};
 
 const void* get_interface(void*, const char* name, uint32_t version) {
-  if (name && std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION) return &kCommandTable;
+  if (name && std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION)
+    return &kCommandTable;
   return nullptr;
 }
 
 const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION}, {nullptr, 0}};
 
-const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "hang", "0.1.0", "detector",
-    "collective hang detector: root cause (crashed, stuck, not_joined, slow, mismatch) from trace rings (after Mycroft)",
-    create, start, stop, destroy, get_interface, kInterfaces};
+const ballast_plugin_descriptor kDescriptor = {sizeof(ballast_plugin_descriptor),
+                                               BALLAST_ABI_MAJOR,
+                                               BALLAST_ABI_MINOR,
+                                               0,
+                                               "hang",
+                                               "0.1.0",
+                                               "detector",
+                                               "collective hang detector: root cause (crashed, stuck, not_joined, "
+                                               "slow, mismatch) from trace rings (after Mycroft)",
+                                               create,
+                                               start,
+                                               stop,
+                                               destroy,
+                                               get_interface,
+                                               kInterfaces};
 
 }  // namespace
 

@@ -19,10 +19,14 @@ namespace ballast::hang {
 
 const char* proc_state_name(ProcState s) {
   switch (s) {
-    case ProcState::alive: return "alive";
-    case ProcState::stopped: return "stopped";
-    case ProcState::gone: return "gone";
-    default: return "unknown";
+    case ProcState::alive:
+      return "alive";
+    case ProcState::stopped:
+      return "stopped";
+    case ProcState::gone:
+      return "gone";
+    default:
+      return "unknown";
   }
 }
 
@@ -95,9 +99,12 @@ std::map<int32_t, std::string> activity_of(const std::vector<int32_t>& pids, std
     uint64_t ticks = 0;
     const char st = read_stat(pid, &ticks);
     const std::string last = " in the last " + std::to_string(ms) + " ms";
-    if (st == 0 || st == 'Z' || st == 'X') out[pid] = "gone";
-    else if (st == 'T' || st == 't') out[pid] = "stopped";
-    else if (ticks > ticks0) out[pid] = "busy (" + std::to_string((ticks - ticks0) * 1000 / uint64_t(hz)) + " ms of CPU" + last + ")";
+    if (st == 0 || st == 'Z' || st == 'X')
+      out[pid] = "gone";
+    else if (st == 'T' || st == 't')
+      out[pid] = "stopped";
+    else if (ticks > ticks0)
+      out[pid] = "busy (" + std::to_string((ticks - ticks0) * 1000 / uint64_t(hz)) + " ms of CPU" + last + ")";
     else {
       const std::string w = wchan(pid);
       out[pid] = "sleeping (no CPU" + last + (w.empty() ? "" : ", waiting in the kernel at " + w) + ")";
@@ -131,16 +138,23 @@ bool read_ring(const std::string& path, RankRing* out, std::string* err) {
   out->header = *h;
   const ballast_trace_header& hd = out->header;
   std::string bad;
-  if (hd.magic != BALLAST_TRACE_MAGIC) bad = "field magic is not a Ballast trace ring";
-  else if (hd.version != BALLAST_TRACE_VERSION) bad = "field version is " + std::to_string(hd.version) + ", this reader knows 1";
-  else if (hd.slot_size != sizeof(ballast_trace_slot)) bad = "field slot_size is " + std::to_string(hd.slot_size) + ", expected 192";
-  else if (hd.header_size < sizeof(ballast_trace_header)) bad = "field header_size is " + std::to_string(hd.header_size);
-  else if (hd.slot_count == 0 || (hd.slot_count & (hd.slot_count - 1)) != 0) bad = "field slot_count " + std::to_string(hd.slot_count) + " is not a power of two";
-  else if (!(hd.ns_per_tick > 0)) bad = "field ns_per_tick is " + std::to_string(hd.ns_per_tick) + ", not positive";
+  if (hd.magic != BALLAST_TRACE_MAGIC)
+    bad = "field magic is not a Ballast trace ring";
+  else if (hd.version != BALLAST_TRACE_VERSION)
+    bad = "field version is " + std::to_string(hd.version) + ", this reader knows 1";
+  else if (hd.slot_size != sizeof(ballast_trace_slot))
+    bad = "field slot_size is " + std::to_string(hd.slot_size) + ", expected 192";
+  else if (hd.header_size < sizeof(ballast_trace_header))
+    bad = "field header_size is " + std::to_string(hd.header_size);
+  else if (hd.slot_count == 0 || (hd.slot_count & (hd.slot_count - 1)) != 0)
+    bad = "field slot_count " + std::to_string(hd.slot_count) + " is not a power of two";
+  else if (!(hd.ns_per_tick > 0))
+    bad = "field ns_per_tick is " + std::to_string(hd.ns_per_tick) + ", not positive";
   else if (hd.nranks < 0 || hd.rank < -1 || (hd.nranks > 0 && hd.rank >= hd.nranks))  // -1 and 0: unknown
     bad = "field rank " + std::to_string(hd.rank) + " is outside a world of " + std::to_string(hd.nranks);
   else if (size < size_t(hd.header_size) + size_t(hd.slot_count) * hd.slot_size)
-    bad = "the file (" + std::to_string(size) + " bytes) is shorter than its " + std::to_string(hd.slot_count) + " slots";
+    bad =
+        "the file (" + std::to_string(size) + " bytes) is shorter than its " + std::to_string(hd.slot_count) + " slots";
   if (!bad.empty()) {
     munmap(mem, size);
     *err = path + ": " + bad;
@@ -187,8 +201,8 @@ RankRing merge_rings(std::vector<RankRing> parts) {
   // A tick of another writer's clock on out's clock; 0 stays 0 (not yet).
   auto rebase = [&out](const RankRing& from, uint64_t tick) -> uint64_t {
     if (tick == 0) return 0;
-    return out.header.clock_tick + uint64_t(int64_t(double(from.wall_ns(tick) - out.header.clock_wall_ns) /
-                                                    out.header.ns_per_tick));
+    return out.header.clock_tick +
+           uint64_t(int64_t(double(from.wall_ns(tick) - out.header.clock_wall_ns) / out.header.ns_per_tick));
   };
   for (size_t p = 1; p < parts.size(); ++p) {
     const RankRing& r = parts[p];

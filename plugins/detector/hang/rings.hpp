@@ -17,7 +17,7 @@ enum class ProcState { unknown, alive, stopped, gone };
 const char* proc_state_name(ProcState s);
 
 struct RankRing {
-  std::string path;                         // the file; the files, joined by ", ", when merged
+  std::string path;  // the file; the files, joined by ", ", when merged
   ballast_trace_header header{};
   std::vector<ballast_trace_slot> records;  // oldest first, only consistent copies
   uint64_t overflow = 0;                    // records overwritten before this read

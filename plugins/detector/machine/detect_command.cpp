@@ -39,8 +39,7 @@ std::vector<Alert> replay(const MetricsTable& t, Detector* d) {
     int64_t b = (r.ts_ns - t0) / period;
     if (b > bucket) {
       d->evaluate(last_ts, &alerts);
-      for (int64_t e = bucket + 1; e < b && e <= bucket + max_empty; ++e)
-        d->evaluate(t0 + (e + 1) * period, &alerts);
+      for (int64_t e = bucket + 1; e < b && e <= bucket + max_empty; ++e) d->evaluate(t0 + (e + 1) * period, &alerts);
       bucket = b;
     }
     d->add(t.nodes[r.node], t.metrics[r.metric], r.ts_ns, r.value, 0);
@@ -136,13 +135,11 @@ static int detect_run(int argc, char** argv) {
                           {"since", static_cast<double>(a.since_ns) / 1e9}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else if (a.kind == "silent") {
-      std::printf("%.3f  %-16s silent for %.1f s (last sample at %.3f)\n",
-                  static_cast<double>(a.ts_ns) / 1e9, a.node.c_str(), a.score,
-                  static_cast<double>(a.since_ns) / 1e9);
+      std::printf("%.3f  %-16s silent for %.1f s (last sample at %.3f)\n", static_cast<double>(a.ts_ns) / 1e9,
+                  a.node.c_str(), a.score, static_cast<double>(a.since_ns) / 1e9);
     } else {
-      std::printf("%.3f  %-16s outlier on %s, score %.1f, since %.3f\n",
-                  static_cast<double>(a.ts_ns) / 1e9, a.node.c_str(), a.metric.c_str(), a.score,
-                  static_cast<double>(a.since_ns) / 1e9);
+      std::printf("%.3f  %-16s outlier on %s, score %.1f, since %.3f\n", static_cast<double>(a.ts_ns) / 1e9,
+                  a.node.c_str(), a.metric.c_str(), a.score, static_cast<double>(a.since_ns) / 1e9);
     }
   }
   const DetectorCounters& c = detector.counters();
@@ -160,11 +157,11 @@ static int detect_run(int argc, char** argv) {
     if (!warning.empty()) j["warning"] = warning;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    std::printf("%zu alert(s); %zu machines, %zu samples (%llu used); %zu series checked "
-                "(%zu metrics), %zu series ignored by the metric list (%zu metrics)",
-                alerts.size(), table.nodes.size(), table.rows.size(),
-                static_cast<unsigned long long>(c.accepted), mc.checked_series, mc.checked_metrics,
-                mc.ignored_series, mc.ignored_metrics);
+    std::printf(
+        "%zu alert(s); %zu machines, %zu samples (%llu used); %zu series checked "
+        "(%zu metrics), %zu series ignored by the metric list (%zu metrics)",
+        alerts.size(), table.nodes.size(), table.rows.size(), static_cast<unsigned long long>(c.accepted),
+        mc.checked_series, mc.checked_metrics, mc.ignored_series, mc.ignored_metrics);
     if (names.mapped_names) std::printf("; %zu exporter names mapped", names.mapped_names);
     std::printf("\n");
   }

@@ -9,36 +9,47 @@
 namespace ballast::machine {
 
 std::vector<std::string> default_metrics() {
-  return {
-      // Hardware error counters: a non-zero count on one machine is the most
-      // specific evidence there is.
-      "gpu*.xid", "gpu*.ecc.uncorrected",
-      // Accelerator duty cycle and power: they follow the job's progress
-      // directly (Minder's most telling metrics).
-      "gpu*.util", "gpu*.power", "gpu*.sm_clock", "gpu*.nvlink.*", "gpu*.pcie.*",
-      // The job's CPU: throttling and stalls first, then busy time and
-      // wake-ups (a stopped process stops waking up while its peers poll).
-      "cgroup.cpu.throttled", "cgroup.cpu.pressure", "psi.cpu", "proc.cpu", "cgroup.cpu.usage",
-      "proc.ctxt_voluntary", "cpu.util", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
-      // Network: retransmits, drops and errors, then throughput.
-      "net.tcp.retrans", "net.*_drops", "net.*_errors", "net.*.carrier_changes", "net.*_pause",
-      "net.*.rx_bytes",
-      "net.*.tx_bytes",
-      // Disk and memory last: healthy machines legitimately differ there
-      // (a checkpoint writer, a cache), so they decide only when nothing else does.
-      "cgroup.io.pressure", "psi.io", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
-      "cgroup.memory.pressure", "psi.memory", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
+  return {// Hardware error counters: a non-zero count on one machine is the most
+          // specific evidence there is.
+          "gpu*.xid", "gpu*.ecc.uncorrected",
+          // Accelerator duty cycle and power: they follow the job's progress
+          // directly (Minder's most telling metrics).
+          "gpu*.util", "gpu*.power", "gpu*.sm_clock", "gpu*.nvlink.*", "gpu*.pcie.*",
+          // The job's CPU: throttling and stalls first, then busy time and
+          // wake-ups (a stopped process stops waking up while its peers poll).
+          "cgroup.cpu.throttled", "cgroup.cpu.pressure", "psi.cpu", "proc.cpu", "cgroup.cpu.usage",
+          "proc.ctxt_voluntary", "cpu.util", "cpu.user", "cpu.system", "cpu.iowait", "cpu.steal",
+          // Network: retransmits, drops and errors, then throughput.
+          "net.tcp.retrans", "net.*_drops", "net.*_errors", "net.*.carrier_changes", "net.*_pause", "net.*.rx_bytes",
+          "net.*.tx_bytes",
+          // Disk and memory last: healthy machines legitimately differ there
+          // (a checkpoint writer, a cache), so they decide only when nothing else does.
+          "cgroup.io.pressure", "psi.io", "proc.write_bytes", "proc.read_bytes", "cgroup.io.*", "disk.*",
+          "cgroup.memory.pressure", "psi.memory", "proc.rss_bytes", "cgroup.memory.current", "mem.*"};
 }
 
 std::vector<std::pair<std::string, double>> default_min_deviation() {
-  return {{"gpu*.xid", 1},           {"gpu*.ecc.*", 1},
-          {"net.tcp.retrans", 20},   {"net.*_drops", 20},           {"net.*_errors", 20},
-          {"cgroup.cpu.throttled", 0.01}, {"cgroup.*.pressure", 0.05},  {"psi.*", 0.05},
-          {"net.*.carrier_changes", 0.5}, {"net.*_pause", 1000},
-          {"proc.cpu", 0.05},        {"cgroup.cpu.*", 0.05},        {"proc.ctxt_*", 50},
-          {"proc.write_bytes", 1e6}, {"proc.read_bytes", 1e6},      {"cgroup.io.*_bytes", 1e6},
-          {"disk.*_bytes", 1e6},     {"cgroup.io.*_ops", 50},       {"disk.*_ops", 50},
-          {"net.*_bytes", 1e6},      {"net.*_packets", 1000}};
+  return {{"gpu*.xid", 1},
+          {"gpu*.ecc.*", 1},
+          {"net.tcp.retrans", 20},
+          {"net.*_drops", 20},
+          {"net.*_errors", 20},
+          {"cgroup.cpu.throttled", 0.01},
+          {"cgroup.*.pressure", 0.05},
+          {"psi.*", 0.05},
+          {"net.*.carrier_changes", 0.5},
+          {"net.*_pause", 1000},
+          {"proc.cpu", 0.05},
+          {"cgroup.cpu.*", 0.05},
+          {"proc.ctxt_*", 50},
+          {"proc.write_bytes", 1e6},
+          {"proc.read_bytes", 1e6},
+          {"cgroup.io.*_bytes", 1e6},
+          {"disk.*_bytes", 1e6},
+          {"cgroup.io.*_ops", 50},
+          {"disk.*_ops", 50},
+          {"net.*_bytes", 1e6},
+          {"net.*_packets", 1000}};
 }
 
 std::vector<std::pair<std::string, double>> default_rel_floors() {
@@ -105,9 +116,7 @@ double finite(double x) { return std::isfinite(x) ? x : (x > 0 ? 1e300 : -1e300)
 
 // Metric names come from the bus or a file: invalid UTF-8 is replaced, never
 // thrown, so the evidence is always valid JSON.
-std::string dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 // The score from a z-score ring: the median of its finite entries, and with
 // an even count the middle one closer to 0, or 0 when they straddle it (not
@@ -215,8 +224,7 @@ void Detector::sort_order() {
   order_dirty_ = false;
 }
 
-bool Detector::add(std::string_view node, std::string_view metric, int64_t ts_ns, double value,
-                   uint32_t flags) {
+bool Detector::add(std::string_view node, std::string_view metric, int64_t ts_ns, double value, uint32_t flags) {
   // Any sample, even a flagged one, shows the machine is alive.
   Node& n = nodes_[node_id(node)];
   if (ts_ns > n.last_seen_ns) n.last_seen_ns = ts_ns;
@@ -345,8 +353,7 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
         met.usual += (robust / level - met.usual) / std::min<double>(met.usual_updates, config_.spread_memory);
       }
       met.usual_abs += (robust - met.usual_abs) / std::min<double>(met.evaluations, config_.spread_memory);
-      double scale =
-          std::max({robust, met.usual * level, met.usual_abs, met.rel_floor * level, met.floor});
+      double scale = std::max({robust, met.usual * level, met.usual_abs, met.rel_floor * level, met.floor});
       met.round_median = med;
       met.round_mad = mad;
       // The job's swing: the range of its recent round medians.
@@ -427,8 +434,8 @@ void Detector::evaluate(int64_t now_ns, std::vector<Alert>* out) {
       a.score = static_cast<double>(now_ns - node.last_seen_ns) / 1e9;
       a.ts_ns = now_ns;
       a.since_ns = node.last_seen_ns;
-      a.evidence = dump({{"last_seen_s", static_cast<double>(node.last_seen_ns) / 1e9},
-                         {"silent_after_s", config_.silent_after_s}});
+      a.evidence = dump(
+          {{"last_seen_s", static_cast<double>(node.last_seen_ns) / 1e9}, {"silent_after_s", config_.silent_after_s}});
       out->push_back(std::move(a));
     }
     if (candidate_[i] >= 0 && !node.alerted) {

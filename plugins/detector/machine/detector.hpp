@@ -55,20 +55,20 @@
 namespace ballast::machine {
 
 struct DetectorConfig {
-  double period_s = 1.0;      // evaluation period of the live plugin
-  double lateness_s = 0.25;   // live plugin: a round ends this long before its evaluation
-  double window_s = 3.0;      // denoising window: rounds whose z-scores' median is the score
-  double threshold = 4.0;     // |robust z| above which a machine is an outlier
-  int continuity = 1;         // consecutive outlier evaluations before an alert
+  double period_s = 1.0;     // evaluation period of the live plugin
+  double lateness_s = 0.25;  // live plugin: a round ends this long before its evaluation
+  double window_s = 3.0;     // denoising window: rounds whose z-scores' median is the score
+  double threshold = 4.0;    // |robust z| above which a machine is an outlier
+  int continuity = 1;        // consecutive outlier evaluations before an alert
   double silent_after_s = 5.0;
-  double rel_floor = 0.1;     // scale floor relative to |median|
-  double abs_floor = 1e-6;    // scale floor in the metric's unit
-  double spread_memory = 10;  // evaluations averaged into the metric's usual relative spread
-  int warmup = 5;             // evaluations of a metric before it can flag anyone
-  int min_nodes = 3;          // fewer reporting machines: no verdict
+  double rel_floor = 0.1;              // scale floor relative to |median|
+  double abs_floor = 1e-6;             // scale floor in the metric's unit
+  double spread_memory = 10;           // evaluations averaged into the metric's usual relative spread
+  int warmup = 5;                      // evaluations of a metric before it can flag anyone
+  int min_nodes = 3;                   // fewer reporting machines: no verdict
   double max_outlier_fraction = 0.25;  // more outliers than this: a split, not a fault
-  bool hold_peers = true;     // one culprit per job at a time (see above and README.md)
-  size_t max_metrics = 4096;  // distinct metric names kept; more are counted and dropped
+  bool hold_peers = true;              // one culprit per job at a time (see above and README.md)
+  size_t max_metrics = 4096;           // distinct metric names kept; more are counted and dropped
   std::vector<std::string> metrics;    // priority order, '*' globs; default_metrics()
   // The smallest deviation from the peers that counts, in the metric's unit,
   // for metrics that are usually 0 on every machine (retransmits, throttled
@@ -96,13 +96,13 @@ bool valid_utf8(const std::string& s);
 bool glob_match(std::string_view pattern, std::string_view text);
 
 struct Alert {
-  std::string kind;     // "outlier" or "silent"
+  std::string kind;  // "outlier" or "silent"
   std::string node;
-  std::string metric;   // empty for "silent"
-  double score = 0;     // |z| for outliers, seconds without data for silent
-  int64_t ts_ns = 0;    // when the alert was raised
-  int64_t since_ns = 0; // first evaluation the evidence held (last sample, for silent)
-  std::string evidence; // JSON object
+  std::string metric;    // empty for "silent"
+  double score = 0;      // |z| for outliers, seconds without data for silent
+  int64_t ts_ns = 0;     // when the alert was raised
+  int64_t since_ns = 0;  // first evaluation the evidence held (last sample, for silent)
+  std::string evidence;  // JSON object
 };
 
 struct DetectorCounters {
@@ -129,8 +129,7 @@ class Detector {
 
   // Feed one sample. Returns false when it is not data (flagged, NaN/inf,
   // unknown metric past the cap, or ignored by the priority list).
-  bool add(std::string_view node, std::string_view metric, int64_t ts_ns, double value,
-           uint32_t flags);
+  bool add(std::string_view node, std::string_view metric, int64_t ts_ns, double value, uint32_t flags);
 
   // Score every metric at time now_ns and append new alerts to *out.
   void evaluate(int64_t now_ns, std::vector<Alert>* out);
@@ -155,24 +154,24 @@ class Detector {
     double offset_s = 0;        // |instant - round's median instant| last round, 0 without a value
     double score = 0;           // median of z over the window (valid when score_ok)
     bool score_ok = false;
-    int streak = 0;             // consecutive outlier evaluations
+    int streak = 0;  // consecutive outlier evaluations
     int64_t since_ns = 0;
-    bool seen = false;          // ever sent a sample of this metric
+    bool seen = false;  // ever sent a sample of this metric
   };
   struct Metric {
     std::string name;
-    int rank = -1;              // index of the first matching pattern, -1 = ignored
-    double floor = 0;           // abs_floor, or min_deviation / threshold
-    double rel_floor = 0;       // config rel_floor, or its rel_floors entry
-    double usual = 0;           // running mean of 1.4826 * MAD / |median|
-    double usual_abs = 0;       // running mean of 1.4826 * MAD, in the metric's unit
-    int evaluations = 0;        // with enough machines reporting
+    int rank = -1;         // index of the first matching pattern, -1 = ignored
+    double floor = 0;      // abs_floor, or min_deviation / threshold
+    double rel_floor = 0;  // config rel_floor, or its rel_floors entry
+    double usual = 0;      // running mean of 1.4826 * MAD / |median|
+    double usual_abs = 0;  // running mean of 1.4826 * MAD, in the metric's unit
+    int evaluations = 0;   // with enough machines reporting
     int usual_updates = 0;
     double round_median = 0, round_mad = 0;  // of the last scored round (evidence)
-    std::vector<double> medians; // the last spread_memory rounds' medians (ring)
+    std::vector<double> medians;             // the last spread_memory rounds' medians (ring)
     size_t medians_next = 0;
-    std::vector<Series> series; // by node index (grown lazily)
-    size_t seen_series = 0;     // series that sent a sample (ignored metrics too)
+    std::vector<Series> series;  // by node index (grown lazily)
+    size_t seen_series = 0;      // series that sent a sample (ignored metrics too)
   };
   struct Node {
     std::string name;
@@ -194,15 +193,15 @@ class Detector {
   std::unordered_map<std::string, uint32_t> metric_index_;
   std::vector<uint32_t> order_;  // metrics checked, by priority then name
   bool order_dirty_ = false;
-  int64_t culprit_ = -1;         // node index of the job's confirmed outlier, -1: none
+  int64_t culprit_ = -1;              // node index of the job's confirmed outlier, -1: none
   int64_t last_eval_ns_ = INT64_MIN;  // end of the last evaluated round
-  size_t rounds_ = 1;            // rounds in the window: max(1, window / period)
+  size_t rounds_ = 1;                 // rounds in the window: max(1, window / period)
   uint64_t work_ = 0;
   DetectorCounters counters_;
   // Scratch reused by evaluate(): no allocation per evaluation once warm.
   std::vector<double> values_, scratch_, round_, instants_;
   std::vector<uint32_t> value_node_;
-  std::vector<int> candidate_;   // per node: metric id of the first alerting metric, -1
+  std::vector<int> candidate_;  // per node: metric id of the first alerting metric, -1
   std::vector<double> cand_score_, cand_z_, cand_value_, cand_median_, cand_mad_;
   std::vector<int64_t> cand_since_;
   std::vector<uint8_t> outlier_now_;

@@ -50,14 +50,14 @@ bool load_config_file(const std::string& path, DetectorConfig* config, std::stri
 
 const std::vector<std::string>& config_keys() {
   static const std::vector<std::string> keys = {
-      "period", "lateness", "window", "threshold", "continuity", "silent_after", "rel_floor", "abs_floor",
-      "spread_memory", "warmup", "min_nodes", "max_outlier_fraction", "hold_peers", "max_metrics",
-      "metrics", "min_deviation", "rel_floors"};
+      "period",     "lateness",    "window",        "threshold",     "continuity", "silent_after",
+      "rel_floor",  "abs_floor",   "spread_memory", "warmup",        "min_nodes",  "max_outlier_fraction",
+      "hold_peers", "max_metrics", "metrics",       "min_deviation", "rel_floors"};
   return keys;
 }
 
-bool apply_config(const std::function<bool(const std::string&, std::string*)>& get,
-                  DetectorConfig* c, std::string* error) {
+bool apply_config(const std::function<bool(const std::string&, std::string*)>& get, DetectorConfig* c,
+                  std::string* error) {
   struct Num {
     const char* key;
     double* field;
@@ -83,8 +83,8 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
     if (!get(n.key, &text)) continue;
     double v;
     if (!to_number(text, &v) || v < n.min) {
-      *error = std::string("config key '") + n.key + "': expected a number >= " +
-               std::to_string(n.min) + ", got '" + text + "'";
+      *error = std::string("config key '") + n.key + "': expected a number >= " + std::to_string(n.min) + ", got '" +
+               text + "'";
       return false;
     }
     *n.field = v;
@@ -131,8 +131,10 @@ bool apply_config(const std::function<bool(const std::string&, std::string*)>& g
     std::vector<std::pair<std::string, double>> mine;
     for (const auto& [pattern, v] : j.items()) {
       double d = 0;
-      if (v.is_number()) d = v.get<double>();
-      else if (!v.is_string() || !to_number(v.get<std::string>(), &d)) d = -1;
+      if (v.is_number())
+        d = v.get<double>();
+      else if (!v.is_string() || !to_number(v.get<std::string>(), &d))
+        d = -1;
       if (!(d >= 0) || !std::isfinite(d)) {
         *error = std::string("config key '") + key + "." + pattern + "': expected a number >= 0, got " +
                  v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

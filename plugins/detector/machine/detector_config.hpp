@@ -18,8 +18,8 @@ bool load_config_file(const std::string& path, DetectorConfig* config, std::stri
 // Apply the keys the detector knows to *config. get(key, &value) returns
 // false when the key is absent. Returns false with *error naming the key and
 // the value when one is malformed.
-bool apply_config(const std::function<bool(const std::string&, std::string*)>& get,
-                  DetectorConfig* config, std::string* error);
+bool apply_config(const std::function<bool(const std::string&, std::string*)>& get, DetectorConfig* config,
+                  std::string* error);
 
 // The keys apply_config reads (documented in README.md).
 const std::vector<std::string>& config_keys();

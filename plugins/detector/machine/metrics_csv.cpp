@@ -25,8 +25,7 @@ std::string trim(const std::string& s, size_t b, size_t e) {
 // One CSV record (RFC 4180): fields separated by ',', a field in double
 // quotes may hold commas, and "" inside it is one quote. Spaces around a
 // field are trimmed. False with *what and *column (1-based) on a bad field.
-bool split(const std::string& line, std::vector<std::string>* fields, std::string* what,
-           size_t* column) {
+bool split(const std::string& line, std::vector<std::string>* fields, std::string* what, size_t* column) {
   fields->clear();
   size_t i = 0, n = line.size();
   if (n && line[n - 1] == '\r') --n;
@@ -107,8 +106,8 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     for (size_t i = 0; i < fields.size(); ++i)
       if (fields[i] == names[k]) col[k] = i;
     if (col[k] == fields.size()) {
-      *error = path + ":" + std::to_string(lineno) + ": missing column '" + names[k] +
-               "' in the header '" + line + "' (expected ts,node,metric,value)";
+      *error = path + ":" + std::to_string(lineno) + ": missing column '" + names[k] + "' in the header '" + line +
+               "' (expected ts,node,metric,value)";
       return false;
     }
   }
@@ -133,13 +132,11 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
       return false;
     }
     if (fields.size() < header_columns) {
-      *error = where + "expected " + std::to_string(header_columns) + " columns, found " +
-               std::to_string(fields.size());
+      *error =
+          where + "expected " + std::to_string(header_columns) + " columns, found " + std::to_string(fields.size());
       return false;
     }
-    auto column = [&](int k) {
-      return where + "column " + std::to_string(col[k] + 1) + " (" + names[k] + "): ";
-    };
+    auto column = [&](int k) { return where + "column " + std::to_string(col[k] + 1) + " (" + names[k] + "): "; };
     double v[2];
     for (int k : {0, 3}) {
       const std::string& t = fields[col[k]];
@@ -176,8 +173,8 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
     r.value = v[1];
     if (last_ts.size() <= r.node) last_ts.resize(r.node + 1, INT64_MIN);
     if (r.ts_ns < last_ts[r.node]) {
-      *error = column(0) + "time goes backwards for node '" + fields[col[1]] + "': " + fields[col[0]] +
-               " after " + std::to_string(static_cast<double>(last_ts[r.node]) / 1e9);
+      *error = column(0) + "time goes backwards for node '" + fields[col[1]] + "': " + fields[col[0]] + " after " +
+               std::to_string(static_cast<double>(last_ts[r.node]) / 1e9);
       return false;
     }
     last_ts[r.node] = r.ts_ns;

@@ -1,9 +1,9 @@
 // ballast-machine: the faulty-machine detector as a plugin. Consumes
 // metric.sample batches, publishes fault.suspected and node.silent, and adds
 // the `ballast detect` command. The logic is in detector.cpp.
-#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
+#include "detector_config.hpp"
 
 #include <ballast/ballast.h>
 
@@ -30,8 +30,7 @@ struct State {
 
 int on_batch(void* user, const ballast_event* ev) {
   auto* s = static_cast<State*>(user);
-  if (ev->schema != BALLAST_SCHEMA_METRIC_BATCH || !ev->payload ||
-      ev->payload_size < BALLAST_METRIC_BATCH_V1_SIZE)
+  if (ev->schema != BALLAST_SCHEMA_METRIC_BATCH || !ev->payload || ev->payload_size < BALLAST_METRIC_BATCH_V1_SIZE)
     return 0;
   const auto* b = static_cast<const ballast_metric_batch*>(ev->payload);
   if (b->size < BALLAST_METRIC_BATCH_V1_SIZE || (b->count && !b->samples)) return 0;
@@ -146,21 +145,28 @@ const ballast_command kCommands[] = {
 const ballast_command_table kCommandTable = {sizeof(ballast_command_table), 1, kCommands};
 
 const void* get_interface(void*, const char* name, uint32_t version) {
-  if (std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION)
-    return &kCommandTable;
+  if (std::string(name) == BALLAST_COMMAND_INTERFACE && version == BALLAST_COMMAND_VERSION) return &kCommandTable;
   return nullptr;
 }
 
-const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION},
-                                              {nullptr, 0}};
+const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION}, {nullptr, 0}};
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "machine", "0.1.0",
-    "detector", "faulty-machine detector: peer-relative outliers in machine metrics (after Minder)",
-    create, start, stop, destroy, get_interface, kInterfaces};
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "machine",
+    "0.1.0",
+    "detector",
+    "faulty-machine detector: peer-relative outliers in machine metrics (after Minder)",
+    create,
+    start,
+    stop,
+    destroy,
+    get_interface,
+    kInterfaces};
 
 }  // namespace
 
-extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) {
-  return &kDescriptor;
-}
+extern "C" BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t) { return &kDescriptor; }

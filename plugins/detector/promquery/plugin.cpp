@@ -3,7 +3,8 @@
 // instead of, or beside, the agents' own samples. Config:
 //   url = "http://prometheus:9090", period = 5 (s), lookback = 30 (s), step = 1 (s),
 //   node_label = "ballast_node",
-//   queries = { { metric = "cpu.busy", query = "100 * (1 - avg by (ballast_node) (rate(node_cpu_seconds_total{mode=\"idle\"}[5s])))" } }
+//   queries = { { metric = "cpu.busy", query = "100 * (1 - avg by (ballast_node)
+//   (rate(node_cpu_seconds_total{mode=\"idle\"}[5s])))" } }
 // Each period it asks query_range for [now - lookback, now] and publishes the
 // points newer than those it published before, per (node, metric).
 #include "query_range.hpp"
@@ -129,7 +130,9 @@ int create(const ballast_host_api* host, void** state) {
     const auto& q = j[i];
     if (!q.is_object() || !q.contains("metric") || !q["metric"].is_string() || !q.contains("query") ||
         !q["query"].is_string()) {
-      host->set_error(host, ("config 'queries[" + std::to_string(i + 1) + "]': expected { metric = \"...\", query = \"...\" }").c_str());
+      host->set_error(
+          host,
+          ("config 'queries[" + std::to_string(i + 1) + "]': expected { metric = \"...\", query = \"...\" }").c_str());
       delete s;
       return BALLAST_EINVAL;
     }
@@ -166,8 +169,19 @@ void stop(void* state) {
 void destroy(void* state) { delete static_cast<State*>(state); }
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "promquery", "1", "detector",
-    "machine metrics from a Prometheus server (query_range) as metric.sample", create, start, stop, destroy, nullptr,
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "promquery",
+    "1",
+    "detector",
+    "machine metrics from a Prometheus server (query_range) as metric.sample",
+    create,
+    start,
+    stop,
+    destroy,
+    nullptr,
     nullptr};
 
 }  // namespace

@@ -58,7 +58,8 @@ bool query_range(const std::string& url, const std::string& query, double start,
     return false;
   }
   if (j.value("status", "") != "success") {
-    *error = url + "/api/v1/query_range (" + query + "): " + j.value("errorType", "error") + ": " + j.value("error", "");
+    *error =
+        url + "/api/v1/query_range (" + query + "): " + j.value("errorType", "error") + ": " + j.value("error", "");
     return false;
   }
   const auto& data = j["data"];

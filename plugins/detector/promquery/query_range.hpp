@@ -9,7 +9,7 @@
 namespace ballast::promquery {
 
 struct Series {
-  std::string node;  // the value of the node label
+  std::string node;                               // the value of the node label
   std::vector<std::pair<double, double>> points;  // unix seconds, value (NaN kept, flagged by the caller)
 };
 

@@ -14,9 +14,12 @@ std::optional<OpType> timer_optype(std::string_view name) {
     OpType type;
   };
   static constexpr Alias kAliases[] = {
-      {"forward", OpType::forward_compute},           {"backward", OpType::backward_compute},
-      {"allreduce", OpType::separate_grads_all_reduce}, {"all-reduce", OpType::separate_grads_all_reduce},
-      {"grad-sync", OpType::separate_grads_all_reduce}, {"optimizer-step", OpType::optimizer},
+      {"forward", OpType::forward_compute},
+      {"backward", OpType::backward_compute},
+      {"allreduce", OpType::separate_grads_all_reduce},
+      {"all-reduce", OpType::separate_grads_all_reduce},
+      {"grad-sync", OpType::separate_grads_all_reduce},
+      {"optimizer-step", OpType::optimizer},
       {"optim", OpType::optimizer},
   };
   for (const auto& a : kAliases)

@@ -12,8 +12,8 @@
 #include <new>
 #include <string>
 
-#include "whatif_command.hpp"
 #include "online.hpp"
+#include "whatif_command.hpp"
 
 namespace ballast::straggler {
 namespace {

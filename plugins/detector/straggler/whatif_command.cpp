@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <string>
 
-#include "whatif_report.hpp"
 #include "whatif.hpp"
+#include "whatif_report.hpp"
 
 namespace ballast::straggler {
 

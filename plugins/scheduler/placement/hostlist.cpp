@@ -18,7 +18,8 @@ std::vector<std::string> split_top(const std::string& s) {
       if (depth > 0) throw InputError("nested '[' at column " + std::to_string(i + 1) + " in hostlist \"" + s + "\"");
       ++depth;
     } else if (c == ']') {
-      if (depth == 0) throw InputError("unmatched ']' at column " + std::to_string(i + 1) + " in hostlist \"" + s + "\"");
+      if (depth == 0)
+        throw InputError("unmatched ']' at column " + std::to_string(i + 1) + " in hostlist \"" + s + "\"");
       --depth;
     }
     if (c == ',' && depth == 0) {
@@ -63,10 +64,9 @@ std::vector<std::string> bracket_values(const std::string& body, const std::stri
     unsigned long long a = std::stoull(lo), b = std::stoull(hi);
     if (b < a) throw InputError("reversed range \"" + item + "\" in hostlist \"" + expr + "\"");
     if (b - a >= limit || out.size() + (b - a + 1) > limit)
-      throw InputError("hostlist \"" + expr + "\" expands to more than " + std::to_string(limit) + " names" +
-                       (limit < kMaxHostlistNames ? " (what is left of the file's " +
-                                                        std::to_string(kMaxHostlistNames) + ")"
-                                                  : ""));
+      throw InputError(
+          "hostlist \"" + expr + "\" expands to more than " + std::to_string(limit) + " names" +
+          (limit < kMaxHostlistNames ? " (what is left of the file's " + std::to_string(kMaxHostlistNames) + ")" : ""));
     for (unsigned long long v = a; v <= b; ++v) out.push_back(pad(v, lo.size()));
     if (comma == std::string::npos) break;
     start = comma + 1;

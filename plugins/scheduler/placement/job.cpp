@@ -92,7 +92,8 @@ Job parse_job(const std::string& text, const std::string& source) {
     if (!model->is_object()) throw InputError(source + ": field \"model\" must be an object");
     for (auto& [k, v] : model->items()) {
       (void)v;
-      if (k != "hidden" && k != "layers" && k != "seq_len" && k != "micro_batch" && k != "vocab" && k != "micro_batches")
+      if (k != "hidden" && k != "layers" && k != "seq_len" && k != "micro_batch" && k != "vocab" &&
+          k != "micro_batches")
         throw InputError(source + ": unknown field \"model." + k + "\"");
     }
     ModelShape m;

@@ -48,7 +48,10 @@ struct Evaluator {
       int t = 0;
       for (int i = 0; i < s.R; ++i) {
         int c = color[static_cast<size_t>(j) * s.R + i];
-        if (stamp[c] != j) { stamp[c] = j; ++t; }
+        if (stamp[c] != j) {
+          stamp[c] = j;
+          ++t;
+        }
       }
       maxc = std::max(maxc, t);
     }
@@ -57,7 +60,10 @@ struct Evaluator {
       int t = 0;
       for (int j = 0; j < s.P; ++j) {
         int c = color[static_cast<size_t>(j) * s.R + i];
-        if (stamp[c] != i) { stamp[c] = i; ++t; }
+        if (stamp[c] != i) {
+          stamp[c] = i;
+          ++t;
+        }
       }
       maxr = std::max(maxr, t);
     }
@@ -180,21 +186,27 @@ std::vector<Sequence> sequences(const std::vector<int>& f, int L, int n) {
   // Largest whole-piece capacity first, then leftovers largest first.
   {
     auto order = ids;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      return whole(a) != whole(b) ? whole(a) > whole(b) : f[a] > f[b];
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return whole(a) != whole(b) ? whole(a) > whole(b) : f[a] > f[b]; });
     Sequence seq;
     std::vector<int> taken(k, 0);
     int rem = n;
     for (int m : order) {
       int t = std::min(whole(m), rem);
-      if (t > 0) { seq.push_back({m, t}); taken[m] = t; rem -= t; }
+      if (t > 0) {
+        seq.push_back({m, t});
+        taken[m] = t;
+        rem -= t;
+      }
     }
     if (rem > 0) {
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return f[a] - taken[a] > f[b] - taken[b]; });
       for (int m : order) {
         int t = std::min(f[m] - taken[m], rem);
-        if (t > 0) { seq.push_back({m, t}); rem -= t; }
+        if (t > 0) {
+          seq.push_back({m, t});
+          rem -= t;
+        }
       }
     }
     out.push_back(std::move(seq));
@@ -211,7 +223,11 @@ std::vector<Sequence> sequences(const std::vector<int>& f, int L, int n) {
         if (whole(m) >= rem && (tight < 0 || whole(m) < whole(tight))) tight = m;
         if (whole(m) > 0 && (big < 0 || whole(m) > whole(big))) big = m;
       }
-      if (tight >= 0) { seq.push_back({tight, rem}); rem = 0; break; }
+      if (tight >= 0) {
+        seq.push_back({tight, rem});
+        rem = 0;
+        break;
+      }
       if (big < 0) break;
       seq.push_back({big, whole(big)});
       used[big] = 1;
@@ -224,7 +240,10 @@ std::vector<Sequence> sequences(const std::vector<int>& f, int L, int n) {
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return f[a] - taken[a] > f[b] - taken[b]; });
       for (int m : order) {
         int t = std::min(f[m] - taken[m], rem);
-        if (t > 0) { seq.push_back({m, t}); rem -= t; }
+        if (t > 0) {
+          seq.push_back({m, t});
+          rem -= t;
+        }
       }
     }
     out.push_back(std::move(seq));
@@ -237,7 +256,10 @@ std::vector<Sequence> sequences(const std::vector<int>& f, int L, int n) {
     int rem = n;
     for (int m : order) {
       int t = std::min(f[m], rem);
-      if (t > 0) { seq.push_back({m, t}); rem -= t; }
+      if (t > 0) {
+        seq.push_back({m, t});
+        rem -= t;
+      }
     }
     out.push_back(std::move(seq));
   }
@@ -338,7 +360,7 @@ std::vector<int> solve_heuristic(const Shape& s, const std::vector<int>& f) {
       for (auto [m, t] : seq)
         for (int x = 0; x < t; ++x) color[order[pos++]] = m;
       if (pos != static_cast<size_t>(n)) continue;  // cannot happen when enough is free
-      if (!eval.contiguous(s, color, k)) continue;   // a minipod would come back within a DP group
+      if (!eval.contiguous(s, color, k)) continue;  // a minipod would come back within a DP group
       double obj = eval(s, color, k).objective;
       if (obj < best_obj - 1e-12 || (obj < best_obj + 1e-12 && seq.size() < best_parts)) {
         best_obj = obj;
@@ -386,13 +408,27 @@ struct BranchAndBound {
   bool aborted = false;
 
   BranchAndBound(const Shape& sh, std::vector<int> capacity, uint64_t lim, double incumbent)
-      : s(sh), k(static_cast<int>(capacity.size())), R(sh.R), P(sh.P), cap(std::move(capacity)),
-        g(static_cast<size_t>(R) * P, -1), rowcnt(static_cast<size_t>(R) * k, 0), colcnt(static_cast<size_t>(P) * k, 0),
-        rowT(R, 0), colT(P, 0), rowEq(R, 1), colEq(P, 1), best(incumbent), limit(lim) {}
+      : s(sh),
+        k(static_cast<int>(capacity.size())),
+        R(sh.R),
+        P(sh.P),
+        cap(std::move(capacity)),
+        g(static_cast<size_t>(R) * P, -1),
+        rowcnt(static_cast<size_t>(R) * k, 0),
+        colcnt(static_cast<size_t>(P) * k, 0),
+        rowT(R, 0),
+        colT(P, 0),
+        rowEq(R, 1),
+        colEq(P, 1),
+        best(incumbent),
+        limit(lim) {}
 
   void run(int t, int maxc, int maxr) {
     if (aborted) return;
-    if (++nodes > limit) { aborted = true; return; }
+    if (++nodes > limit) {
+      aborted = true;
+      return;
+    }
     if (t == R * P) {
       best = weigh(s, spread(maxc), spread(maxr));
       best_g = g;
@@ -606,7 +642,10 @@ Plan place(const Topology& topo, const Cluster& cl, const Job& job, const PlaceO
         std::vector<int> c(n);
         for (int r = 0; r < n; ++r) c[r] = topo.node_minipod[nodes[r]];
         double o = evaluate(s, c, k).objective;
-        if (o < obj - 1e-12 && contiguous(s, c, k)) { obj = o; color = c; }
+        if (o < obj - 1e-12 && contiguous(s, c, k)) {
+          obj = o;
+          color = c;
+        }
       }
     }
     // The search is only needed while the bound leaves room for better.

@@ -26,14 +26,14 @@ struct Cluster {
 Cluster make_cluster(const Topology& topo, const std::vector<NodeState>& state);
 
 struct Shape {
-  int R = 1, P = 1;     // rows (PP groups, dp_row) and columns (DP groups, pp_stage)
-  double alpha = 0.5;   // weight of DP spread; PP spread weighs 1 - alpha
+  int R = 1, P = 1;    // rows (PP groups, dp_row) and columns (DP groups, pp_stage)
+  double alpha = 0.5;  // weight of DP spread; PP spread weighs 1 - alpha
   int cells() const { return R * P; }
 };
 Shape shape_of(const Job& job);
 
 struct Score {
-  int dp = 0, pp = 0;   // max spread over DP groups (columns) and PP groups (rows)
+  int dp = 0, pp = 0;  // max spread over DP groups (columns) and PP groups (rows)
   double objective = 0;
 };
 inline int spread(int touched) { return touched <= 1 ? 0 : touched; }
@@ -66,19 +66,19 @@ struct Plan {
   std::string algorithm;
   Shape shape;
   int gpus_per_node = 8;
-  std::vector<int> nodes;   // cell (global-rank order) -> node id
+  std::vector<int> nodes;  // cell (global-rank order) -> node id
   Score score;
   double lower_bound = 0;
-  bool optimal = false;     // objective proved minimal
+  bool optimal = false;  // objective proved minimal
   double seconds = 0;
 };
 
 struct PlaceOptions {
   std::string algorithm = "arnold";
   uint64_t seed = 0;
-  uint64_t exact_node_limit = 3'000'000;          // "arnold": search nodes before settling for the heuristic
+  uint64_t exact_node_limit = 3'000'000;           // "arnold": search nodes before settling for the heuristic
   uint64_t exact_forced_node_limit = 100'000'000;  // "exact": a bound, so a large job cannot hang it
-  int exact_max_cells = 40;   // "arnold" tries the exact solver up to this many nodes
+  int exact_max_cells = 40;                        // "arnold" tries the exact solver up to this many nodes
 };
 
 // Algorithms: "arnold" (exact when small enough to prove, else the heuristic;

@@ -125,18 +125,26 @@ int run_replace(const Args& a) {
 int run_standby(const Args& a) {
   if (a.faults.empty() || a.nodes <= 0) throw UsageError("--faults and a positive --nodes are required with --standby");
   StandbyResult r = standby_size(read_file(a.faults), a.faults, a.nodes, a.percentile, a.window, a.fleet);
-  nlohmann::json j{{"nodes", a.nodes},          {"percentile", a.percentile}, {"window_hours", a.window},
-                   {"spares", r.spares},        {"expected_down", r.expected}, {"fleet", r.fleet},
-                   {"traced_nodes", r.traced_nodes}, {"trace_days", r.days},  {"fleet_mean_down", r.mean_down},
+  nlohmann::json j{{"nodes", a.nodes},
+                   {"percentile", a.percentile},
+                   {"window_hours", a.window},
+                   {"spares", r.spares},
+                   {"expected_down", r.expected},
+                   {"fleet", r.fleet},
+                   {"traced_nodes", r.traced_nodes},
+                   {"trace_days", r.days},
+                   {"fleet_mean_down", r.mean_down},
                    {"fleet_max_down", r.max_down}};
   if (a.json) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "standby for " << a.nodes << " nodes: " << r.spares << " spares (p" << a.percentile;
-    if (a.window > 0) std::cout << ", failing within " << a.window << " h";
-    else std::cout << ", down at once";
-    std::cout << "; expected " << r.expected << "; fleet of " << r.fleet << " over " << r.days
-              << " days: mean " << r.mean_down << ", max " << r.max_down << " down at once)\n";
+    if (a.window > 0)
+      std::cout << ", failing within " << a.window << " h";
+    else
+      std::cout << ", down at once";
+    std::cout << "; expected " << r.expected << "; fleet of " << r.fleet << " over " << r.days << " days: mean "
+              << r.mean_down << ", max " << r.max_down << " down at once)\n";
   }
   return 0;
 }
@@ -149,8 +157,7 @@ int plan_command(int argc, char** argv) {
   app.add_option("--topology", a.topology, "Slurm topology.conf or topology.yaml");
   app.add_option("--job", a.job, "job JSON: gpus_per_node, tp, pp, dp, alpha or model");
   app.add_option("--state", a.state, "JSON {\"busy\": [hostlists], \"faulty\": [hostlists]}; others are free");
-  app.add_option("--algorithm", a.algorithm,
-                 "arnold (default), exact, heuristic, best-fit, random-fit, slurm-tree");
+  app.add_option("--algorithm", a.algorithm, "arnold (default), exact, heuristic, best-fit, random-fit, slurm-tree");
   app.add_option("--seed", a.seed, "seed (random-fit; the plan is deterministic per input and seed)");
   app.add_option("--minipod-level", a.minipod_level, "tree depth below the top switch whose subtrees are minipods")
       ->check(CLI::NonNegativeNumber);

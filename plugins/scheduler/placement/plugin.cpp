@@ -5,10 +5,9 @@
 
 namespace {
 
-const ballast_interface_info kInterfaces[] = {
-    {BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION},
-    {BALLAST_SCHEDULER_INTERFACE, BALLAST_SCHEDULER_VERSION},
-    {nullptr, 0}};
+const ballast_interface_info kInterfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION},
+                                              {BALLAST_SCHEDULER_INTERFACE, BALLAST_SCHEDULER_VERSION},
+                                              {nullptr, 0}};
 
 const ballast_plugin_descriptor kDescriptor = {
     sizeof(ballast_plugin_descriptor),

@@ -161,7 +161,10 @@ ReplaceResult replace_nodes(const Topology& topo, const std::vector<NodeState>& 
       auto left = [&](int x) { return pool[x].size() - used[x]; };
       bool better = best < 0 || obj < best_obj - 1e-12 ||
                     (obj < best_obj + 1e-12 && best != orig && (m == orig || left(m) > left(best)));
-      if (better) { best = m; best_obj = obj; }
+      if (better) {
+        best = m;
+        best_obj = obj;
+      }
     }
     color[cell] = best;
     int spare = pool[best][used[best]++];
@@ -194,7 +197,11 @@ StandbyResult standby_size(const std::string& text, const std::string& source, i
   }
   if (!j.is_array() || j.empty()) throw InputError(source + ": expected a non-empty list of fault events");
   // Down intervals per node (a node is down while any of its faults is open).
-  struct Ev { double t; std::string node; int delta; };
+  struct Ev {
+    double t;
+    std::string node;
+    int delta;
+  };
   std::vector<Ev> evs;
   double t_end = 0;
   for (size_t i = 0; i < j.size(); ++i) {
@@ -245,11 +252,17 @@ StandbyResult standby_size(const std::string& text, const std::string& source, i
         b = std::max(b, e0);
         continue;
       }
-      if (b >= 0) { sweep.push_back({a, 1}); sweep.push_back({b, -1}); }
+      if (b >= 0) {
+        sweep.push_back({a, 1});
+        sweep.push_back({b, -1});
+      }
       a = s1;
       b = e0;
     }
-    if (b >= 0) { sweep.push_back({a, 1}); sweep.push_back({b, -1}); }
+    if (b >= 0) {
+      sweep.push_back({a, 1});
+      sweep.push_back({b, -1});
+    }
   }
   std::sort(sweep.begin(), sweep.end());
   std::map<int, double> time_at;  // affected nodes -> days
@@ -276,11 +289,13 @@ StandbyResult standby_size(const std::string& text, const std::string& source, i
     r.expected += wgt * nodes * p;
     for (int x = 0; x <= nodes; ++x) {
       double pmf;
-      if (p <= 0) pmf = x == 0 ? 1 : 0;
-      else if (p >= 1) pmf = x == nodes ? 1 : 0;
+      if (p <= 0)
+        pmf = x == 0 ? 1 : 0;
+      else if (p >= 1)
+        pmf = x == nodes ? 1 : 0;
       else
-        pmf = std::exp(std::lgamma(nodes + 1.0) - std::lgamma(x + 1.0) - std::lgamma(nodes - x + 1.0) + x * std::log(p) +
-                       (nodes - x) * std::log1p(-p));
+        pmf = std::exp(std::lgamma(nodes + 1.0) - std::lgamma(x + 1.0) - std::lgamma(nodes - x + 1.0) +
+                       x * std::log(p) + (nodes - x) * std::log1p(-p));
       cdf[x] += wgt * pmf;
     }
   }
@@ -288,7 +303,10 @@ StandbyResult standby_size(const std::string& text, const std::string& source, i
   r.spares = nodes;
   for (int x = 0; x <= nodes; ++x) {
     acc += cdf[x];
-    if (acc >= percentile / 100.0 - 1e-12) { r.spares = x; break; }
+    if (acc >= percentile / 100.0 - 1e-12) {
+      r.spares = x;
+      break;
+    }
   }
   return r;
 }

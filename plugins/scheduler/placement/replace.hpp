@@ -15,7 +15,7 @@ nlohmann::json plan_to_json(const Plan& p, const Topology& topo, const Job& job)
 // A plan read back: its job, shape and nodes (ids in `topo`), in rank order.
 struct LoadedPlan {
   Job job;
-  std::string topology;   // path recorded in the plan ("" if none)
+  std::string topology;  // path recorded in the plan ("" if none)
   std::string algorithm;
   std::vector<std::string> names;  // node names in rank order
 };
@@ -23,11 +23,11 @@ struct LoadedPlan {
 LoadedPlan parse_plan(const std::string& json_text, const std::string& source);
 
 struct Replacement {
-  int cell;               // global-rank-order index of the node that changed
+  int cell;  // global-rank-order index of the node that changed
   std::string failed, spare;
 };
 struct ReplaceResult {
-  Plan plan;              // the new plan (algorithm "replace")
+  Plan plan;  // the new plan (algorithm "replace")
   std::vector<Replacement> replaced;
 };
 
@@ -41,13 +41,13 @@ ReplaceResult replace_nodes(const Topology& topo, const std::vector<NodeState>& 
                             const std::vector<std::string>& failed, const std::vector<std::string>& spares);
 
 struct StandbyResult {
-  int spares = 0;             // recommended standby nodes for the job
-  int fleet = 0;              // nodes in the traced fleet
-  int traced_nodes = 0;       // distinct nodes with faults in the trace
-  double days = 0;            // span of the trace
-  double mean_down = 0;       // time-averaged fleet nodes affected at once
-  int max_down = 0;           // most fleet nodes affected at once
-  double expected = 0;        // mean affected nodes of the job
+  int spares = 0;        // recommended standby nodes for the job
+  int fleet = 0;         // nodes in the traced fleet
+  int traced_nodes = 0;  // distinct nodes with faults in the trace
+  double days = 0;       // span of the trace
+  double mean_down = 0;  // time-averaged fleet nodes affected at once
+  int max_down = 0;      // most fleet nodes affected at once
+  double expected = 0;   // mean affected nodes of the job
 };
 // From a fault trace (a JSON list of {node_id, event_time (days),
 // event_type fault_start|fault_end}, the InfiniteHBD format), how many of

@@ -26,8 +26,8 @@ struct Service {
   const ballast_host_api* host = nullptr;
   std::string topology, state_path, algorithm = "arnold";  // configuration
   TopologyOptions topo_opt;
-  std::mutex mu;                                           // guards everything below
-  std::set<std::string> faulty;                            // from fault.confirmed
+  std::mutex mu;                 // guards everything below
+  std::set<std::string> faulty;  // from fault.confirmed
   std::map<const ballast_placement_plan*, std::unique_ptr<OwnedPlan>> plans;
   uint64_t sub_request = 0, sub_fault = 0;
   bool subscribed = false;
@@ -64,8 +64,10 @@ std::unique_ptr<OwnedPlan> own(const Plan& p, const Topology& topo, const Job& j
 // nodes the bus reported faulty.
 std::vector<NodeState> availability(Service* s, const Topology& topo, const char* state_json) {
   std::vector<NodeState> st(topo.nodes.size(), kFree);
-  if (state_json) st = parse_state(topo, state_json, "state");
-  else if (!s->state_path.empty()) st = load_state(topo, s->state_path);
+  if (state_json)
+    st = parse_state(topo, state_json, "state");
+  else if (!s->state_path.empty())
+    st = load_state(topo, s->state_path);
   std::lock_guard<std::mutex> lock(s->mu);
   for (const auto& name : s->faulty)
     if (int id = topo.find(name); id >= 0) st[id] = kFaulty;
@@ -183,7 +185,8 @@ int on_request(void* user, const ballast_event* ev) {
     return o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
   };
   std::string topo = str(j, "topology"), algorithm = str(j, "algorithm");
-  std::string state = j.contains("state") ? j["state"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
+  std::string state =
+      j.contains("state") ? j["state"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
   ballast_placement_plan* plan = nullptr;
   int rc;
   if (j.contains("replace") && j["replace"].is_object()) {
@@ -192,17 +195,27 @@ int on_request(void* user, const ballast_event* ev) {
     // rendered as JSON (nodes only; "alpha" may then come with the request).
     nlohmann::json plan_obj = r.contains("plan") ? r["plan"] : nlohmann::json();
     if (plan_obj.is_object() && r.contains("alpha")) plan_obj["alpha"] = r["alpha"];
-    std::string plan_json = plan_obj.is_null() ? std::string() : plan_obj.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::string plan_json =
+        plan_obj.is_null() ? std::string() : plan_obj.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string failed = str(r, "failed"), spares = str(r, "spares");
-    ballast_replacement_request rr{sizeof rr, 0, topo.c_str(), state.empty() ? nullptr : state.c_str(),
-                                   plan_json.empty() ? nullptr : plan_json.c_str(), failed.empty() ? nullptr : failed.c_str(),
+    ballast_replacement_request rr{sizeof rr,
+                                   0,
+                                   topo.c_str(),
+                                   state.empty() ? nullptr : state.c_str(),
+                                   plan_json.empty() ? nullptr : plan_json.c_str(),
+                                   failed.empty() ? nullptr : failed.c_str(),
                                    spares.empty() ? nullptr : spares.c_str()};
     rc = api_replace(s, &rr, &plan);
   } else {
-    std::string job = j.contains("job") ? j["job"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
+    std::string job =
+        j.contains("job") ? j["job"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string();
     uint64_t seed = j.contains("seed") && j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : 0;
-    ballast_placement_request pr{sizeof pr, 0, topo.c_str(), job.empty() ? nullptr : job.c_str(),
-                                 state.empty() ? nullptr : state.c_str(), algorithm.empty() ? nullptr : algorithm.c_str(),
+    ballast_placement_request pr{sizeof pr,
+                                 0,
+                                 topo.c_str(),
+                                 job.empty() ? nullptr : job.c_str(),
+                                 state.empty() ? nullptr : state.c_str(),
+                                 algorithm.empty() ? nullptr : algorithm.c_str(),
                                  seed};
     rc = api_place(s, &pr, &plan);
   }

@@ -50,8 +50,9 @@ void add_node(Topology& t, const std::string& name, int leaf, const std::string&
   auto [it, inserted] = t.node_id.emplace(name, static_cast<int>(t.nodes.size()));
   if (!inserted) {
     int id = it->second;
-    fail(source, line, "node " + name + " is already in " + t.leaves[t.node_leaf[id]] + " (line " +
-                           std::to_string(node_line[id]) + "); a node belongs to one leaf");
+    fail(source, line,
+         "node " + name + " is already in " + t.leaves[t.node_leaf[id]] + " (line " + std::to_string(node_line[id]) +
+             "); a node belongs to one leaf");
   }
   t.nodes.push_back(name);
   t.node_leaf.push_back(leaf);
@@ -64,8 +65,8 @@ Topology build_tree(const std::vector<SwitchDecl>& sw, const std::string& source
   std::map<std::string, int> id;
   for (size_t i = 0; i < sw.size(); ++i) {
     if (!id.emplace(sw[i].name, static_cast<int>(i)).second)
-      fail(source, sw[i].line, "switch " + sw[i].name + " declared twice (first on line " +
-                                   std::to_string(sw[id[sw[i].name]].line) + ")");
+      fail(source, sw[i].line,
+           "switch " + sw[i].name + " declared twice (first on line " + std::to_string(sw[id[sw[i].name]].line) + ")");
   }
   std::vector<int> parent(sw.size(), -1);
   for (size_t i = 0; i < sw.size(); ++i) {
@@ -74,8 +75,9 @@ Topology build_tree(const std::vector<SwitchDecl>& sw, const std::string& source
       if (it == id.end()) fail(source, sw[i].line, "switch " + sw[i].name + " lists unknown switch " + c);
       if (it->second == static_cast<int>(i)) fail(source, sw[i].line, "switch " + c + " lists itself (cycle)");
       if (parent[it->second] >= 0)
-        fail(source, sw[i].line, "switch " + c + " already has parent " + sw[parent[it->second]].name + " (line " +
-                                     std::to_string(sw[parent[it->second]].line) + ")");
+        fail(source, sw[i].line,
+             "switch " + c + " already has parent " + sw[parent[it->second]].name + " (line " +
+                 std::to_string(sw[parent[it->second]].line) + ")");
       parent[it->second] = static_cast<int>(i);
     }
   }
@@ -127,8 +129,9 @@ Topology build_block(const std::vector<BlockDecl>& bl, const std::vector<int>& s
   for (size_t i = 1; i < sizes.size(); ++i) {
     int r = sizes[i - 1] > 0 ? sizes[i] / sizes[i - 1] : 0;
     if (sizes[i] % std::max(1, sizes[i - 1]) != 0 || r < 2 || (r & (r - 1)) != 0)
-      fail(source, sizes_line, "block size " + std::to_string(sizes[i]) + " is not a power-of-two multiple of " +
-                                   std::to_string(sizes[i - 1]));
+      fail(source, sizes_line,
+           "block size " + std::to_string(sizes[i]) + " is not a power-of-two multiple of " +
+               std::to_string(sizes[i - 1]));
   }
   Topology t;
   t.source = source;
@@ -139,8 +142,9 @@ Topology build_block(const std::vector<BlockDecl>& bl, const std::vector<int>& s
     if (!seen.emplace(b.name, b.line).second)
       fail(source, b.line, "block " + b.name + " declared twice (first on line " + std::to_string(seen[b.name]) + ")");
     if (!sizes.empty() && static_cast<int>(b.nodes.size()) > sizes[0])
-      fail(source, b.line, "block " + b.name + " has " + std::to_string(b.nodes.size()) +
-                               " nodes, more than the base block size " + std::to_string(sizes[0]));
+      fail(source, b.line,
+           "block " + b.name + " has " + std::to_string(b.nodes.size()) + " nodes, more than the base block size " +
+               std::to_string(sizes[0]));
     int leaf = static_cast<int>(t.leaves.size());
     t.leaves.push_back(b.name);
     t.leaf_minipod.push_back(leaf);
@@ -185,8 +189,7 @@ Topology parse_topology_conf(const std::string& text, const std::string& source,
     std::string first;
     while (ls >> tok) {
       auto eq = tok.find('=');
-      if (eq == std::string::npos || eq == 0)
-        fail(source, line, "expected Key=Value, got \"" + tok + "\"");
+      if (eq == std::string::npos || eq == 0) fail(source, line, "expected Key=Value, got \"" + tok + "\"");
       std::string key = lower(tok.substr(0, eq));
       if (first.empty()) first = key;
       if (!kv.emplace(key, tok.substr(eq + 1)).second) fail(source, line, "key " + tok.substr(0, eq) + " given twice");
@@ -196,17 +199,22 @@ Topology parse_topology_conf(const std::string& text, const std::string& source,
       SwitchDecl d{kv["switchname"], line, {}, {}};
       if (d.name.empty()) fail(source, line, "SwitchName is empty");
       for (auto& [k, v] : kv) {
-        if (k == "switches") d.children = expand_at(v, source, line, &budget);
-        else if (k == "nodes") d.nodes = expand_at(v, source, line, &budget);
-        else if (k != "switchname" && k != "linkspeed") fail(source, line, "unknown key " + k + " for SwitchName");
+        if (k == "switches")
+          d.children = expand_at(v, source, line, &budget);
+        else if (k == "nodes")
+          d.nodes = expand_at(v, source, line, &budget);
+        else if (k != "switchname" && k != "linkspeed")
+          fail(source, line, "unknown key " + k + " for SwitchName");
       }
       sw.push_back(std::move(d));
     } else if (first == "blockname") {
       BlockDecl d{kv["blockname"], line, {}};
       if (d.name.empty()) fail(source, line, "BlockName is empty");
       for (auto& [k, v] : kv) {
-        if (k == "nodes") d.nodes = expand_at(v, source, line, &budget);
-        else if (k != "blockname") fail(source, line, "unknown key " + k + " for BlockName");
+        if (k == "nodes")
+          d.nodes = expand_at(v, source, line, &budget);
+        else if (k != "blockname")
+          fail(source, line, "unknown key " + k + " for BlockName");
       }
       bl.push_back(std::move(d));
     } else if (first == "blocksizes") {
@@ -278,7 +286,10 @@ struct YamlParser {
         for (;;) {
           yaml_event_t e;
           next(e);
-          if (e.type == YAML_SEQUENCE_END_EVENT) { yaml_event_delete(&e); break; }
+          if (e.type == YAML_SEQUENCE_END_EVENT) {
+            yaml_event_delete(&e);
+            break;
+          }
           n.items.push_back(guarded(e, depth + 1));
         }
         return n;
@@ -287,7 +298,10 @@ struct YamlParser {
         for (;;) {
           yaml_event_t e;
           next(e);
-          if (e.type == YAML_MAPPING_END_EVENT) { yaml_event_delete(&e); break; }
+          if (e.type == YAML_MAPPING_END_EVENT) {
+            yaml_event_delete(&e);
+            break;
+          }
           YNode k = guarded(e, depth + 1);
           yaml_event_t v;
           next(v);
@@ -310,8 +324,14 @@ struct YamlParser {
     yaml_event_t e;
     for (;;) {
       next(e);
-      if (e.type == YAML_STREAM_END_EVENT) { yaml_event_delete(&e); fail(source, 1, "empty YAML document"); }
-      if (e.type == YAML_STREAM_START_EVENT || e.type == YAML_DOCUMENT_START_EVENT) { yaml_event_delete(&e); continue; }
+      if (e.type == YAML_STREAM_END_EVENT) {
+        yaml_event_delete(&e);
+        fail(source, 1, "empty YAML document");
+      }
+      if (e.type == YAML_STREAM_START_EVENT || e.type == YAML_DOCUMENT_START_EVENT) {
+        yaml_event_delete(&e);
+        continue;
+      }
       return guarded(e, 0);
     }
   }
@@ -444,7 +464,12 @@ std::string line_col(const std::string& text, size_t byte) {
   size_t line = 1, col = 1;
   // nlohmann's byte is the 1-based position of the offending character.
   for (size_t i = 0; i + 1 < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
   }
   return "line " + std::to_string(line) + ", column " + std::to_string(col);
 }
@@ -463,9 +488,12 @@ std::vector<NodeState> parse_state(const Topology& topo, const std::string& text
   size_t budget = kMaxHostlistNames;  // for the whole file
   for (auto& [key, val] : j.items()) {
     NodeState s;
-    if (key == "busy") s = kBusy;
-    else if (key == "faulty") s = kFaulty;
-    else throw InputError(source + ": unknown field \"" + key + "\" (want busy, faulty)");
+    if (key == "busy")
+      s = kBusy;
+    else if (key == "faulty")
+      s = kFaulty;
+    else
+      throw InputError(source + ": unknown field \"" + key + "\" (want busy, faulty)");
     if (!val.is_array()) throw InputError(source + ": field \"" + key + "\" must be a list of hostlist strings");
     for (size_t i = 0; i < val.size(); ++i) {
       if (!val[i].is_string()) throw InputError(source + ": " + key + "[" + std::to_string(i) + "] is not a string");
@@ -477,7 +505,9 @@ std::vector<NodeState> parse_state(const Topology& topo, const std::string& text
       }
       for (const auto& n : names) {
         int id = topo.find(n);
-        if (id < 0) throw InputError(source + ": " + key + "[" + std::to_string(i) + "]: node " + n + " is not in " + topo.source);
+        if (id < 0)
+          throw InputError(source + ": " + key + "[" + std::to_string(i) + "]: node " + n + " is not in " +
+                           topo.source);
         if (st[id] < s) st[id] = s;  // faulty wins over busy
       }
     }

@@ -11,15 +11,15 @@
 namespace ballast::sched {
 
 struct Topology {
-  std::string source;                    // file it came from
-  std::string kind;                      // "tree" or "block"
-  std::vector<std::string> nodes;        // node id -> name, in file order
+  std::string source;              // file it came from
+  std::string kind;                // "tree" or "block"
+  std::vector<std::string> nodes;  // node id -> name, in file order
   std::unordered_map<std::string, int> node_id;
-  std::vector<int> node_leaf;            // node id -> leaf switch / base block
-  std::vector<int> node_minipod;         // node id -> minipod
-  std::vector<std::string> leaves;       // leaf id -> switch or block name
-  std::vector<int> leaf_minipod;         // leaf id -> minipod
-  std::vector<std::string> minipods;     // minipod id -> name of its top switch or block
+  std::vector<int> node_leaf;         // node id -> leaf switch / base block
+  std::vector<int> node_minipod;      // node id -> minipod
+  std::vector<std::string> leaves;    // leaf id -> switch or block name
+  std::vector<int> leaf_minipod;      // leaf id -> minipod
+  std::vector<std::string> minipods;  // minipod id -> name of its top switch or block
 
   int find(const std::string& name) const {
     auto it = node_id.find(name);
@@ -28,8 +28,8 @@ struct Topology {
 };
 
 struct TopologyOptions {
-  int minipod_level = 1;   // tree: depth below the top switch whose subtrees are minipods
-  std::string name;        // topology.yaml: which topology (default: cluster_default, else first)
+  int minipod_level = 1;  // tree: depth below the top switch whose subtrees are minipods
+  std::string name;       // topology.yaml: which topology (default: cluster_default, else first)
 };
 
 // Parse topology.conf text (`source` names it in errors). Throws InputError

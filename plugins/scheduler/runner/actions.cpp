@@ -4,9 +4,7 @@
 
 namespace ballast::runner {
 
-bool restarts_job(const std::string& a) {
-  return a == "restart" || a == "rollback" || a == "evict" || a == "replace";
-}
+bool restarts_job(const std::string& a) { return a == "restart" || a == "rollback" || a == "evict" || a == "replace"; }
 
 bool known_action(const std::string& a) {
   return restarts_job(a) || a == "checkpoint_now" || a == "pause" || a == "escalate";

@@ -12,14 +12,14 @@ namespace ballast::runner {
 
 struct Action {
   uint64_t id = 0;
-  std::string name;       // restart, evict, replace, rollback, checkpoint_now, pause, escalate
-  std::string subject;    // "rank:N", a node (slot) name, or "" for the job
+  std::string name;     // restart, evict, replace, rollback, checkpoint_now, pause, escalate
+  std::string subject;  // "rank:N", a node (slot) name, or "" for the job
   std::string reason;
-  std::string args;       // JSON object text, "" for none
+  std::string args;  // JSON object text, "" for none
   std::string policy;
-  std::string cause;      // the topic of the event behind it, or "executor"
+  std::string cause;  // the topic of the event behind it, or "executor"
   int64_t received_ns = 0;
-  int tries = 0;          // failed tries so far
+  int tries = 0;  // failed tries so far
   int64_t not_before_ns = 0;
 };
 
@@ -28,8 +28,8 @@ bool restarts_job(const std::string& action);
 bool known_action(const std::string& action);
 
 struct RetryPolicy {
-  int max_tries = 3;          // a failing action is tried this many times, then escalated
-  double backoff_s = 1;       // before the 2nd try; doubled for each further one
+  int max_tries = 3;     // a failing action is tried this many times, then escalated
+  double backoff_s = 1;  // before the 2nd try; doubled for each further one
 };
 
 class ActionQueue {

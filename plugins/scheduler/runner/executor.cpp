@@ -11,10 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -154,14 +154,22 @@ int64_t Executor::now() const { return host_->now_ns ? host_->now_ns(host_) : wa
 
 const char* Executor::state_name(State s) {
   switch (s) {
-    case State::starting: return "starting";
-    case State::running: return "running";
-    case State::recovering: return "recovering";
-    case State::paused: return "paused";
-    case State::finished: return "finished";
-    case State::escalated: return "escalated";
-    case State::stopped: return "stopped";
-    case State::interrupted: return "interrupted";
+    case State::starting:
+      return "starting";
+    case State::running:
+      return "running";
+    case State::recovering:
+      return "recovering";
+    case State::paused:
+      return "paused";
+    case State::finished:
+      return "finished";
+    case State::escalated:
+      return "escalated";
+    case State::stopped:
+      return "stopped";
+    case State::interrupted:
+      return "interrupted";
   }
   return "?";
 }
@@ -274,8 +282,10 @@ bool Executor::prepare_trace_dir(std::string* error) {
     // tmpfs: on a disk file system, write-back would fault the ranks' ring stores.
     char shm[] = "/dev/shm/ballast-traces-XXXXXX";
     char tmp[] = "/tmp/ballast-traces-XXXXXX";
-    if (mkdtemp(shm)) trace_dir_ = shm;
-    else if (mkdtemp(tmp)) trace_dir_ = tmp;
+    if (mkdtemp(shm))
+      trace_dir_ = shm;
+    else if (mkdtemp(tmp))
+      trace_dir_ = tmp;
     else {
       *error = std::string("cannot make a trace folder in /dev/shm or /tmp: ") + std::strerror(errno);
       return false;
@@ -339,8 +349,10 @@ void Executor::post_straggler(const ballast_straggler_report& r, int64_t ts_ns) 
   m.fault_kind = "straggler";
   m.detector = "straggler";
   m.detected_ns = ts_ns ? ts_ns : wall_ns();
-  m.evidence = nlohmann::json{{"slowdown", r.slowdown}, {"rank_slowdown", worst->slowdown},
-                              {"first_step", r.first_step}, {"last_step", r.last_step}}
+  m.evidence = nlohmann::json{{"slowdown", r.slowdown},
+                              {"rank_slowdown", worst->slowdown},
+                              {"first_step", r.first_step},
+                              {"last_step", r.last_step}}
                    .dump();
   std::lock_guard<std::mutex> lock(inbox_mu_);
   inbox_.push_back(std::move(m));
@@ -518,7 +530,10 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
     stop_ranks();
     return false;
   }
-  spans_.push_back({"job", "start " + std::to_string(attempt_), attempt_start_ns_, attempt_start_ns_,
+  spans_.push_back({"job",
+                    "start " + std::to_string(attempt_),
+                    attempt_start_ns_,
+                    attempt_start_ns_,
                     {{"checkpoint", from.path}, {"step", from.step}, {"port", master_port_}}});
   set_state(attempt_ == 0 ? State::starting : State::recovering,
             from.path.empty() ? "from the seed" : "from " + from.path);
@@ -550,8 +565,12 @@ void Executor::handle_report(const Report& r) {
     if (r.rank == 0) {
       kept_s_[r.step] = prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s;
       loss_[r.step] = r.loss;
-      spans_.push_back({"steps", "step " + std::to_string(r.step), int64_t(r.start_s * 1e9), int64_t(end * 1e9),
-                        {{"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()}, {"attempt", attempt_}}});
+      spans_.push_back(
+          {"steps",
+           "step " + std::to_string(r.step),
+           int64_t(r.start_s * 1e9),
+           int64_t(end * 1e9),
+           {{"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()}, {"attempt", attempt_}}});
       if (tty_ == false && cfg_.steps == 0 && r.step % 100 == 0)
         log(BALLAST_LOG_INFO, "step " + std::to_string(r.step) + ", loss " + std::to_string(r.loss));
     }
@@ -568,8 +587,11 @@ void Executor::handle_report(const Report& r) {
         }
     if (state_ == State::recovering && !current_) set_state(State::running, "training resumed");
   } else if (r.type == "checkpoint") {
-    spans_.push_back({"steps", "checkpoint " + std::to_string(r.step), int64_t((wall_ns()) - r.seconds * 1e9),
-                      wall_ns(), {{"path", r.path}, {"bytes", r.bytes}}});
+    spans_.push_back({"steps",
+                      "checkpoint " + std::to_string(r.step),
+                      int64_t((wall_ns()) - r.seconds * 1e9),
+                      wall_ns(),
+                      {{"path", r.path}, {"bytes", r.bytes}}});
     if (current_ && current_->wait == InFlight::checkpoint && r.step >= current_->min_step)
       finish("ok", "saved " + r.path);
     // Old checkpoints go only while training runs undisturbed: a recovery
@@ -618,12 +640,14 @@ void Executor::handle_exit(const RankExit& e) {
   if (clean) {
     bool all = true;
     for (const auto& r : ranks_) all = all && !r.running;
-    if (all && failed_ns_ == 0) end_job(State::finished, "every rank finished (step " + std::to_string(high_water_) + ")");
+    if (all && failed_ns_ == 0)
+      end_job(State::finished, "every rank finished (step " + std::to_string(high_water_) + ")");
     return;
   }
-  const std::string how = WIFEXITED(e.status) ? "exited with code " + std::to_string(WEXITSTATUS(e.status))
-                                              : std::string("was killed by signal ") + std::to_string(WTERMSIG(e.status)) +
-                                                    " (" + strsignal(WTERMSIG(e.status)) + ")";
+  const std::string how = WIFEXITED(e.status)
+                              ? "exited with code " + std::to_string(WEXITSTATUS(e.status))
+                              : std::string("was killed by signal ") + std::to_string(WTERMSIG(e.status)) + " (" +
+                                    strsignal(WTERMSIG(e.status)) + ")";
   if (failed_ns_ != 0) {
     log(BALLAST_LOG_INFO, "rank " + std::to_string(e.rank) + " " + how + " (after the job's first failure)");
     return;
@@ -631,8 +655,10 @@ void Executor::handle_exit(const RankExit& e) {
   failed_ns_ = now();
   std::string kind = "crashed";
   nlohmann::json ev = {{"pid", e.pid}, {"how", how}, {"attempt", attempt_}, {"step", rs.last_step}};
-  if (rs.error_kind == "user") kind = "user_error";
-  else if (rs.error_kind == "nan") kind = "nan";
+  if (rs.error_kind == "user")
+    kind = "user_error";
+  else if (rs.error_kind == "nan")
+    kind = "nan";
   if (!rs.error_kind.empty()) {
     ev["message"] = rs.error_message;
     ev["error_kind"] = rs.error_kind;
@@ -642,7 +668,8 @@ void Executor::handle_exit(const RankExit& e) {
   // that was asked for.
   for (size_t i = 0; i < cfg_.injections.size(); ++i) {
     const auto& in = cfg_.injections[i];
-    if (fired_[i] || !((in.kind == FaultKind::nan && kind == "nan") || (in.kind == FaultKind::usererror && kind == "user_error")))
+    if (fired_[i] ||
+        !((in.kind == FaultKind::nan && kind == "nan") || (in.kind == FaultKind::usererror && kind == "user_error")))
       continue;
     fired_[i] = true;
     const int64_t at = rs.last_end_s > 0 ? int64_t(rs.last_end_s * 1e9) : attempt_start_ns_;
@@ -776,8 +803,9 @@ void Executor::handle_message(Message& m) {
     InFlight f;
     f.action = a;
     f.start_ns = now();
-    journal("end", f, "superseded", "no new fault since the restart at " +
-                                        std::to_string(double(last_restart_ns_ - first_start_ns_) / 1e9) + " s");
+    journal(
+        "end", f, "superseded",
+        "no new fault since the restart at " + std::to_string(double(last_restart_ns_ - first_start_ns_) / 1e9) + " s");
     return;
   }
   // The replace the policy pairs with an evict goes with it. (A replace is
@@ -817,20 +845,29 @@ void Executor::fire_injections() {
     std::string error;
     bool ok = true;
     switch (in.kind) {
-      case FaultKind::hang: ok = backend_->signal(in.rank, SIGSTOP); break;
-      case FaultKind::crash: ok = backend_->signal(in.rank, SIGKILL); break;
-      case FaultKind::skip: ok = control_.send("skip", in.rank, "", &error); break;
+      case FaultKind::hang:
+        ok = backend_->signal(in.rank, SIGSTOP);
+        break;
+      case FaultKind::crash:
+        ok = backend_->signal(in.rank, SIGKILL);
+        break;
+      case FaultKind::skip:
+        ok = control_.send("skip", in.rank, "", &error);
+        break;
       case FaultKind::slow:
         ok = control_.send("slow", in.rank, nlohmann::json{{"factor", in.factor}}.dump(), &error);
         break;
       case FaultKind::machine: {
         const int slot = node_slot_[size_t(in.node)];
-        if (in.machine_kind == "net") ok = backend_->degrade_network(slot, &error);
-        else ok = backend_->spawn_helper(slot, in.machine_kind == "mem" ? mem_hog : cpu_hog) > 0;
+        if (in.machine_kind == "net")
+          ok = backend_->degrade_network(slot, &error);
+        else
+          ok = backend_->spawn_helper(slot, in.machine_kind == "mem" ? mem_hog : cpu_hog) > 0;
         break;
       }
       case FaultKind::nan:
-      case FaultKind::usererror: break;
+      case FaultKind::usererror:
+        break;
     }
     if (!ok) {
       log(BALLAST_LOG_ERROR, "injection " + in.spec + " (" + in.origin + ") failed: " + error);
@@ -890,8 +927,11 @@ void Executor::journal(const std::string& event, const InFlight& f, const std::s
   out << j.dump() << "\n";
   publish_json("job.action", j);
   if (event == "end" && f.start_ns != 0 && outcome != "merged" && outcome != "superseded")
-    spans_.push_back({"actions", f.action.name + (f.action.subject.empty() ? "" : " " + f.action.subject), f.start_ns,
-                      std::max(t, f.start_ns + 1000), {{"outcome", outcome}, {"detail", detail}}});
+    spans_.push_back({"actions",
+                      f.action.name + (f.action.subject.empty() ? "" : " " + f.action.subject),
+                      f.start_ns,
+                      std::max(t, f.start_ns + 1000),
+                      {{"outcome", outcome}, {"detail", detail}}});
 }
 
 void Executor::begin(Action a) {
@@ -904,7 +944,8 @@ void Executor::begin(Action a) {
   nlohmann::json args = act.args.empty() ? nlohmann::json::object() : nlohmann::json::parse(act.args, nullptr, false);
   if (!args.is_object()) args = nlohmann::json::object();
   current_ = f;
-  log(BALLAST_LOG_INFO, "action " + std::to_string(act.id) + ": " + act.name + (act.subject.empty() ? "" : " " + act.subject) +
+  log(BALLAST_LOG_INFO, "action " + std::to_string(act.id) + ": " + act.name +
+                            (act.subject.empty() ? "" : " " + act.subject) +
                             (act.tries ? " (try " + std::to_string(act.tries + 1) + ")" : "") + ": " + act.reason);
   if (f.incident > 0) incidents_[size_t(f.incident - 1)].actions.push_back(act.name);
 
@@ -939,7 +980,8 @@ void Executor::begin(Action a) {
   // What is left stops the ranks and starts them again.
   if (restarts_job(act.name) && act.name != "replace") {
     // The restart-loop rule: the same fault back after each restart.
-    const std::string sig = fault_signature().empty() ? act.name + " " + act.subject + " " + act.reason : fault_signature();
+    const std::string sig =
+        fault_signature().empty() ? act.name + " " + act.subject + " " + act.reason : fault_signature();
     if (loop_rule_.note(sig, high_water_) > 0 && loop_rule_.looping()) {
       const std::string why = "restart loop: '" + sig + "' came back " + std::to_string(loop_rule_.count()) +
                               " times in a row without training getting past step " + std::to_string(high_water_);
@@ -990,11 +1032,10 @@ void Executor::begin(Action a) {
     // implied replace ran before the policy's; it may be a standby again by
     // now, repaired) needs nothing more while the job runs. When that
     // replace's start failed, a try again restarts the job as it is placed.
-    const bool placed = failed >= 0 && slots_[size_t(failed)].role != SlotState::active &&
-                        !slots_[size_t(failed)].replaced_by.empty();
-    const std::string taken = placed ? slots_[size_t(failed)].replaced_by + " already took the place of " +
-                                           slots_[size_t(failed)].name
-                                     : "";
+    const bool placed =
+        failed >= 0 && slots_[size_t(failed)].role != SlotState::active && !slots_[size_t(failed)].replaced_by.empty();
+    const std::string taken =
+        placed ? slots_[size_t(failed)].replaced_by + " already took the place of " + slots_[size_t(failed)].name : "";
     if (placed && state_ == State::running) {
       finish("superseded", taken);
       return;
@@ -1039,7 +1080,8 @@ void Executor::begin_replace(int failed, const Action& act) {
     failed = -1;
     int64_t latest = 0;
     for (size_t s = 0; s < slots_.size(); ++s)
-      if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest) latest = slots_[s].evicted_ns, failed = int(s);
+      if (slots_[s].role == SlotState::evicted && slots_[s].evicted_ns > latest)
+        latest = slots_[s].evicted_ns, failed = int(s);
   }
   if (failed < 0) {
     finish("failed", "no evicted node to replace (subject '" + act.subject + "')");
@@ -1075,14 +1117,18 @@ void Executor::begin_replace(int failed, const Action& act) {
     finish("failed", "no standby node left");
     return;
   }
-  const nlohmann::json plan = {{"job", cfg_.name + "-placement"}, {"gpus_per_node", cfg_.ranks_per_node},
-                               {"tp", cfg_.ranks_per_node},       {"pp", 1},
-                               {"dp", cfg_.nodes()},              {"nodes", nodes}};
+  const nlohmann::json plan = {{"job", cfg_.name + "-placement"},
+                               {"gpus_per_node", cfg_.ranks_per_node},
+                               {"tp", cfg_.ranks_per_node},
+                               {"pp", 1},
+                               {"dp", cfg_.nodes()},
+                               {"nodes", nodes}};
   pending_plan_.clear();
   placement_error_.clear();
   plan_answered_ = false;
-  publish_json("placement.request", {{"topology", job_dir_ + "/topology.conf"},
-                                     {"replace", {{"plan", plan}, {"failed", slots_[size_t(failed)].name}, {"spares", spares}}}});
+  publish_json("placement.request",
+               {{"topology", job_dir_ + "/topology.conf"},
+                {"replace", {{"plan", plan}, {"failed", slots_[size_t(failed)].name}, {"spares", spares}}}});
   current_->wait = InFlight::placement;
   current_->deadline_ns = now() + int64_t(cfg_.placement_timeout_s * 1e9);
   set_state(State::recovering, "replacing " + slots_[size_t(failed)].name);
@@ -1112,8 +1158,9 @@ void Executor::finish(const std::string& outcome, const std::string& detail) {
         break;
       }
   }
-  log(outcome == "ok" ? BALLAST_LOG_INFO : BALLAST_LOG_WARN,
-      "action " + std::to_string(f.action.id) + " " + f.action.name + ": " + outcome + (full.empty() ? "" : " (" + full + ")"));
+  log(outcome == "ok" ? BALLAST_LOG_INFO : BALLAST_LOG_WARN, "action " + std::to_string(f.action.id) + " " +
+                                                                 f.action.name + ": " + outcome +
+                                                                 (full.empty() ? "" : " (" + full + ")"));
   if (outcome != "failed" || ended_) return;
   Action a = f.action;
   if (queue_.retry(a, now())) {
@@ -1189,7 +1236,8 @@ void Executor::advance() {
         if (spare < 0) {
           for (size_t s = 0; s < slots_.size() && spare < 0; ++s)
             if (slots_[s].role == SlotState::standby) spare = int(s);
-          how = placement_error_.empty() ? "no placement plugin answered" : "the placement plugin failed (" + placement_error_ + ")";
+          how = placement_error_.empty() ? "no placement plugin answered"
+                                         : "the placement plugin failed (" + placement_error_ + ")";
           if (spare >= 0) how += "; took the first standby, " + slots_[size_t(spare)].name;
         }
         if (spare < 0) {
@@ -1215,7 +1263,8 @@ void Executor::advance() {
         f.detail += ", from step " + std::to_string(from.step);
         break;
       }
-      case InFlight::none: break;
+      case InFlight::none:
+        break;
     }
     if (current_) return;
   }
@@ -1225,8 +1274,8 @@ void Executor::advance() {
   }
   // A job that lost a rank and got no action for it is not left waiting.
   if (failed_ns_ != 0 && queue_.empty() && !current_ && t - failed_ns_ > int64_t(cfg_.unhandled_s * 1e9))
-    end_job(State::escalated, "a rank failed and no recovery action came for " +
-                                  std::to_string(int(cfg_.unhandled_s)) + " s (is a policy loaded?)");
+    end_job(State::escalated, "a rank failed and no recovery action came for " + std::to_string(int(cfg_.unhandled_s)) +
+                                  " s (is a policy loaded?)");
 }
 
 // ---- events ---------------------------------------------------------------------
@@ -1252,8 +1301,8 @@ void Executor::publish_step(const Report& r) {
   // gradient all-reduce is "separate-grads-all-reduce".
   for (const auto& o : r.ops) names.push_back(o.optype == "grads-all-reduce" ? "separate-grads-all-reduce" : o.optype);
   for (size_t i = 0; i < r.ops.size(); ++i)
-    ops.push_back({r.rank, 0, r.rank, r.step, names[i].c_str(), r.ops[i].start_s, r.ops[i].duration_s,
-                   seq[names[i]]++, -1, -1, -1});
+    ops.push_back({r.rank, 0, r.rank, r.step, names[i].c_str(), r.ops[i].start_s, r.ops[i].duration_s, seq[names[i]]++,
+                   -1, -1, -1});
   if (ops.empty()) {
     names.push_back("step");
     ops.push_back({r.rank, 0, r.rank, r.step, names.back().c_str(), r.start_s, r.duration_s, 0, -1, -1, -1});
@@ -1298,8 +1347,10 @@ void Executor::sample_metrics() {
       if (c < 0) continue;
       cpu_now[p] = c;
       auto it = cpu_prev_.find(p);
-      if (it == cpu_prev_.end()) have_rate = false;
-      else cores += (c - it->second) / dt;
+      if (it == cpu_prev_.end())
+        have_rate = false;
+      else
+        cores += (c - it->second) / dt;
       rss += rss_bytes(p);
     }
     if (have_rate) add("proc.cpu", cores);

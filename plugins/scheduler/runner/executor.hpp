@@ -159,16 +159,16 @@ class Executor {
   std::string last_fault_signature_;
   int64_t nan_step_ = -1;
   std::string superseded_evict_;  // subject of the last fault-caused evict, when it was superseded
-  bool silent_outside_ = false;  // the last node.silent named a node outside the job
+  bool silent_outside_ = false;   // the last node.silent named a node outside the job
   std::vector<bool> fired_;
-  std::map<int64_t, double> kept_s_;      // step -> seconds it took (rank 0), the final lineage
-  std::map<int64_t, double> loss_;        // step -> rank 0's loss, the final lineage
+  std::map<int64_t, double> kept_s_;  // step -> seconds it took (rank 0), the final lineage
+  std::map<int64_t, double> loss_;    // step -> rank 0's loss, the final lineage
   std::vector<Incident> incidents_;
   std::vector<Span> spans_;
   int64_t pause_until_ns_ = 0;
   int64_t next_metrics_ns_ = 0, next_progress_ns_ = 0;
-  std::map<pid_t, double> cpu_prev_;       // metrics: cpu seconds per process at the last sample
-  std::map<int, NetCounters> net_prev_;    // metrics: each slot's network counters at the last sample
+  std::map<pid_t, double> cpu_prev_;     // metrics: cpu seconds per process at the last sample
+  std::map<int, NetCounters> net_prev_;  // metrics: each slot's network counters at the last sample
   int64_t metrics_prev_ns_ = 0;
   std::vector<std::string> pending_plan_;  // the placement plugin's answer
   std::string placement_error_;

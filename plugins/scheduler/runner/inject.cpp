@@ -43,13 +43,20 @@ int parse_index(const std::string& origin, const std::string& key, const std::st
 
 const char* fault_kind_name(FaultKind k) {
   switch (k) {
-    case FaultKind::hang: return "hang";
-    case FaultKind::crash: return "crash";
-    case FaultKind::skip: return "skip";
-    case FaultKind::slow: return "slow";
-    case FaultKind::machine: return "machine";
-    case FaultKind::nan: return "nan";
-    case FaultKind::usererror: return "usererror";
+    case FaultKind::hang:
+      return "hang";
+    case FaultKind::crash:
+      return "crash";
+    case FaultKind::skip:
+      return "skip";
+    case FaultKind::slow:
+      return "slow";
+    case FaultKind::machine:
+      return "machine";
+    case FaultKind::nan:
+      return "nan";
+    case FaultKind::usererror:
+      return "usererror";
   }
   return "?";
 }
@@ -87,12 +94,18 @@ Injection parse_spec(const std::string& spec, const std::string& origin, const J
     in.at_step = int64_t(t);
     in.spec = kind + "@" + std::to_string(in.at_step);
   } else {
-    if (kind == "hang") in.kind = FaultKind::hang;
-    else if (kind == "crash") in.kind = FaultKind::crash;
-    else if (kind == "skip") in.kind = FaultKind::skip;
-    else if (kind == "slow") in.kind = FaultKind::slow;
-    else if (kind == "machine") in.kind = FaultKind::machine;
-    else throw InjectError(origin + ": unknown fault kind '" + kind + "' (known: " + kKinds + ")");
+    if (kind == "hang")
+      in.kind = FaultKind::hang;
+    else if (kind == "crash")
+      in.kind = FaultKind::crash;
+    else if (kind == "skip")
+      in.kind = FaultKind::skip;
+    else if (kind == "slow")
+      in.kind = FaultKind::slow;
+    else if (kind == "machine")
+      in.kind = FaultKind::machine;
+    else
+      throw InjectError(origin + ": unknown fault kind '" + kind + "' (known: " + kKinds + ")");
     if (when.rfind("step", 0) == 0) {
       // @stepN: when the job first reaches step N (tests and benchmarks
       // that must not depend on the machine's speed).

@@ -64,8 +64,8 @@ std::vector<std::string> strings(const nlohmann::json& j, const char* key) {
 
 SlurmConfig parse_slurm(const nlohmann::json& j, const std::string& base_dir) {
   if (!j.is_object()) throw ConfigError("job.slurm: want a table { conf = ..., reservation = ..., ... }");
-  static const char* kKeys[] = {"conf", "partition", "reservation", "nodes", "spares", "sbatch_args",
-                                "command_timeout_seconds"};
+  static const char* kKeys[] = {
+      "conf", "partition", "reservation", "nodes", "spares", "sbatch_args", "command_timeout_seconds"};
   for (const auto& [k, v] : j.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -118,11 +118,32 @@ std::string resolve_program(const std::string& program, const std::string& base_
 
 JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top, const std::string& base_dir) {
   if (!job.is_object()) throw ConfigError("job: want a table { command = {...}, ranks = N, ... }");
-  static const char* kKeys[] = {"command", "name", "ranks", "ranks_per_node", "standby", "steps", "dir", "trace_dir",
-                                "env", "cgroups", "netns", "stop_grace_seconds", "hello_timeout_seconds",
-                                "checkpoint_timeout_seconds", "pause_seconds", "unhandled_seconds", "repair_seconds",
-                                "action_tries", "backoff_seconds", "restart_loop_limit", "keep_checkpoints", "metrics_period_seconds",
-                                "placement_timeout_seconds", "progress", "backend", "slurm"};
+  static const char* kKeys[] = {"command",
+                                "name",
+                                "ranks",
+                                "ranks_per_node",
+                                "standby",
+                                "steps",
+                                "dir",
+                                "trace_dir",
+                                "env",
+                                "cgroups",
+                                "netns",
+                                "stop_grace_seconds",
+                                "hello_timeout_seconds",
+                                "checkpoint_timeout_seconds",
+                                "pause_seconds",
+                                "unhandled_seconds",
+                                "repair_seconds",
+                                "action_tries",
+                                "backoff_seconds",
+                                "restart_loop_limit",
+                                "keep_checkpoints",
+                                "metrics_period_seconds",
+                                "placement_timeout_seconds",
+                                "progress",
+                                "backend",
+                                "slurm"};
   for (const auto& [k, v] : job.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -142,8 +163,8 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   c.ranks = integer(job, "ranks", 1, 1, 1024);
   c.ranks_per_node = integer(job, "ranks_per_node", 1, 1, 1024);
   if (c.ranks % c.ranks_per_node != 0)
-    throw ConfigError("job.ranks_per_node: " + std::to_string(c.ranks_per_node) + " does not divide ranks = " +
-                      std::to_string(c.ranks));
+    throw ConfigError("job.ranks_per_node: " + std::to_string(c.ranks_per_node) +
+                      " does not divide ranks = " + std::to_string(c.ranks));
   c.standby = integer(job, "standby", 1, 0, 64);
   c.steps = int64_t(number(job, "steps", 0, 0, 1e15));
   c.dir = absolute(text(job, "dir", ""), base_dir);
@@ -158,9 +179,12 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   c.cgroups = flag(job, "cgroups", true);
   if (job.contains("netns")) {
     const auto& v = job["netns"];
-    if (v.is_boolean()) c.netns = v.get<bool>() ? NetnsMode::on : NetnsMode::off;
-    else if (v == "auto") c.netns = NetnsMode::automatic;
-    else throw ConfigError("job.netns: want true, false or \"auto\", got " + v.dump());
+    if (v.is_boolean())
+      c.netns = v.get<bool>() ? NetnsMode::on : NetnsMode::off;
+    else if (v == "auto")
+      c.netns = NetnsMode::automatic;
+    else
+      throw ConfigError("job.netns: want true, false or \"auto\", got " + v.dump());
   }
   c.progress = flag(job, "progress", true);
   c.stop_grace_s = number(job, "stop_grace_seconds", c.stop_grace_s, 0, 600);
@@ -189,8 +213,8 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
       throw ConfigError("job.slurm.nodes: " + std::to_string(c.slurm.nodes.size()) + " nodes for a job of " +
                         std::to_string(c.nodes()) + " (ranks / ranks_per_node)");
     if (!c.slurm.spares.empty() && int(c.slurm.spares.size()) != c.standby)
-      throw ConfigError("job.slurm.spares: " + std::to_string(c.slurm.spares.size()) + " spares for standby = " +
-                        std::to_string(c.standby));
+      throw ConfigError("job.slurm.spares: " + std::to_string(c.slurm.spares.size()) +
+                        " spares for standby = " + std::to_string(c.standby));
   }
 
   c.report = text(top, "report", c.report, "");

@@ -13,19 +13,21 @@ namespace ballast::runner {
 
 struct Incident {
   int id = 0;
-  std::string fault;             // the injection's spec, or what a detector found
-  std::string origin;            // "--inject ...", "FILE:LINE", or "not injected"
-  int64_t injected_ns = 0;       // 0: not injected
-  int64_t detected_ns = 0;       // first report of it
-  std::string detector, verdict; // who reported it; kind and subject ("stuck rank:2")
-  int64_t decided_ns = 0;        // first recovery.action for it
+  std::string fault;                 // the injection's spec, or what a detector found
+  std::string origin;                // "--inject ...", "FILE:LINE", or "not injected"
+  int64_t injected_ns = 0;           // 0: not injected
+  int64_t detected_ns = 0;           // first report of it
+  std::string detector, verdict;     // who reported it; kind and subject ("stuck rank:2")
+  int64_t decided_ns = 0;            // first recovery.action for it
   std::vector<std::string> actions;  // "restart: ok", ...
-  int64_t resumed_ns = 0;        // first step trained after the recovery
-  int64_t step_at_fault = -1;    // the job's furthest step when it struck
-  int64_t resumed_from = -1;     // the checkpoint's step the job went back to
-  std::string outcome = "open";  // recovered, escalated, stopped, open
-  std::string message;           // the trainer's message (user-code error), the escalation's reason
-  int64_t steps_lost() const { return resumed_from >= 0 && step_at_fault > resumed_from ? step_at_fault - resumed_from : 0; }
+  int64_t resumed_ns = 0;            // first step trained after the recovery
+  int64_t step_at_fault = -1;        // the job's furthest step when it struck
+  int64_t resumed_from = -1;         // the checkpoint's step the job went back to
+  std::string outcome = "open";      // recovered, escalated, stopped, open
+  std::string message;               // the trainer's message (user-code error), the escalation's reason
+  int64_t steps_lost() const {
+    return resumed_from >= 0 && step_at_fault > resumed_from ? step_at_fault - resumed_from : 0;
+  }
 };
 
 struct Span {
@@ -38,11 +40,11 @@ struct Span {
 struct Summary {
   std::string command;
   int ranks = 0;
-  std::string state;        // finished, escalated, stopped, interrupted, failed
+  std::string state;  // finished, escalated, stopped, interrupted, failed
   std::string reason;
   int64_t start_ns = 0, end_ns = 0;
   int attempts = 0;
-  int64_t steps = 0;        // the furthest step trained and kept
+  int64_t steps = 0;  // the furthest step trained and kept
   bool have_loss = false;
   double loss_first = 0, loss_last = 0;
   double kept_seconds = 0;  // time spent in the steps the final weights hold

@@ -101,7 +101,8 @@ bool LocalBackend::prepare(int slots, const std::string& /*job_dir*/, std::strin
   }
   if (!networks_.active()) netns_note_ = "no network namespaces (job.netns = \"auto\"): " + why;
   if (!stale.empty()) {
-    netns_note_ += std::string(netns_note_.empty() ? "" : "; ") + "removed the network namespaces of runs that are gone:";
+    netns_note_ +=
+        std::string(netns_note_.empty() ? "" : "; ") + "removed the network namespaces of runs that are gone:";
     for (const auto& n : stale) netns_note_ += " " + n;
   }
   return true;
@@ -181,7 +182,8 @@ bool LocalBackend::start(int slot, const std::vector<RankLaunch>& ranks, std::st
     std::vector<std::string> env_store;
     for (char** e = environ; *e; ++e) {
       bool replaced = false;
-      for (const auto& [k, v] : r.env) replaced = replaced || (std::strncmp(*e, k.c_str(), k.size()) == 0 && (*e)[k.size()] == '=');
+      for (const auto& [k, v] : r.env)
+        replaced = replaced || (std::strncmp(*e, k.c_str(), k.size()) == 0 && (*e)[k.size()] == '=');
       if (!replaced) env_store.emplace_back(*e);
     }
     for (const auto& [k, v] : r.env) env_store.push_back(k + "=" + v);

@@ -51,11 +51,11 @@ class LocalBackend : public Backend {
   bool use_cgroups_;
   NetnsMode netns_;
   SlotNetworks networks_;
-  std::string netns_note_;              // why there are none (auto), stale namespaces removed
-  std::string cgroup_root_;             // ".../ballast-PID-N" when cgroups are used
+  std::string netns_note_;   // why there are none (auto), stale namespaces removed
+  std::string cgroup_root_;  // ".../ballast-PID-N" when cgroups are used
   std::vector<std::string> slot_cgroups_;
-  std::map<int, Proc> ranks_;           // running ranks by rank
-  std::multimap<int, pid_t> helpers_;   // by slot
+  std::map<int, Proc> ranks_;          // running ranks by rank
+  std::multimap<int, pid_t> helpers_;  // by slot
 };
 
 }  // namespace ballast::runner

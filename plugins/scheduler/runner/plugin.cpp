@@ -8,11 +8,11 @@
 #include <ballast/events.h>
 #include <ballast/plugin.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <memory>
 #include <new>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -53,11 +53,13 @@ int create(const ballast_host_api* host, void** state) {
       top["schedule_seconds_per_day"] = std::atof(v.get<std::string>().c_str());
     char cwd[4096];
     std::string base = top.contains("base_dir") && top["base_dir"].is_string() ? top["base_dir"].get<std::string>()
-                                                                              : (getcwd(cwd, sizeof cwd) ? cwd : ".");
+                                                                               : (getcwd(cwd, sizeof cwd) ? cwd : ".");
     JobConfig cfg = parse_job_config(job, top, base);
     std::unique_ptr<Backend> backend;
-    if (cfg.backend == "slurm") backend = std::make_unique<SlurmBackend>(cfg.slurm, cfg.name, cfg.nodes());
-    else backend = std::make_unique<LocalBackend>(cfg.cgroups, cfg.netns);
+    if (cfg.backend == "slurm")
+      backend = std::make_unique<SlurmBackend>(cfg.slurm, cfg.name, cfg.nodes());
+    else
+      backend = std::make_unique<LocalBackend>(cfg.cgroups, cfg.netns);
     s->executor = std::make_unique<Executor>(host, std::move(cfg), std::move(backend));
     // The hang detector, created after this plugin, finds the job's trace
     // rings through BALLAST_TRACE_DIR.
@@ -72,9 +74,11 @@ int create(const ballast_host_api* host, void** state) {
 }
 
 int on_action(void* user, const ballast_event* ev) {
-  if (ev->schema != BALLAST_SCHEMA_RECOVERY_ACTION || !ev->payload || ev->payload_size < sizeof(ballast_recovery_action))
+  if (ev->schema != BALLAST_SCHEMA_RECOVERY_ACTION || !ev->payload ||
+      ev->payload_size < sizeof(ballast_recovery_action))
     return BALLAST_OK;
-  static_cast<State*>(user)->executor->post_action(*static_cast<const ballast_recovery_action*>(ev->payload), ev->ts_ns);
+  static_cast<State*>(user)->executor->post_action(*static_cast<const ballast_recovery_action*>(ev->payload),
+                                                   ev->ts_ns);
   return BALLAST_OK;
 }
 
@@ -82,7 +86,7 @@ int on_fault(void* user, const ballast_event* ev) {
   if (ev->schema != BALLAST_SCHEMA_FAULT_REPORT || !ev->payload || ev->payload_size < sizeof(ballast_fault_report))
     return BALLAST_OK;
   static_cast<State*>(user)->executor->post_fault(ev->topic, *static_cast<const ballast_fault_report*>(ev->payload),
-                                                 ev->ts_ns);
+                                                  ev->ts_ns);
   return BALLAST_OK;
 }
 
@@ -91,7 +95,7 @@ int on_straggler(void* user, const ballast_event* ev) {
       ev->payload_size < sizeof(ballast_straggler_report))
     return BALLAST_OK;
   static_cast<State*>(user)->executor->post_straggler(*static_cast<const ballast_straggler_report*>(ev->payload),
-                                                     ev->ts_ns);
+                                                      ev->ts_ns);
   return BALLAST_OK;
 }
 
@@ -111,9 +115,9 @@ int start(void* state) {
     ballast_handler handler;
   };
   // Inline: the handlers only copy the event into the executor's inbox.
-  for (const Sub& sub : {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
-                         Sub{"straggler.report", on_straggler},
-                         Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
+  for (const Sub& sub :
+       {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
+        Sub{"straggler.report", on_straggler}, Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
     uint64_t id = 0;
     const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);
     if (rc != BALLAST_OK) return rc;
@@ -134,9 +138,20 @@ void stop(void* state) {
 void destroy(void* state) { delete static_cast<State*>(state); }
 
 const ballast_plugin_descriptor kDescriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "runner", "0.1.0", "scheduler",
+    sizeof(ballast_plugin_descriptor),
+    BALLAST_ABI_MAJOR,
+    BALLAST_ABI_MINOR,
+    0,
+    "runner",
+    "0.1.0",
+    "scheduler",
     "the executor: runs a training job's ranks, carries out recovery actions, injects faults, reports",
-    create, start, stop, destroy, nullptr, nullptr};
+    create,
+    start,
+    stop,
+    destroy,
+    nullptr,
+    nullptr};
 
 }  // namespace
 

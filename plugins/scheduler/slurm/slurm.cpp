@@ -56,8 +56,8 @@ bool Slurm::wait_state(long job, const std::string& state, std::string* error) {
     if (info.state == state) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  *error = "job " + std::to_string(job) + " not " + state + " after " + std::to_string(timeout_ms_) +
-           " ms (it is " + info.state + ")";
+  *error = "job " + std::to_string(job) + " not " + state + " after " + std::to_string(timeout_ms_) + " ms (it is " +
+           info.state + ")";
   return false;
 }
 

@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
-#include "striped_read.hpp"
 #include "stages.hpp"
+#include "striped_read.hpp"
 
 namespace ballast::startup {
 
@@ -69,9 +69,7 @@ const void* api_data(const ballast_startup_file* f, uint64_t* bytes) {
 
 uint32_t api_checksum(const ballast_startup_file* f) { return f ? f->file.checksum : 0; }
 
-uint32_t api_tensor_count(const ballast_startup_file* f) {
-  return f ? uint32_t(f->file.header.tensors.size()) : 0;
-}
+uint32_t api_tensor_count(const ballast_startup_file* f) { return f ? uint32_t(f->file.header.tensors.size()) : 0; }
 
 int api_tensor(const ballast_startup_file* f, uint32_t i, ballast_startup_tensor* out) {
   if (f == nullptr || out == nullptr || i >= f->file.header.tensors.size()) return BALLAST_EINVAL;
@@ -104,8 +102,14 @@ int api_stage(void* state, const char* name, int64_t start_ns, int64_t end_ns, u
 
 const char* api_last_error(void*) { return t_error.c_str(); }
 
-const ballast_startup_api kApi = {sizeof(ballast_startup_api), api_load,    api_data,    api_checksum,
-                                  api_tensor_count,            api_tensor,  api_release, api_stage,
+const ballast_startup_api kApi = {sizeof(ballast_startup_api),
+                                  api_load,
+                                  api_data,
+                                  api_checksum,
+                                  api_tensor_count,
+                                  api_tensor,
+                                  api_release,
+                                  api_stage,
                                   api_last_error};
 
 }  // namespace

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,7 +27,7 @@ uint64_t HotProfile::bytes() const {
 }
 
 HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_bytes,
-                              const std::vector<std::string>& exclude) {
+                                   const std::vector<std::string>& exclude) {
   if (block_bytes < 4096 || (block_bytes & (block_bytes - 1)) != 0)
     throw Error("block size must be a power of two >= 4096, not " + std::to_string(block_bytes));
   struct Event {
@@ -51,8 +51,10 @@ HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_b
       }
       std::string f = line.substr(pos, tab - pos);
       char* end = nullptr;
-      if (i == 0) e.t = std::strtoll(f.c_str(), &end, 10);
-      else *fields[i] = std::strtoull(f.c_str(), &end, 10);
+      if (i == 0)
+        e.t = std::strtoll(f.c_str(), &end, 10);
+      else
+        *fields[i] = std::strtoull(f.c_str(), &end, 10);
       ok = end != nullptr && *end == '\0' && !f.empty();
       pos = tab + 1;
     }
@@ -90,8 +92,7 @@ HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_b
       if (!seen.insert({f, b}).second) continue;
       uint64_t off = b * block_bytes;
       uint64_t len = std::min(block_bytes, size - off);
-      if (!p.extents.empty() && p.extents.back().file == f &&
-          p.extents.back().offset + p.extents.back().length == off)
+      if (!p.extents.empty() && p.extents.back().file == f && p.extents.back().offset + p.extents.back().length == off)
         p.extents.back().length += len;
       else
         p.extents.push_back({f, off, len});
@@ -108,8 +109,8 @@ void write_profile(const std::string& path, const HotProfile& p) {
   j["bytes"] = p.bytes();
   auto files = nlohmann::json::array();
   for (const auto& f : p.files)
-    files.push_back({{"path", f.path}, {"size", f.id.size}, {"mtime_ns", f.id.mtime_ns}, {"dev", f.id.dev},
-                     {"ino", f.id.ino}});
+    files.push_back(
+        {{"path", f.path}, {"size", f.id.size}, {"mtime_ns", f.id.mtime_ns}, {"dev", f.id.dev}, {"ino", f.id.ino}});
   j["files"] = std::move(files);
   auto ext = nlohmann::json::array();
   for (const auto& e : p.extents) ext.push_back({e.file, e.offset, e.length});
@@ -145,7 +146,8 @@ HotProfile read_profile(const std::string& path) {
     throw fail("field \"format\" must be \"ballast-startup-hotblocks\"");
   if (j.value("version", 0) != 1) throw fail("field \"version\": only version 1 is known");
   HotProfile p;
-  if (!j.contains("block_bytes") || !j["block_bytes"].is_number_unsigned()) throw fail("field \"block_bytes\" must be a positive integer");
+  if (!j.contains("block_bytes") || !j["block_bytes"].is_number_unsigned())
+    throw fail("field \"block_bytes\" must be a positive integer");
   p.block_bytes = j["block_bytes"].get<uint64_t>();
   if (!j.contains("files") || !j["files"].is_array()) throw fail("field \"files\" must be an array");
   size_t i = 0;
@@ -156,7 +158,8 @@ HotProfile read_profile(const std::string& path) {
     h.path = f["path"].get<std::string>();
     for (const char* k : {"size", "dev", "ino"})
       if (!f.contains(k) || !f[k].is_number_unsigned()) throw fail(where + "." + k + " must be a non-negative integer");
-    if (!f.contains("mtime_ns") || !f["mtime_ns"].is_number_integer()) throw fail(where + ".mtime_ns must be an integer");
+    if (!f.contains("mtime_ns") || !f["mtime_ns"].is_number_integer())
+      throw fail(where + ".mtime_ns must be an integer");
     h.id.size = f["size"].get<uint64_t>();
     h.id.dev = f["dev"].get<uint64_t>();
     h.id.ino = f["ino"].get<uint64_t>();
@@ -216,9 +219,9 @@ Prefetcher::Prefetcher(const HotProfile& profile, const PrefetchOptions& options
   std::vector<bool> ok(files_.size(), false);
   for (size_t i = 0; i < files_.size(); ++i) {
     const HotFile& f = files_[i];
-    struct stat st{};
-    std::string why = ::stat(f.path.c_str(), &st) != 0 ? errno_text(errno) + " (vanished since the profile)"
-                                                       : mismatch(f.id, st);
+    struct stat st {};
+    std::string why =
+        ::stat(f.path.c_str(), &st) != 0 ? errno_text(errno) + " (vanished since the profile)" : mismatch(f.id, st);
     if (!why.empty()) {
       stats_.files_skipped++;
       stats_.messages.push_back("skip " + f.path + ": " + why);
@@ -260,7 +263,7 @@ std::vector<std::pair<uint64_t, uint64_t>> open_files_of(int pid) {
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(base + "/fd", ec);
          !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-      struct stat st{};
+      struct stat st {};
       if (::stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) out.emplace_back(st.st_dev, st.st_ino);
     }
     for (auto it = std::filesystem::directory_iterator(base + "/task", ec);
@@ -280,8 +283,10 @@ RelevanceCheck::RelevanceCheck(const std::vector<HotFile>& files, size_t limit) 
 RelevanceCheck::Verdict RelevanceCheck::observe(const std::vector<std::pair<uint64_t, uint64_t>>& open) {
   for (const auto& id : open) {
     if (verdict_ != kUndecided) break;
-    if (profile_.count(id)) verdict_ = kRelevant;
-    else seen_.insert(id);
+    if (profile_.count(id))
+      verdict_ = kRelevant;
+    else
+      seen_.insert(id);
   }
   if (verdict_ == kUndecided && seen_.size() >= limit_) verdict_ = kWrongProfile;
   return verdict_;
@@ -362,7 +367,7 @@ void Prefetcher::worker() {
     if (open_file != int64_t(p.file)) {
       if (fd >= 0) ::close(fd);
       fd = ::open(files_[p.file].path.c_str(), O_RDONLY | O_CLOEXEC);
-      struct stat st{};
+      struct stat st {};
       // Checked again on the descriptor: the file may change after the plan.
       if (fd >= 0 && (::fstat(fd, &st) != 0 || !mismatch(files_[p.file].id, st).empty())) {
         ::close(fd);
@@ -377,8 +382,10 @@ void Prefetcher::worker() {
     // A plain pread puts the pages in the page cache and, unlike readahead(2)
     // or WILLNEED, returns only when they are there: first-need order holds.
     ssize_t n = ::pread(fd, buf.get(), p.length, off_t(p.offset));
-    if (n < 0) errors_.fetch_add(1);
-    else done_bytes_.fetch_add(uint64_t(n));
+    if (n < 0)
+      errors_.fetch_add(1);
+    else
+      done_bytes_.fetch_add(uint64_t(n));
   }
   if (fd >= 0) ::close(fd);
 }

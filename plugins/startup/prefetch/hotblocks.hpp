@@ -9,8 +9,8 @@
 #pragma once
 
 #include <atomic>
-#include <set>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,9 +41,9 @@ struct HotProfile {
 // so are files under any of the `exclude` prefixes (a checkpoint directory
 // that `ballast startup load` reads anyway, scratch files).
 HotProfile profile_from_access_log(const std::string& log_path, uint64_t block_bytes,
-                              const std::vector<std::string>& exclude = {});
+                                   const std::vector<std::string>& exclude = {});
 void write_profile(const std::string& path, const HotProfile& profile);  // write, then rename
-HotProfile read_profile(const std::string& path);  // throws Error "FILE: field ..."
+HotProfile read_profile(const std::string& path);                        // throws Error "FILE: field ..."
 
 struct PrefetchOptions {
   unsigned threads = 8;
@@ -80,8 +80,8 @@ class Prefetcher {
   // node agent waits for before starting bulk reads that would otherwise
   // compete with the hot blocks the job needs first. Never blocks.
   bool idle() const { return running_.load() == 0; }
-  void stop();  // ask the threads to finish their current read and return
-  void wait();  // join
+  void stop();                                           // ask the threads to finish their current read and return
+  void wait();                                           // join
   const PrefetchStats& stats() const { return stats_; }  // after wait()
   // While it runs (any thread): the bytes read so far, of those planned.
   uint64_t done_bytes() const { return done_bytes_.load(); }

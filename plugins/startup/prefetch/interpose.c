@@ -71,8 +71,7 @@ __attribute__((constructor)) static void init(void) { resolve(); }
  * descriptor and reuses the number must not receive our lines. */
 static int out_fd(void) {
   struct stat st;
-  if (g_out >= 0 && fstat(g_out, &st) == 0 && st.st_dev == g_out_dev && st.st_ino == g_out_ino)
-    return g_out;
+  if (g_out >= 0 && fstat(g_out, &st) == 0 && st.st_dev == g_out_dev && st.st_ino == g_out_ino) return g_out;
   const char* path = getenv("BALLAST_STARTUP_RECORD");
   if (path == NULL || path[0] == '\0') return -1;
   g_out = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -132,9 +131,7 @@ static void note(int fd, off_t off, size_t len) {
   t_inside = 0;
 }
 
-static off_t position(int fd) {
-  return (off_t)syscall(SYS_lseek, fd, (off_t)0, SEEK_CUR);
-}
+static off_t position(int fd) { return (off_t)syscall(SYS_lseek, fd, (off_t)0, SEEK_CUR); }
 
 EXPORT ssize_t read(int fd, void* buf, size_t count) {
   if (!real_read) resolve();

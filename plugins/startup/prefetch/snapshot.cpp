@@ -145,7 +145,8 @@ class Inflater {
       out_pos_ = 0;
       out_len_ = out.pos;
       if (out_len_ > 0) return;
-      if (rc == 0 && in_pos_ == in_len_ && left_ == 0) throw Corrupt(path_ + ": truncated (the archive ends inside an entry)");
+      if (rc == 0 && in_pos_ == in_len_ && left_ == 0)
+        throw Corrupt(path_ + ": truncated (the archive ends inside an entry)");
     }
   }
   int fd_;
@@ -204,10 +205,10 @@ SnapshotInfo create_snapshot(const std::string& dir, const std::string& archive,
     Deflater z(out.fd, tmp, zstd_level);
     std::vector<char> buf(1 << 20);
     for (const auto& p : entries) {
-      struct stat st{};
+      struct stat st {};
       if (::lstat(p.c_str(), &st) != 0) throw Error(p.string() + ": " + errno_text(errno));
       uint8_t type = S_ISREG(st.st_mode) ? kFile : S_ISDIR(st.st_mode) ? kDir : S_ISLNK(st.st_mode) ? kSymlink : 0;
-      if (type == 0) continue;  // sockets, fifos, devices have no place in an environment
+      if (type == 0) continue;                               // sockets, fifos, devices have no place in an environment
       std::string rel = p.lexically_relative(dir).string();  // fs::relative would follow symlinks
       std::string head;
       head.push_back(char(type));
@@ -273,20 +274,20 @@ SnapshotInfo create_snapshot(const std::string& dir, const std::string& archive,
 SnapshotInfo restore_snapshot(const std::string& archive, const std::string& dir) {
   Fd in{::open(archive.c_str(), O_RDONLY | O_CLOEXEC)};
   if (in.fd < 0) throw Error(archive + ": " + errno_text(errno));
-  struct stat st{};
+  struct stat st {};
   ::fstat(in.fd, &st);
   uint64_t size = uint64_t(st.st_size);
   if (size < 8 + kFooter) throw Corrupt(archive + ": truncated (" + std::to_string(size) + " bytes)");
   unsigned char head[8], foot[kFooter];
   if (::pread(in.fd, head, 8, 0) != 8 || std::memcmp(head, kMagic, 8) != 0)
     throw Corrupt(archive + ": not a ballast snapshot (bad magic)");
-  if (::pread(in.fd, foot, kFooter, off_t(size - kFooter)) != ssize_t(kFooter) ||
-      std::memcmp(foot + 24, kEnd, 8) != 0)
+  if (::pread(in.fd, foot, kFooter, off_t(size - kFooter)) != ssize_t(kFooter) || std::memcmp(foot + 24, kEnd, 8) != 0)
     throw Corrupt(archive + ": truncated (no footer)");
   uint64_t clen = get_le(foot, 8), raw = get_le(foot + 8, 8);
   auto want_crc = uint32_t(get_le(foot + 16, 4));
   auto want_count = uint32_t(get_le(foot + 20, 4));
-  if (clen != size - 8 - kFooter) throw Corrupt(archive + ": truncated or padded (length in the footer does not match)");
+  if (clen != size - 8 - kFooter)
+    throw Corrupt(archive + ": truncated or padded (length in the footer does not match)");
   ::lseek(in.fd, 8, SEEK_SET);
 
   fs::path target = fs::absolute(dir).lexically_normal();
@@ -387,7 +388,7 @@ SnapshotInfo restore_snapshot(const std::string& archive, const std::string& dir
 }
 
 std::string default_platform() {
-  struct utsname u{};
+  struct utsname u {};
   ::uname(&u);
   return std::string(u.sysname) + "-" + u.machine + "-glibc" + gnu_get_libc_version();
 }
@@ -418,10 +419,10 @@ std::vector<std::string> evict_snapshots(const std::string& store, uint64_t cap_
   std::error_code ec;
   for (auto it = fs::directory_iterator(store, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     if (it->path().extension() != ".bsnap") continue;
-    struct stat st{};
+    struct stat st {};
     if (::stat(it->path().c_str(), &st) != 0) continue;
-    items.push_back({it->path().string(), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
-                     uint64_t(st.st_size)});
+    items.push_back(
+        {it->path().string(), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, uint64_t(st.st_size)});
     total += uint64_t(st.st_size);
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.used_ns < b.used_ns; });

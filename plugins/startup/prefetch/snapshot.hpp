@@ -31,8 +31,8 @@ struct Corrupt : Error {
 
 struct SnapshotInfo {
   uint64_t files = 0, dirs = 0, symlinks = 0;
-  uint64_t data_bytes = 0;        // file contents
-  uint64_t archive_bytes = 0;     // on disk
+  uint64_t data_bytes = 0;     // file contents
+  uint64_t archive_bytes = 0;  // on disk
 };
 
 // Archives `dir` into `archive` (written to archive + ".tmp.<pid>", synced,

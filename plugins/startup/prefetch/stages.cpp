@@ -17,9 +17,8 @@
 namespace ballast::startup {
 
 std::string stage_to_json_line(const StageRecord& r) {
-  nlohmann::json j = {{"stage", r.stage}, {"node", r.node},         {"rank", r.rank},
-                      {"start_ns", r.start_ns}, {"end_ns", r.end_ns}, {"bytes", r.bytes},
-                      {"status", r.status}};
+  nlohmann::json j = {{"stage", r.stage},   {"node", r.node},   {"rank", r.rank},    {"start_ns", r.start_ns},
+                      {"end_ns", r.end_ns}, {"bytes", r.bytes}, {"status", r.status}};
   if (!r.detail.empty()) j["detail"] = r.detail;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
@@ -49,16 +48,23 @@ std::vector<StageRecord> read_stages(const std::string& path) {
     };
     auto is_int = [](const nlohmann::json& v) { return v.is_number_integer(); };
     StageRecord r;
-    r.stage = need("stage", [](const nlohmann::json& v) { return v.is_string() && !v.get<std::string>().empty(); },
-                   "a non-empty string").get<std::string>();
+    r.stage = need(
+                  "stage", [](const nlohmann::json& v) { return v.is_string() && !v.get<std::string>().empty(); },
+                  "a non-empty string")
+                  .get<std::string>();
     r.start_ns = need("start_ns", is_int, "an integer").get<int64_t>();
     r.end_ns = need("end_ns", is_int, "an integer").get<int64_t>();
     if (r.end_ns < r.start_ns) throw Error(where + ": field \"end_ns\" is before \"start_ns\"");
     if (j.contains("node") && j["node"].is_string()) r.node = j["node"].get<std::string>();
     if (j.contains("rank")) r.rank = need("rank", is_int, "an integer").get<int32_t>();
     if (j.contains("bytes"))
-      r.bytes = need("bytes", [](const nlohmann::json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); },
-                     "a non-negative integer").get<uint64_t>();
+      r.bytes = need(
+                    "bytes",
+                    [](const nlohmann::json& v) {
+                      return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+                    },
+                    "a non-negative integer")
+                    .get<uint64_t>();
     if (j.contains("status")) r.status = need("status", is_int, "an integer").get<int32_t>();
     if (j.contains("detail") && j["detail"].is_string()) r.detail = j["detail"].get<std::string>();
     out.push_back(std::move(r));
@@ -217,12 +223,11 @@ std::string stage_report_text(const nlohmann::json& rep) {
   std::string out;
   char line[256];
   double wall = rep.value("wall_s", 0.0);
-  std::snprintf(line, sizeof line, "start-up: %.3f s wall, %zu stage records\n", wall,
-                rep.value("records", size_t(0)));
+  std::snprintf(line, sizeof line, "start-up: %.3f s wall, %zu stage records\n", wall, rep.value("records", size_t(0)));
   out += line;
   if (rep["stages"].empty()) return out;
-  std::snprintf(line, sizeof line, "  %-18s %9s %9s %9s %6s %5s %12s\n", "stage", "at_s", "busy_s", "max_s",
-                "share", "n", "bytes");
+  std::snprintf(line, sizeof line, "  %-18s %9s %9s %9s %6s %5s %12s\n", "stage", "at_s", "busy_s", "max_s", "share",
+                "n", "bytes");
   out += line;
   for (const auto& s : rep["stages"]) {
     std::snprintf(line, sizeof line, "  %-18s %9.3f %9.3f %9.3f %5.1f%% %5zu %12s%s\n",

@@ -27,7 +27,7 @@ struct StageRecord {
   int32_t rank = -1;
   int64_t start_ns = 0, end_ns = 0;  // wall clock
   uint64_t bytes = 0;
-  int32_t status = 0;                // BALLAST_OK or a BALLAST_E* code
+  int32_t status = 0;  // BALLAST_OK or a BALLAST_E* code
   std::string detail;
 };
 

@@ -20,11 +20,11 @@
 #include <nlohmann/json.hpp>
 
 #include "command_line.hpp"
-#include "progress.hpp"
 #include "hotblocks.hpp"
-#include "striped_read.hpp"
+#include "progress.hpp"
 #include "snapshot.hpp"
 #include "stages.hpp"
+#include "striped_read.hpp"
 #include "util.hpp"
 
 namespace fs = std::filesystem;
@@ -58,7 +58,8 @@ std::string interposer_library() {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&interposer_library), &info) != 0 && info.dli_fname != nullptr) {
     fs::path here = fs::path(info.dli_fname).parent_path();
-    for (const fs::path& p : {here / "libballast-startup-record.so", here.parent_path() / "libballast-startup-record.so"})
+    for (const fs::path& p :
+         {here / "libballast-startup-record.so", here.parent_path() / "libballast-startup-record.so"})
       if (fs::exists(p)) return p.string();
   }
 #ifdef BALLAST_STARTUP_RECORD_LIB_DEFAULT
@@ -95,7 +96,9 @@ int cmd_report(const ReportArgs& a) {
   const std::string& file = a.file;
   nlohmann::json rep = stage_report(read_stages(file));
   rep["file"] = file;
-  std::fputs(json ? (rep.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n").c_str() : stage_report_text(rep).c_str(), stdout);
+  std::fputs(json ? (rep.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n").c_str()
+                  : stage_report_text(rep).c_str(),
+             stdout);
   return 0;
 }
 
@@ -128,8 +131,9 @@ int cmd_record(RecordArgs a, const std::vector<std::string>& cmd) {
   int rc = run_process(cmd, {{"LD_PRELOAD", preload}, {"BALLAST_STARTUP_RECORD", access_log}});
   if (rc != 0) std::fprintf(stderr, "ballast startup record: the command exited with %d; profile kept anyway\n", rc);
   if (!fs::exists(access_log)) {
-    std::fprintf(stderr, "ballast startup record: the command read no regular file through the interposer "
-                         "(statically linked, or reads only through stdio?)\n");
+    std::fprintf(stderr,
+                 "ballast startup record: the command read no regular file through the interposer "
+                 "(statically linked, or reads only through stdio?)\n");
     std::ofstream(access_log).close();
   }
   for (auto& e : exclude) e = fs::absolute(e).lexically_normal().string();
@@ -149,8 +153,9 @@ struct PrefetchArgs {
 };
 
 void add_prefetch(CLI::App& top, PrefetchArgs& a) {
-  CLI::App* app = top.add_subcommand("prefetch", "warm the page cache from a hot-block profile (while the command "
-                                                 "after -- runs)");
+  CLI::App* app = top.add_subcommand("prefetch",
+                                     "warm the page cache from a hot-block profile (while the command "
+                                     "after -- runs)");
   app->add_option("PROFILE", a.profile, "hot-block profile")->required();
   app->add_option("--threads", a.o.threads, "parallel readers");
   app->add_option("--budget-mib", a.budget_mib, "most bytes to prefetch (default: half of MemAvailable)");
@@ -195,11 +200,16 @@ int cmd_prefetch(const ballast_host_api* host, PrefetchArgs a, const std::vector
   log.record(stage("file_warmup", t0, s.done_bytes, s.errors ? BALLAST_EIO : BALLAST_OK,
                    std::to_string(s.files_ok) + " files, " + std::to_string(s.files_skipped) + " skipped"));
   if (json) {
-    nlohmann::json j = {{"profile", profile},          {"files", s.files_ok},
-                        {"skipped", s.files_skipped},  {"planned_bytes", s.planned_bytes},
-                        {"done_bytes", s.done_bytes},  {"budget_cut_bytes", s.budget_cut_bytes},
-                        {"errors", s.errors},          {"stopped_early", s.stopped_early},
-                        {"seconds", double(wall_ns() - t0) / 1e9}, {"messages", s.messages}};
+    nlohmann::json j = {{"profile", profile},
+                        {"files", s.files_ok},
+                        {"skipped", s.files_skipped},
+                        {"planned_bytes", s.planned_bytes},
+                        {"done_bytes", s.done_bytes},
+                        {"budget_cut_bytes", s.budget_cut_bytes},
+                        {"errors", s.errors},
+                        {"stopped_early", s.stopped_early},
+                        {"seconds", double(wall_ns() - t0) / 1e9},
+                        {"messages", s.messages}};
     if (!cmd.empty()) j["exit_code"] = rc;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -243,11 +253,11 @@ int cmd_env(const ballast_host_api* host, EnvArgs a, const std::vector<std::stri
                    r.action + (r.key.empty() ? "" : " " + r.key)));
   if (json)
     std::printf("%s\n", nlohmann::json({{"action", r.action},
-                                         {"key", r.key},
-                                         {"bytes", r.bytes},
-                                         {"exit_code", r.exit_code},
-                                         {"seconds", double(wall_ns() - t0) / 1e9},
-                                         {"messages", r.messages}})
+                                        {"key", r.key},
+                                        {"bytes", r.bytes},
+                                        {"exit_code", r.exit_code},
+                                        {"seconds", double(wall_ns() - t0) / 1e9},
+                                        {"messages", r.messages}})
                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                             .c_str());
   else
@@ -329,17 +339,18 @@ int cmd_load(const ballast_host_api* host, LoadArgs a) {
   }
   for (const auto& path : files) {
     try {
-      LoadedFile f = progress.active() ? load_with_progress(path, o, progress, read_bytes, all_bytes)
-                                       : load_file(path, o);
+      LoadedFile f =
+          progress.active() ? load_with_progress(path, o, progress, read_bytes, all_bytes) : load_file(path, o);
       progress.clear();
       if (write) write_sums(f);
       total += f.size;
       double gbs = f.seconds > 0 ? double(f.size) / f.seconds / 1e9 : 0;
       if (json) {
-        nlohmann::json j = {{"file", path},          {"bytes", f.size},         {"seconds", f.seconds},
-                            {"gbytes_per_s", gbs},   {"checksum", f.checksum},  {"chunk_bytes", f.chunk_bytes},
-                            {"direct", f.direct},    {"mapped", f.mapped},      {"shared", f.shared},
-                            {"read_here", f.read_here},
+        nlohmann::json j = {{"file", path},           {"bytes", f.size},
+                            {"seconds", f.seconds},   {"gbytes_per_s", gbs},
+                            {"checksum", f.checksum}, {"chunk_bytes", f.chunk_bytes},
+                            {"direct", f.direct},     {"mapped", f.mapped},
+                            {"shared", f.shared},     {"read_here", f.read_here},
                             {"verified", f.verified}, {"tensors", f.header.tensors.size()}};
         std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
@@ -381,9 +392,10 @@ int cmd_time(const ballast_host_api* host, const TimeArgs& a, const std::vector<
 }  // namespace
 
 int run_command(const ballast_host_api* host, int argc, char** argv) {
-  CLI::App app("Start-up optimiser: stage profile, hot-block prefetch, dependency snapshots, striped checkpoint "
-               "loads.",
-               "ballast startup");
+  CLI::App app(
+      "Start-up optimiser: stage profile, hot-block prefetch, dependency snapshots, striped checkpoint "
+      "loads.",
+      "ballast startup");
   app.require_subcommand(1);
   ReportArgs report;
   RecordArgs record;

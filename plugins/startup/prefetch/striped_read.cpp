@@ -28,10 +28,9 @@ constexpr uint64_t kMaxHeader = 100ull << 20;  // as the safetensors format itse
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 const std::map<std::string, uint64_t>& dtype_sizes() {
-  static const std::map<std::string, uint64_t> m = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+  static const std::map<std::string, uint64_t> m = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                                                    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                                                    {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   return m;
 }
 
@@ -79,8 +78,8 @@ void for_each_chunk(uint64_t size, uint64_t chunk, unsigned stripes, std::atomic
 
 // The stripes pread their chunks into place and checksum each right after
 // reading it.
-void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t size, uint64_t chunk,
-                  unsigned stripes, bool direct, std::vector<uint32_t>& crcs, std::atomic<uint64_t>* progress) {
+void read_striped(const std::string& path, int fd, unsigned char* dst, uint64_t size, uint64_t chunk, unsigned stripes,
+                  bool direct, std::vector<uint32_t>& crcs, std::atomic<uint64_t>* progress) {
   crcs.assign(size_t((size + chunk - 1) / chunk), 0);
   for_each_chunk(size, chunk, stripes, progress, [&](size_t i, uint64_t off, uint64_t len) -> std::string {
     // O_DIRECT needs whole pages: the buffer has room for the rounded tail.
@@ -128,7 +127,7 @@ void read_mapped(const std::string& path, int fd, const unsigned char* map, uint
 
 // An open-file-description lock on one byte; wait = block until granted.
 bool ofd_lock(int fd, short type, off_t byte, bool wait) {
-  struct flock fl{};
+  struct flock fl {};
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = byte;
@@ -156,17 +155,21 @@ bool is_safetensors_path(const std::string& path) {
 }
 
 SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint64_t file_size) {
-  if (file_size < 8) throw Error(path + ": truncated safetensors header (" + std::to_string(file_size) + " bytes, need 8 for the length)");
+  if (file_size < 8)
+    throw Error(path + ": truncated safetensors header (" + std::to_string(file_size) +
+                " bytes, need 8 for the length)");
   unsigned char lenb[8];
   if (::pread(fd, lenb, 8, 0) != 8) throw Error(path + ": cannot read the safetensors header length");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(lenb[i]) << (8 * i);
-  if (n > kMaxHeader) throw Error(path + ": safetensors header length " + std::to_string(n) + " is implausible (> 100 MiB)");
+  if (n > kMaxHeader)
+    throw Error(path + ": safetensors header length " + std::to_string(n) + " is implausible (> 100 MiB)");
   if (n > file_size - 8)
     throw Error(path + ": truncated safetensors header (says " + std::to_string(n) + " bytes, the file has " +
                 std::to_string(file_size - 8) + " after the length)");
   std::string text(size_t(n), '\0');
-  if (n > 0 && ::pread(fd, text.data(), size_t(n), 8) != ssize_t(n)) throw Error(path + ": cannot read the safetensors header");
+  if (n > 0 && ::pread(fd, text.data(), size_t(n), 8) != ssize_t(n))
+    throw Error(path + ": cannot read the safetensors header");
   nlohmann::json j;
   // The JSON library keeps the last of two equal keys: a tensor named twice
   // would silently lose one. Seen through the parser's callback instead.
@@ -222,7 +225,8 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, int fd, uint
       throw Error(where + ": field \"data_offsets\" must be [begin, end]");
     t.begin = off[0].get<uint64_t>();
     t.end = off[1].get<uint64_t>();
-    if (t.end < t.begin) throw Error(where + ": data_offsets end " + std::to_string(t.end) + " < begin " + std::to_string(t.begin));
+    if (t.end < t.begin)
+      throw Error(where + ": data_offsets end " + std::to_string(t.end) + " < begin " + std::to_string(t.begin));
     if (t.end > data_size)
       throw Error(where + ": data_offsets end " + std::to_string(t.end) + " is past the data section (" +
                   std::to_string(data_size) + " bytes): truncated file?");
@@ -252,8 +256,11 @@ uint32_t chunked_checksum(const std::vector<uint32_t>& crcs) {
 std::string sums_path(const std::string& path) { return path + ".crc32c"; }
 
 void write_sums(const LoadedFile& f) {
-  nlohmann::json j = {{"format", "ballast-chunk-crc32c"}, {"size", f.size}, {"chunk_bytes", f.chunk_bytes},
-                      {"checksum", f.checksum}, {"chunks", f.chunk_crcs}};
+  nlohmann::json j = {{"format", "ballast-chunk-crc32c"},
+                      {"size", f.size},
+                      {"chunk_bytes", f.chunk_bytes},
+                      {"checksum", f.checksum},
+                      {"chunks", f.chunk_crcs}};
   std::string p = sums_path(f.path), tmp = p + ".tmp." + std::to_string(::getpid());
   std::ofstream out(tmp, std::ios::trunc);
   out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
@@ -266,7 +273,7 @@ void write_sums(const LoadedFile& f) {
 
 double resident_fraction(const std::string& path) {
   Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  struct stat st{};
+  struct stat st {};
   if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0 || st.st_size == 0) return 0;
   void* m = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd.fd, 0);
   if (m == MAP_FAILED) return 0;
@@ -313,7 +320,8 @@ LoadedFile::~LoadedFile() {
     // names it); one that opened it in between keeps a valid unlinked copy.
     // Our own read lock goes first: two users leaving together each held it
     // while the other tried for the write lock, and neither removed it.
-    struct stat mine{}, named{};
+    struct stat mine {
+    }, named{};
     ofd_lock(lock_fd_, F_UNLCK, 1, false);
     if (ofd_lock(lock_fd_, F_WRLCK, 1, false) && ::fstat(lock_fd_, &mine) == 0 &&
         ::stat(shm_path_.c_str(), &named) == 0 && mine.st_ino == named.st_ino)
@@ -331,10 +339,10 @@ struct FileLoad {
   const LoadOptions& opt;
   LoadedFile f;
   Fd fd;
-  struct stat st{};
+  struct stat st {};
   std::vector<uint32_t> expected;  // from FILE.crc32c
   bool mapped = false, direct = false;
-  Fd dfd;                          // the O_DIRECT descriptor, when direct
+  Fd dfd;  // the O_DIRECT descriptor, when direct
   uint64_t chunks = 0, span = 0;
 
   FileLoad(const std::string& p, const LoadOptions& o) : path(p), opt(o) { f.path = p; }
@@ -366,7 +374,8 @@ struct FileLoad {
       throw Error(path + ": size " + std::to_string(f.size) + " differs from " + sp + " (" +
                   std::to_string(j.value("size", uint64_t(0))) + "): stale checksums or a changed file");
     f.chunk_bytes = j["chunk_bytes"].get<uint64_t>();
-    if (f.chunk_bytes == 0 || f.chunk_bytes % kPage != 0) throw Error(sp + ": field \"chunk_bytes\" must be a multiple of 4096");
+    if (f.chunk_bytes == 0 || f.chunk_bytes % kPage != 0)
+      throw Error(sp + ": field \"chunk_bytes\" must be a multiple of 4096");
     expected = j["chunks"].get<std::vector<uint32_t>>();
   }
 
@@ -414,7 +423,7 @@ struct FileLoad {
     if (!ofd_lock(f.lock_fd_, F_WRLCK, 0, true)) throw Error(f.shm_path_ + ": lock: " + errno_text(errno));
     const uint64_t head = round_up(sizeof(SegmentHeader) + 4 * chunks, kPage);
     f.map_bytes_ = head + span;
-    struct stat sst{};
+    struct stat sst {};
     ::fstat(f.lock_fd_, &sst);
     bool ready = false;
     if (uint64_t(sst.st_size) == f.map_bytes_) {

@@ -43,9 +43,9 @@ struct LoadOptions {
   // 0 / -1 = through the page cache, mapped (into `destination`: -1 = O_DIRECT
   // unless the file is mostly cached, 0 = buffered)
   int direct = -1;
-  bool share = false;              // share one read among the processes of this node
-  bool verify = true;              // check against FILE.crc32c when it exists
-  void* destination = nullptr;     // caller's buffer (>= file size), or nullptr to allocate
+  bool share = false;           // share one read among the processes of this node
+  bool verify = true;           // check against FILE.crc32c when it exists
+  void* destination = nullptr;  // caller's buffer (>= file size), or nullptr to allocate
   uint64_t capacity = 0;
   // When given: grows by each chunk's bytes as the stripes read them (a
   // progress line reads it from another thread).
@@ -68,20 +68,20 @@ class LoadedFile {
   const unsigned char* data = nullptr;
   uint64_t chunk_bytes = 0;
   std::vector<uint32_t> chunk_crcs;
-  uint32_t checksum = 0;     // crc32c over the chunk CRCs (little-endian), see chunked_checksum
-  bool direct = false;       // read with O_DIRECT
-  bool mapped = false;       // data maps the file (its page cache), read-only
-  bool shared = false;       // lives in a /dev/shm segment
-  bool read_here = true;     // false: another process read it into the segment
-  bool verified = false;     // matched FILE.crc32c
+  uint32_t checksum = 0;  // crc32c over the chunk CRCs (little-endian), see chunked_checksum
+  bool direct = false;    // read with O_DIRECT
+  bool mapped = false;    // data maps the file (its page cache), read-only
+  bool shared = false;    // lives in a /dev/shm segment
+  bool read_here = true;  // false: another process read it into the segment
+  bool verified = false;  // matched FILE.crc32c
   double seconds = 0;
   SafetensorsHeader header;  // empty for raw shards
 
  private:
   friend struct FileLoad;  // load_file, phase by phase (loader.cpp)
-  void* map_ = nullptr;  // what to munmap
+  void* map_ = nullptr;    // what to munmap
   uint64_t map_bytes_ = 0;
-  int lock_fd_ = -1;     // shared segment: holds a read lock on byte 1 while mapped
+  int lock_fd_ = -1;  // shared segment: holds a read lock on byte 1 while mapped
   std::string shm_path_;
 };
 

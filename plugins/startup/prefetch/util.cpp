@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -64,7 +64,7 @@ int64_t monotonic_ns() {
 }
 
 bool file_id(const std::string& path, FileId& out) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return false;
   if (!S_ISREG(st.st_mode)) {
     errno = EISDIR;

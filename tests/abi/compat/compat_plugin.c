@@ -75,10 +75,20 @@ static int compat_start(void* state) {
 
 static void compat_destroy(void* state) { free(state); }
 
-static const ballast_plugin_descriptor descriptor = {
-    sizeof descriptor, BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, COMPAT_NAME, "1.0", "test",
-    "publishes a fault report of another minor's size", compat_create, compat_start, NULL, compat_destroy,
-    NULL, NULL};
+static const ballast_plugin_descriptor descriptor = {sizeof descriptor,
+                                                     BALLAST_ABI_MAJOR,
+                                                     BALLAST_ABI_MINOR,
+                                                     0,
+                                                     COMPAT_NAME,
+                                                     "1.0",
+                                                     "test",
+                                                     "publishes a fault report of another minor's size",
+                                                     compat_create,
+                                                     compat_start,
+                                                     NULL,
+                                                     compat_destroy,
+                                                     NULL,
+                                                     NULL};
 
 BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_minor) {
   (void)host_minor;

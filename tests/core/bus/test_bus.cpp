@@ -2,10 +2,10 @@
 // backpressure, drops, unsubscribe, shutdown, and a threaded stress run.
 #include <doctest/doctest.h>
 
-#include "bus.hpp"
-#include "topic.hpp"
 #include <ballast/events.h>
+#include "bus.hpp"
 #include "error.hpp"
+#include "topic.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -426,7 +426,7 @@ struct Unsubscriber {
     auto* u = static_cast<Unsubscriber*>(user);
     if (u->calls++ == 0) {
       wait_until([u] { return u->returned->load() == 2; });  // the queue is full now
-      settle();                                            // and the third publish waits
+      settle();                                              // and the third publish waits
       u->status.store(u->bus->unsubscribe(u->other));
     }
     return 0;
@@ -485,7 +485,7 @@ TEST_CASE("unsubscribe from a queued handler waits for the removed inline handle
   uint64_t id = 0;
   auto tiny = queued(2);
   auto q = queued();
-  REQUIRE(bus.subscribe("b.x", &tiny, Gate::handler, &stuck, "stuck", &id) == BALLAST_OK);   // dispatcher 1
+  REQUIRE(bus.subscribe("b.x", &tiny, Gate::handler, &stuck, "stuck", &id) == BALLAST_OK);      // dispatcher 1
   REQUIRE(bus.subscribe("y.go", &q, SelfRemover::handler, &remover, "rm", &id) == BALLAST_OK);  // dispatcher 2
   REQUIRE(bus.subscribe("a.s", nullptr, Feeder::handler, &feeder, "feeder", &remover.id) == BALLAST_OK);
   std::thread publisher([&] { CHECK(bus.publish(make("a.s")) == BALLAST_OK); });

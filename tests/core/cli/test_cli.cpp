@@ -216,8 +216,8 @@ TEST_CASE("examples/python: a ctypes training loop publishes step timings and ob
   while (!asan.empty() && asan.back() == '\n') asan.pop_back();
   env = "LD_PRELOAD=" + asan + " ASAN_OPTIONS=detect_leaks=0 ";
 #endif
-  int rc = sh(env + "python3 " + kSrc + "/examples/python/train.py --lib " + kBin + "/lib/libballast.so --policy " + kSrc +
-                  "/examples/python/slow_step_policy.lua --steps 60 --slow-from 20 --step-ms 20",
+  int rc = sh(env + "python3 " + kSrc + "/examples/python/train.py --lib " + kBin + "/lib/libballast.so --policy " +
+                  kSrc + "/examples/python/slow_step_policy.lua --steps 60 --slow-from 20 --step-ms 20",
               &out);
   CHECK(rc == 0);
   CHECK(contains(out, "checkpoint_now"));

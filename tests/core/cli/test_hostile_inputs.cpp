@@ -142,9 +142,9 @@ TEST_CASE("policy limits that would wrap are refused, naming the field") {
 }
 
 TEST_CASE("ballast run stops on SIGINT while its policy is stuck in a handler with a one-hour deadline") {
-  for (const std::string body : {"while true do end",
-                           "local s = string.rep('a', 40) string.find(s, string.rep('a?', 40) .. s)",
-                           "local s = string.rep('a', 1e7) local t = {} for i = 1, 1e5 do t[i] = s end table.sort(t)"}) {
+  for (const std::string body :
+       {"while true do end", "local s = string.rep('a', 40) string.find(s, string.rep('a?', 40) .. s)",
+        "local s = string.rep('a', 1e7) local t = {} for i = 1, 1e5 do t[i] = s end table.sort(t)"}) {
     CAPTURE(body);
     const fs::path policy = scratch("stuck.lua");
     std::ofstream(policy) << "ballast.on('hello.tick', function(ev) " << body << " end)\n";
@@ -157,7 +157,7 @@ TEST_CASE("ballast run stops on SIGINT while its policy is stuck in a handler wi
     pid_t pid = start_run(config, log);
     REQUIRE(wait_for_log(log, "running on node"));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the first tick is in the handler
-    kill(pid, SIGHUP);  // the reload waits for the stuck handler...
+    kill(pid, SIGHUP);                                            // the reload waits for the stuck handler...
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     kill(pid, SIGINT);  // ...and gives up: the host stops
     const int rc = wait_exit(pid, 60);

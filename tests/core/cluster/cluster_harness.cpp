@@ -143,13 +143,19 @@ std::string agent_config(const std::string& node, const std::string& certs, cons
                          uint64_t count, int batch, int period_ms, const std::string& spool) {
   std::string list;
   for (auto& c : controllers) list += "\"" + c + "\", ";
-  return "return { node = \"" + node + "\", role = \"agent\",\n"
-         "  plugins = { { path = \"" EMIT_PLUGIN "\", config = { count = " + std::to_string(count) +
-         ", batch = " + std::to_string(batch) + ", period_ms = " + std::to_string(period_ms) + " } } },\n"
-         "  cluster = { controller = { " + list + "},\n"
-         "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + node + ".crt\", key = \"" + certs + "/" +
-         node + ".key\" },\n"
-         "    spool = { dir = \"" + spool + "\" }, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+  return "return { node = \"" + node +
+         "\", role = \"agent\",\n"
+         "  plugins = { { path = \"" EMIT_PLUGIN "\", config = { count = " +
+         std::to_string(count) + ", batch = " + std::to_string(batch) + ", period_ms = " + std::to_string(period_ms) +
+         " } } },\n"
+         "  cluster = { controller = { " +
+         list +
+         "},\n"
+         "    tls = { ca = \"" +
+         certs + "/ca.crt\", cert = \"" + certs + "/" + node + ".crt\", key = \"" + certs + "/" + node +
+         ".key\" },\n"
+         "    spool = { dir = \"" +
+         spool + "\" }, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
 
 std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
@@ -159,11 +165,15 @@ std::string controller_config(const std::string& listen, const std::string& cert
     etcd = "    etcd = { endpoint = \"" + etcd_endpoint + "\", job = \"test" + std::to_string(getpid()) +
            "\", lease_s = " + std::to_string(lease_s) + " },\n";
   return "return { node = \"" + prefix.substr(prefix.rfind('/') + 1) + "\", role = \"controller\", journal = \"" +
-         prefix + "-bus.journal\",\n"
-         "  cluster = { listen = \"" + listen + "\",\n"
-         "    tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/controller.crt\", key = \"" + certs +
-         "/controller.key\" },\n" + etcd +
-         "    ingest_journal = \"" + prefix + "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+         prefix +
+         "-bus.journal\",\n"
+         "  cluster = { listen = \"" +
+         listen +
+         "\",\n"
+         "    tls = { ca = \"" +
+         certs + "/ca.crt\", cert = \"" + certs + "/controller.crt\", key = \"" + certs + "/controller.key\" },\n" +
+         etcd + "    ingest_journal = \"" + prefix +
+         "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
 
 }  // namespace cluster_test

@@ -71,10 +71,20 @@ static void emit_stop(void* state) {
 
 static void emit_destroy(void* state) { free(state); }
 
-static const ballast_plugin_descriptor descriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "emit", "1", "test",
-    "publishes numbered metric.sample events (cluster tests)", emit_create, emit_start, emit_stop, emit_destroy,
-    NULL, NULL};
+static const ballast_plugin_descriptor descriptor = {sizeof(ballast_plugin_descriptor),
+                                                     BALLAST_ABI_MAJOR,
+                                                     BALLAST_ABI_MINOR,
+                                                     0,
+                                                     "emit",
+                                                     "1",
+                                                     "test",
+                                                     "publishes numbered metric.sample events (cluster tests)",
+                                                     emit_create,
+                                                     emit_start,
+                                                     emit_stop,
+                                                     emit_destroy,
+                                                     NULL,
+                                                     NULL};
 
 BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_minor) {
   (void)host_minor;

@@ -70,7 +70,8 @@ TEST_CASE("the leader of two controllers is killed: the other leads, every event
   c1.signal(SIGKILL);
   c1.wait();
   kill(etcd_pid, SIGCONT);
-  bool led = eventually(lease_s + 10, [&] { return read_file(dir + "/c2.err").find("is the leader") != std::string::npos; });
+  bool led =
+      eventually(lease_s + 10, [&] { return read_file(dir + "/c2.err").find("is the leader") != std::string::npos; });
   double takeover_s = std::chrono::duration<double>(std::chrono::system_clock::now() - killed_at).count();
   bool done = eventually(40, [&] {
     auto c = ingest_counts(dir + "/c2-ingest.journal");

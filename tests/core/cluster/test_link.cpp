@@ -71,8 +71,10 @@ void check_exactly_once(const Counts& counts, const std::vector<std::string>& no
     uint64_t missing = 0, twice = 0;
     for (uint64_t s = 1; s <= expected; ++s) {
       auto it = seqs.find(s);
-      if (it == seqs.end()) ++missing;
-      else if (it->second > 1) ++twice;
+      if (it == seqs.end())
+        ++missing;
+      else if (it->second > 1)
+        ++twice;
     }
     CHECK(missing == 0);
     CHECK(twice == 0);
@@ -101,14 +103,16 @@ TEST_CASE("controller killed while agents publish: nothing lost, nothing applied
   Proc a1 = w.agent(1, count, 10, 10), a2 = w.agent(2, count, 10, 10);  // ~3 s of publishing
   // Kill -9 the controller mid-stream, twice.
   for (int round = 0; round < 2; ++round) {
-    REQUIRE(eventually(20, [&] { return ingested(w.dir + "/ctl-ingest.journal", "n1") > 500u * static_cast<unsigned>(round + 1); }));
+    REQUIRE(eventually(
+        20, [&] { return ingested(w.dir + "/ctl-ingest.journal", "n1") > 500u * static_cast<unsigned>(round + 1); }));
     ctl.signal(SIGKILL);
     ctl.wait();
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     ctl = w.controller("ctl" + std::to_string(round + 2));
   }
   bool done = eventually(30, [&] {
-    return ingested(w.dir + "/ctl-ingest.journal", "n1") >= count && ingested(w.dir + "/ctl-ingest.journal", "n2") >= count;
+    return ingested(w.dir + "/ctl-ingest.journal", "n1") >= count &&
+           ingested(w.dir + "/ctl-ingest.journal", "n2") >= count;
   });
   a1.signal(SIGTERM);
   a2.signal(SIGTERM);
@@ -182,7 +186,9 @@ TEST_CASE("unauthenticated and wrongly keyed clients are refused and never reach
   bool refused = eventually(15, [&] {
     std::string log = read_file(w.dir + "/ctl1.err");
     size_t n = 0;
-    for (size_t at = log.find("refused connection"); at != std::string::npos; at = log.find("refused connection", at + 1)) ++n;
+    for (size_t at = log.find("refused connection"); at != std::string::npos;
+         at = log.find("refused connection", at + 1))
+      ++n;
     return n >= 3 && log.find("does not match its certificate") != std::string::npos;
   });
   wrong.signal(SIGTERM);

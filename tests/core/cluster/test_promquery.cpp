@@ -84,7 +84,8 @@ TEST_CASE("promquery names a bad query and an unreachable server") {
   CHECK(host.load_plugin(std::string(BALLAST_PLUGIN_DIR) + "/ballast-promquery.so", no_url) != BALLAST_OK);
   CHECK(std::string(ballast::last_error()).find("url") != std::string::npos);
   // A server that is not there: counted and logged, the host goes on.
-  nlohmann::json nowhere = {{"url", "http://127.0.0.1:1"}, {"period", 0.2}, {"queries", {{{"metric", "m"}, {"query", "up"}}}}};
+  nlohmann::json nowhere = {
+      {"url", "http://127.0.0.1:1"}, {"period", 0.2}, {"queries", {{{"metric", "m"}, {"query", "up"}}}}};
   REQUIRE(host.load_plugin(std::string(BALLAST_PLUGIN_DIR) + "/ballast-promquery.so", nowhere) == BALLAST_OK);
   REQUIRE(host.start() == BALLAST_OK);
   CHECK(eventually(10, [&] { return host.counter("promquery.query_errors") >= 2; }));

@@ -44,7 +44,9 @@ struct Cluster {
 
 std::string trainer_script(const std::string& dir) {
   return "#!/bin/bash\n"
-         "ck=" + dir + "/ckpt; step=0; [ -f $ck ] && step=$(cat $ck)\n"
+         "ck=" +
+         dir +
+         "/ckpt; step=0; [ -f $ck ] && step=$(cat $ck)\n"
          "echo \"start restart=${SLURM_RESTART_COUNT:-0} nodes=$SLURM_JOB_NODELIST from_step=$step\"\n"
          "while [ $step -lt 40 ]; do sleep 0.1; step=$((step+1)); echo $step > $ck.tmp && mv $ck.tmp $ck; done\n"
          "echo \"done step=$step\"\n";
@@ -82,9 +84,10 @@ TEST_CASE("node fault on Slurm: drained, requeued without it, resumed from the c
   REQUIRE_MESSAGE(slurm.hold_spares("spares", {"n4"}, &error), error);
   write_file(c.dir + "/train.sh", trainer_script(c.dir));
   long job = 0;
-  REQUIRE_MESSAGE(slurm.submit({"-N2", "--requeue", "--open-mode=append", "-o", c.dir + "/job.out", c.dir + "/train.sh"},
-                               &job, &error),
-                  error);
+  REQUIRE_MESSAGE(
+      slurm.submit({"-N2", "--requeue", "--open-mode=append", "-o", c.dir + "/job.out", c.dir + "/train.sh"}, &job,
+                   &error),
+      error);
   JobInfo info = wait_job(slurm, job, "RUNNING", 15);
   REQUIRE(info.state == "RUNNING");
   std::vector<std::string> nodes;
@@ -175,14 +178,16 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; a crash restarted") {
+TEST_CASE(
+    "node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; a "
+    "crash restarted") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
-  const std::string tls = "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/%s.crt\", key = \"" + certs +
-                          "/%s.key\" }";
+  const std::string tls =
+      "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/%s.crt\", key = \"" + certs + "/%s.key\" }";
   auto tls_for = [&](const std::string& who) {
     std::string t = tls;
     for (size_t at; (at = t.find("%s")) != std::string::npos;) t.replace(at, 2, who);
@@ -200,25 +205,44 @@ TEST_CASE("node fault through the executor: node.silent, the policy's evict, dra
              "  return {action = \"restart\", reason = \"crashed\"}\n"
              "end)\n");
   const std::string job_dir = c.dir + "/job";
-  write_file(c.dir + "/controller.lua",
-             "return { node = \"ctl\", role = \"controller\", journal = \"" + c.dir + "/bus.journal\",\n"
-             "  plugins = { { path = \"runner\", config = { inject = { \"crash:rank=1@step60\" } } }, \"scheduler\" },\n"
-             "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + job_dir + "\", progress = false,\n"
-             "    command = { \"python3\", \"" + kTrainer + "\", \"--steps\", \"80\", \"--step-seconds\", \"0.1\",\n"
-             "                \"--checkpoint-every\", \"5\" },\n"
-             "    repair_seconds = 3, placement_timeout_seconds = 5,\n"
-             "    slurm = { conf = \"" + c.conf + "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
-             "              reservation = \"ballast-spares\" } },\n"
-             "  policy = { script = \"" + c.dir + "/policy.lua\", fallback = \"escalate\" },\n"
-             "  cluster = { listen = \"" + listen + "\", " + tls_for("controller") + ",\n"
-             "    ingest_journal = \"" + c.dir + "/ingest.journal\", durable = false,\n"
-             "    heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
+  write_file(
+      c.dir + "/controller.lua",
+      "return { node = \"ctl\", role = \"controller\", journal = \"" + c.dir +
+          "/bus.journal\",\n"
+          "  plugins = { { path = \"runner\", config = { inject = { \"crash:rank=1@step60\" } } }, \"scheduler\" },\n"
+          "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" +
+          job_dir +
+          "\", progress = false,\n"
+          "    command = { \"python3\", \"" +
+          kTrainer +
+          "\", \"--steps\", \"80\", \"--step-seconds\", \"0.1\",\n"
+          "                \"--checkpoint-every\", \"5\" },\n"
+          "    repair_seconds = 3, placement_timeout_seconds = 5,\n"
+          "    slurm = { conf = \"" +
+          c.conf +
+          "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
+          "              reservation = \"ballast-spares\" } },\n"
+          "  policy = { script = \"" +
+          c.dir +
+          "/policy.lua\", fallback = \"escalate\" },\n"
+          "  cluster = { listen = \"" +
+          listen + "\", " + tls_for("controller") +
+          ",\n"
+          "    ingest_journal = \"" +
+          c.dir +
+          "/ingest.journal\", durable = false,\n"
+          "    heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
   auto agent = [&](const std::string& node) {
-    write_file(c.dir + "/" + node + ".lua",
-               "return { node = \"" + node + "\", role = \"agent\",\n"
-               "  cluster = { controller = { \"" + listen + "\" }, " + tls_for(node) + ",\n"
-               "    spool = { dir = \"" + c.dir + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
-    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out", c.dir + "/" + node + ".err");
+    write_file(c.dir + "/" + node + ".lua", "return { node = \"" + node +
+                                                "\", role = \"agent\",\n"
+                                                "  cluster = { controller = { \"" +
+                                                listen + "\" }, " + tls_for(node) +
+                                                ",\n"
+                                                "    spool = { dir = \"" +
+                                                c.dir + "/spool-" + node +
+                                                "\" }, heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
+    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out",
+                 c.dir + "/" + node + ".err");
   };
   Proc ctl = spawn({kBallast, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
   Proc a1 = agent("n1"), a2 = agent("n2");

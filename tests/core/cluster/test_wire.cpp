@@ -4,8 +4,8 @@
 
 #include <doctest/doctest.h>
 
-#include <filesystem>
 #include <unistd.h>
+#include <filesystem>
 
 using namespace ballast::cluster;
 namespace fs = std::filesystem;
@@ -46,7 +46,8 @@ TEST_CASE("messages round-trip, arrive in pieces, and malformed ones are refused
   Message m{};
   size_t used = 0;
   std::string error;
-  for (size_t n = 0; n < kMessageHeaderSize + f.size(); ++n) CHECK(decode_message(buf.data(), n, &m, &used, &error) == 0);
+  for (size_t n = 0; n < kMessageHeaderSize + f.size(); ++n)
+    CHECK(decode_message(buf.data(), n, &m, &used, &error) == 0);
   REQUIRE(decode_message(buf.data(), buf.size(), &m, &used, &error) == 1);
   CHECK(m.type == MsgType::event);
   CHECK(m.number == 42);

@@ -18,8 +18,7 @@ using namespace ballast;
 
 namespace {
 
-ballast_event metric_event(const char* topic, const char* node, const char* plugin,
-                           const ballast_metric_batch* batch) {
+ballast_event metric_event(const char* topic, const char* node, const char* plugin, const ballast_metric_batch* batch) {
   ballast_event ev{};
   ev.size = sizeof ev;
   ev.schema = BALLAST_SCHEMA_METRIC_BATCH;
@@ -52,8 +51,10 @@ void check_copy(const ballast_event& copy, const ballast_event& ev, const unsign
   for (uint32_t i = 0; i < batch->count; ++i) {
     CHECK(inside(batch->samples + i));
     CHECK(std::string(batch->samples[i].metric) == orig->samples[i].metric);
-    if (orig->samples[i].node == nullptr) CHECK(batch->samples[i].node == nullptr);
-    else CHECK(std::string(batch->samples[i].node) == orig->samples[i].node);
+    if (orig->samples[i].node == nullptr)
+      CHECK(batch->samples[i].node == nullptr);
+    else
+      CHECK(std::string(batch->samples[i].node) == orig->samples[i].node);
     CHECK(batch->samples[i].value == orig->samples[i].value);
   }
 }

@@ -38,26 +38,57 @@ ballast_event base(const char* topic, uint32_t schema, const void* payload, uint
   return ev;
 }
 
-ballast_metric_sample g_samples[3] = {
-    {"node-7", "cpu.user", 11, 0.25, 0},
-    {nullptr, "gpu0.util", 12, NAN, BALLAST_SAMPLE_INVALID},
-    {"node-8", "net.eth0.rx_bytes", -13, 1e300, BALLAST_SAMPLE_COUNTER}};
+ballast_metric_sample g_samples[3] = {{"node-7", "cpu.user", 11, 0.25, 0},
+                                      {nullptr, "gpu0.util", 12, NAN, BALLAST_SAMPLE_INVALID},
+                                      {"node-8", "net.eth0.rx_bytes", -13, 1e300, BALLAST_SAMPLE_COUNTER}};
 ballast_metric_batch g_batch = {sizeof(ballast_metric_batch), 3, g_samples};
 ballast_op_timing g_ops[2] = {{1, 2, 3, 100, "forward-compute", 1.5, 0.25, 4, 0, 7, 8},
                               {0, 0, 0, -1, nullptr, 0, 0, 0, -1, -1, -1}};
 ballast_op_timing_batch g_op_batch = {sizeof(ballast_op_timing_batch), 2, g_ops};
-ballast_collective_record g_coll = {sizeof(ballast_collective_record), BALLAST_COLL_FAILED, 77, 5,
-                                    "allreduce", "bf16", nullptr, 1024, 2048, 3, 8, -1, BALLAST_EPEER,
-                                    10, 20, 30, 1, 2, 3, 4};
-ballast_fault_report g_fault = {sizeof(ballast_fault_report), BALLAST_FAULT_CONFIRMED, "node-3", 24,
-                                "outlier", "cpu.user", 3.5, 0.9, 100, 200,
-                                "{\"distance\":3.5,\"peers\":[1,2]}", "machine"};
+ballast_collective_record g_coll = {sizeof(ballast_collective_record),
+                                    BALLAST_COLL_FAILED,
+                                    77,
+                                    5,
+                                    "allreduce",
+                                    "bf16",
+                                    nullptr,
+                                    1024,
+                                    2048,
+                                    3,
+                                    8,
+                                    -1,
+                                    BALLAST_EPEER,
+                                    10,
+                                    20,
+                                    30,
+                                    1,
+                                    2,
+                                    3,
+                                    4};
+ballast_fault_report g_fault = {sizeof(ballast_fault_report),
+                                BALLAST_FAULT_CONFIRMED,
+                                "node-3",
+                                24,
+                                "outlier",
+                                "cpu.user",
+                                3.5,
+                                0.9,
+                                100,
+                                200,
+                                "{\"distance\":3.5,\"peers\":[1,2]}",
+                                "machine"};
 ballast_placement_node g_nodes[2] = {{"n0", 0, 0, 0}, {"n1", 1, 0, 8}};
 ballast_placement_plan g_plan = {sizeof(ballast_placement_plan), 2, "job-1", "greedy", g_nodes, 1, 2, 3.25, 3.0};
-ballast_recovery_action g_action = {sizeof(ballast_recovery_action), 0, "evict", "node-3", "faulty machine",
-                                    "{\"grace_s\":30}", "default", "fault.confirmed"};
-ballast_startup_stage g_stage = {sizeof(ballast_startup_stage), BALLAST_OK, "checkpoint_load", "node-1", 5,
-                                 1000, 5000, 1ull << 40};
+ballast_recovery_action g_action = {sizeof(ballast_recovery_action),
+                                    0,
+                                    "evict",
+                                    "node-3",
+                                    "faulty machine",
+                                    "{\"grace_s\":30}",
+                                    "default",
+                                    "fault.confirmed"};
+ballast_startup_stage g_stage = {
+    sizeof(ballast_startup_stage), BALLAST_OK, "checkpoint_load", "node-1", 5, 1000, 5000, 1ull << 40};
 ballast_straggler_culprit g_culprits[1] = {{"optype", "forward-compute", 1.75}};
 ballast_straggler_report g_straggler = {sizeof(ballast_straggler_report), 1, 1.9, 1.1, "worker", g_culprits, 10, 20};
 // Keys in sorted order: JSON text goes through nlohmann::json, which sorts them.
@@ -191,20 +222,21 @@ std::vector<Case> cases() {
                  CHECK(st.end_ns == 5000);
                  CHECK(st.bytes == (1ull << 40));
                }});
-  c.push_back({"straggler.report", BALLAST_SCHEMA_STRAGGLER_REPORT,
-               [] { return base("straggler.report", BALLAST_SCHEMA_STRAGGLER_REPORT, &g_straggler, sizeof g_straggler); },
-               [](const ballast_event& ev) {
-                 const auto& r = as<ballast_straggler_report>(ev);
-                 REQUIRE(r.count == 1);
-                 CHECK(r.slowdown == 1.9);
-                 CHECK(r.launch_slowdown == 1.1);
-                 CHECK(s(r.kind) == "worker");
-                 CHECK(s(r.culprits[0].dimension) == "optype");
-                 CHECK(s(r.culprits[0].name) == "forward-compute");
-                 CHECK(r.culprits[0].slowdown == 1.75);
-                 CHECK(r.first_step == 10);
-                 CHECK(r.last_step == 20);
-               }});
+  c.push_back(
+      {"straggler.report", BALLAST_SCHEMA_STRAGGLER_REPORT,
+       [] { return base("straggler.report", BALLAST_SCHEMA_STRAGGLER_REPORT, &g_straggler, sizeof g_straggler); },
+       [](const ballast_event& ev) {
+         const auto& r = as<ballast_straggler_report>(ev);
+         REQUIRE(r.count == 1);
+         CHECK(r.slowdown == 1.9);
+         CHECK(r.launch_slowdown == 1.1);
+         CHECK(s(r.kind) == "worker");
+         CHECK(s(r.culprits[0].dimension) == "optype");
+         CHECK(s(r.culprits[0].name) == "forward-compute");
+         CHECK(r.culprits[0].slowdown == 1.75);
+         CHECK(r.first_step == 10);
+         CHECK(r.last_step == 20);
+       }});
   c.push_back({"job.state", BALLAST_SCHEMA_JSON,
                [] { return base("job.state", BALLAST_SCHEMA_JSON, g_json, std::strlen(g_json)); },
                [](const ballast_event& ev) {
@@ -217,8 +249,7 @@ std::vector<Case> cases() {
                  REQUIRE(ev.payload_size == sizeof g_bytes);
                  CHECK(std::memcmp(ev.payload, g_bytes, sizeof g_bytes) == 0);
                }});
-  c.push_back({"job.tick", BALLAST_SCHEMA_NONE,
-               [] { return base("job.tick", BALLAST_SCHEMA_NONE, nullptr, 0); },
+  c.push_back({"job.tick", BALLAST_SCHEMA_NONE, [] { return base("job.tick", BALLAST_SCHEMA_NONE, nullptr, 0); },
                [](const ballast_event& ev) {
                  CHECK(ev.payload == nullptr);
                  CHECK(ev.payload_size == 0);
@@ -238,8 +269,7 @@ void check_header(const ballast_event& ev, const Case& c) {
 
 // Whether any pointer of the copy points into the original's storage.
 bool shares_pointer(const ballast_event& a, const ballast_event& b) {
-  return a.topic == b.topic || a.source.node == b.source.node ||
-         (a.payload != nullptr && a.payload == b.payload);
+  return a.topic == b.topic || a.source.node == b.source.node || (a.payload != nullptr && a.payload == b.payload);
 }
 
 }  // namespace
@@ -351,10 +381,8 @@ TEST_CASE("JSON in: errors name the field") {
       {R"({"topic":"metric.sample","payload":{"samples":{}}})", "payload.samples: expected an array"},
       {R"({"topic":"step.timing","payload":{"ops":[{"rank":1.5}]}})", "payload.ops[0].rank: expected an integer"},
       {R"({"topic":"step.timing","payload":{"ops":[{"rank":3000000000}]}})", "payload.ops[0].rank: out of range"},
-      {R"({"topic":"collective.record","payload":{"state":"exploded"}})",
-       "payload.state: unknown value \"exploded\""},
-      {R"({"topic":"recovery.action","payload":{"acton":"evict"}})",
-       "payload.acton: unknown field of recovery_action"},
+      {R"({"topic":"collective.record","payload":{"state":"exploded"}})", "payload.state: unknown value \"exploded\""},
+      {R"({"topic":"recovery.action","payload":{"acton":"evict"}})", "payload.acton: unknown field of recovery_action"},
       {R"({"topic":"recovery.action","payload":{"action":7}})", "payload.action: expected a string or null"},
       {R"({"topic":"a.b","schema":"nonsense"})", "schema: unknown schema \"nonsense\""},
       {R"({"topic":"a.b","source":{"rank":"x"}})", "source.rank: expected an integer"},
@@ -494,8 +522,8 @@ TEST_CASE("decode_frame refuses bad headers with a reason") {
   CHECK(decode_error(g) == "frame body of 67108865 bytes is above the limit of 67108864");
   const size_t body = f.size() - kFrameHeaderSize;
   g = std::vector<unsigned char>(f.begin(), f.end() - 3);
-  CHECK(decode_error(g) == "truncated frame: header says " + std::to_string(body) + " bytes, " +
-                               std::to_string(body - 3) + " left");
+  CHECK(decode_error(g) ==
+        "truncated frame: header says " + std::to_string(body) + " bytes, " + std::to_string(body - 3) + " left");
   g = f;
   g[kFrameHeaderSize + 5] ^= 0x10;
   CHECK(decode_error(g).rfind("checksum mismatch", 0) == 0);
@@ -545,10 +573,11 @@ TEST_CASE("decode_frame refuses well-checksummed garbage bodies") {
   CHECK(decode_error(with_body(longer)) == "malformed frame body: 1 unread bytes at the end of the body");
   // A string length far beyond the body: refused before allocating it.
   std::vector<unsigned char> huge = {1, 0x10, 0, 0, 0};  // endianness byte, schema
-  huge.push_back(1);                                      // topic present
-  for (int i = 0; i < 8; ++i) huge.push_back(0xff);       // length 2^64-1
-  CHECK(decode_error(with_body(huge)) == "malformed frame body: topic length 18446744073709551615 is past the end "
-                                         "of the body");
+  huge.push_back(1);                                     // topic present
+  for (int i = 0; i < 8; ++i) huge.push_back(0xff);      // length 2^64-1
+  CHECK(decode_error(with_body(huge)) ==
+        "malformed frame body: topic length 18446744073709551615 is past the end "
+        "of the body");
   // Random bodies with a valid checksum never crash and are never trusted
   // unless they decode to a well-formed event.
   std::mt19937 rng(42);

@@ -60,14 +60,15 @@ TEST_CASE("a configuration file becomes JSON") {
       bus = { dispatcher_threads = gpus // 4, lossy = false },
       empty = {},
     })",
-                      &config) == BALLAST_OK);
-  CHECK(config == json{{"node", "gpu001"},
-                       {"role", "agent"},
-                       {"plugins", {{{"path", "ballast-hello.so"}, {"config", {{"greeting", "hi"}, {"period", 0.5}}}},
-                                    "ballast-collect"}},
-                       {"policy", {{"script", "default.lua"}, {"deadline_ms", 100}, {"memory_mb", 64}}},
-                       {"bus", {{"dispatcher_threads", 2}, {"lossy", false}}},
-                       {"empty", json::object()}});
+                    &config) == BALLAST_OK);
+  CHECK(config ==
+        json{{"node", "gpu001"},
+             {"role", "agent"},
+             {"plugins",
+              {{{"path", "ballast-hello.so"}, {"config", {{"greeting", "hi"}, {"period", 0.5}}}}, "ballast-collect"}},
+             {"policy", {{"script", "default.lua"}, {"deadline_ms", 100}, {"memory_mb", 64}}},
+             {"bus", {{"dispatcher_threads", 2}, {"lossy", false}}},
+             {"empty", json::object()}});
 }
 
 TEST_CASE("a chunk is evaluated the same way") {
@@ -163,7 +164,8 @@ TEST_CASE("a config whose string patterns backtrack stops at the 1 s deadline, n
   INFO(error());
   CHECK(error().find("ballast.lua:3:") != std::string::npos);
   CHECK(error().find("string.find: deadline of 1000 ms exceeded") != std::string::npos);
-  const char* sort = "local s = string.rep('a', 1e6) local t = {} for i = 1, 2e4 do t[i] = s end table.sort(t) return {}";
+  const char* sort =
+      "local s = string.rep('a', 1e6) local t = {} for i = 1, 2e4 do t[i] = s end table.sort(t) return {}";
   CHECK(eval_file(sort, &config) == BALLAST_ETIMEDOUT);
   CHECK(error().find("table.sort: deadline of 1000 ms exceeded") != std::string::npos);
 }

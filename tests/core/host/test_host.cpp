@@ -101,8 +101,7 @@ TEST_CASE("plugin timers fire until the plugin stops") {
 
 TEST_CASE("a plugin whose create fails is reported and the host keeps running") {
   Host host;
-  CHECK(host.load_plugin(std::string(BALLAST_BINARY_DIR) + "/tests/loader-plugins/create_fails.so", {}) ==
-        BALLAST_EIO);
+  CHECK(host.load_plugin(std::string(BALLAST_BINARY_DIR) + "/tests/loader-plugins/create_fails.so", {}) == BALLAST_EIO);
   std::string message = last_error();
   CHECK(message.find("createfails") != std::string::npos);
   CHECK(message.find("cannot reach the metrics endpoint") != std::string::npos);
@@ -207,9 +206,9 @@ TEST_CASE("run() returns when another thread asks the host to stop") {
 TEST_CASE("a config builds the host; the journal records the events") {
   std::string journal = write_file("events.journal", "");
   fs::remove(journal);
-  std::string config_path = write_file("config.lua", "return { node = 'n1', journal = '" + journal +
-                                                         "', plugins = { { path = '" + kHello +
-                                                         "', config = { greeting = 'cfg' } } } }");
+  std::string config_path =
+      write_file("config.lua", "return { node = 'n1', journal = '" + journal + "', plugins = { { path = '" + kHello +
+                                   "', config = { greeting = 'cfg' } } } }");
   nlohmann::json config;
   REQUIRE(eval_lua_table(config_path, false, &config) == BALLAST_OK);
   std::unique_ptr<Host> host;
@@ -221,8 +220,8 @@ TEST_CASE("a config builds the host; the journal records the events") {
   host.reset();
   std::vector<std::string> topics;
   int rc = read_journal(
-      journal, JournalMode::refuse_bad,
-      [&](const OwnedEvent& ev, uint64_t) { topics.push_back(ev.view().topic); }, [](const JournalProblem&) {});
+      journal, JournalMode::refuse_bad, [&](const OwnedEvent& ev, uint64_t) { topics.push_back(ev.view().topic); },
+      [](const JournalProblem&) {});
   CHECK(rc == BALLAST_OK);
   REQUIRE(topics.size() == 2);
   CHECK(topics[0] == "fault.suspected");

@@ -58,8 +58,8 @@ void spit(const fs::path& p, const std::vector<unsigned char>& bytes) {
 
 struct Read {
   int status;
-  std::vector<int64_t> ts;          // ts_ns of the good events, in order
-  std::vector<uint64_t> offsets;    // their offsets
+  std::vector<int64_t> ts;        // ts_ns of the good events, in order
+  std::vector<uint64_t> offsets;  // their offsets
   std::vector<JournalProblem> problems;
 };
 
@@ -231,8 +231,7 @@ TEST_CASE("a corrupted byte fails the checksum: skipped or refused, with its off
   Read refuse = read(f.path, JournalMode::refuse_bad);
   CHECK(refuse.status == BALLAST_EFORMAT);
   CHECK(refuse.ts == std::vector<int64_t>{1});
-  CHECK(std::string(last_error()).find("byte " + std::to_string(offs[1]) + ": checksum mismatch") !=
-        std::string::npos);
+  CHECK(std::string(last_error()).find("byte " + std::to_string(offs[1]) + ": checksum mismatch") != std::string::npos);
 }
 
 TEST_CASE("garbage between frames is reported once and skipped to the next frame") {

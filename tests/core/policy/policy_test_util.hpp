@@ -68,8 +68,8 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-inline ballast_event make_event(const char* topic, uint32_t schema = BALLAST_SCHEMA_NONE,
-                                const void* payload = nullptr, uint64_t size = 0) {
+inline ballast_event make_event(const char* topic, uint32_t schema = BALLAST_SCHEMA_NONE, const void* payload = nullptr,
+                                uint64_t size = 0) {
   ballast_event e{};
   e.size = sizeof(ballast_event);
   e.schema = schema;

@@ -174,9 +174,10 @@ TEST_CASE("backtracking patterns stop at the deadline, also through pcall and co
   e = attack("string.find(string.rep('a', 2000), '(.-)(.-)(.-)(.-)(.-)b')", o);
   CHECK(e.find("string.find: deadline of 50 ms exceeded") != std::string::npos);
   // A plain find of a long needle that nearly matches everywhere.
-  e = attack("local s = string.rep('a', 4e6) local n = string.rep('a', 2e6) .. 'b'\n"
-             "for i = 1, 1e9 do string.find(s, n, 1, true) end",
-             o);
+  e = attack(
+      "local s = string.rep('a', 4e6) local n = string.rep('a', 2e6) .. 'b'\n"
+      "for i = 1, 1e9 do string.find(s, n, 1, true) end",
+      o);
   CHECK(e.find("deadline of 50 ms exceeded") != std::string::npos);
 }
 
@@ -227,28 +228,32 @@ TEST_CASE("table.sort of long strings stops at the deadline") {
 
 TEST_CASE("what one call hands out is bounded in all, with a policy error") {
   // 256 actions sharing one 2 MiB reason: 512 MiB once converted.
-  std::string e = attack("local s = string.rep('r', 2 * 1024 * 1024) local list = {}\n"
-                         "for i = 1, 256 do list[i] = {action = 'pause', reason = s} end return list",
-                         limits(60000));
+  std::string e = attack(
+      "local s = string.rep('r', 2 * 1024 * 1024) local list = {}\n"
+      "for i = 1, 256 do list[i] = {action = 'pause', reason = s} end return list",
+      limits(60000));
   INFO(e);
   CHECK(e.find("returned an invalid action") != std::string::npos);
   CHECK(e.find("bytes of strings in the outputs of one call") != std::string::npos);
   // 100 publications of one 1 MiB string.
-  e = attack("local s = string.rep('p', 1024 * 1024)\n"
-             "for i = 1, 100 do ballast.publish('out', {text = s}) end",
-             limits(60000));
+  e = attack(
+      "local s = string.rep('p', 1024 * 1024)\n"
+      "for i = 1, 100 do ballast.publish('out', {text = s}) end",
+      limits(60000));
   CHECK(e.find("ballast.publish: ") != std::string::npos);
   CHECK(e.find("more than 4194304 bytes of strings") != std::string::npos);
   // Many small publications: the values add up.
-  e = attack("local t = {} for i = 1, 60000 do t[i] = i end\n"
-             "ballast.publish('out', t) ballast.publish('out', t)",
-             limits(60000));
+  e = attack(
+      "local t = {} for i = 1, 60000 do t[i] = i end\n"
+      "ballast.publish('out', t) ballast.publish('out', t)",
+      limits(60000));
   CHECK(e.find("test.lua:3: ballast.publish: '[39997]': more than 100000 values") != std::string::npos);
   // Under a small memory cap, the room left is the bound.
-  e = attack("local keep = {} for i = 1, 5 do keep[i] = string.rep(tostring(i), 1024 * 1024) end\n"
-             "return {{action = 'pause', reason = keep[1]}, {action = 'pause', reason = keep[2]},\n"
-             "        {action = 'pause', reason = keep[3]}}",
-             limits(60000, 8u << 20));
+  e = attack(
+      "local keep = {} for i = 1, 5 do keep[i] = string.rep(tostring(i), 1024 * 1024) end\n"
+      "return {{action = 'pause', reason = keep[1]}, {action = 'pause', reason = keep[2]},\n"
+      "        {action = 'pause', reason = keep[3]}}",
+      limits(60000, 8u << 20));
   CHECK(e.find("bytes of strings in the outputs of one call") != std::string::npos);
 }
 
@@ -276,8 +281,9 @@ TEST_CASE("building a large event's table is not counted against the handler's d
   for (int i = 0; i < 2000000; ++i) payload += (i ? ",1" : "1");
   payload += "]";
   TempDir dir;
-  auto p = load_script(dir, "ballast.on('big', function(ev) return {action = 'pause', reason = tostring(#ev.payload)} end)\n",
-                       limits(30, 512u << 20));
+  auto p = load_script(
+      dir, "ballast.on('big', function(ev) return {action = 'pause', reason = tostring(#ev.payload)} end)\n",
+      limits(30, 512u << 20));
   for (int run = 0; run < 3; ++run) {
     Recorder r;
     ballast_event e = make_event("big", BALLAST_SCHEMA_JSON, payload.data(), payload.size());
@@ -292,8 +298,8 @@ TEST_CASE("building a large event's table is not counted against the handler's d
 }
 
 TEST_CASE("stop() ends a handler stuck until a one-hour deadline, and later events are skipped") {
-  for (const char* body : {"while true do end",
-                           "local s = string.rep('a', 40) string.find(s, string.rep('a?', 40) .. s)"}) {
+  for (const char* body :
+       {"while true do end", "local s = string.rep('a', 40) string.find(s, string.rep('a?', 40) .. s)"}) {
     TempDir dir;
     auto p = load_script(dir, std::string("ballast.on('stuck', function(ev) ") + body + " end)\n", limits(3600000));
     Recorder r;

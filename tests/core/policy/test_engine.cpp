@@ -80,8 +80,7 @@ TEST_CASE("a handler returns nothing, one action, or a list of actions") {
   CHECK(nlohmann::json::parse(one.actions[0].args_json) == nlohmann::json{{"n", 2}, {"l", {1, 2}}});
   CHECK(one.actions[0].cause_topic == "x");
   CHECK_FALSE(one.actions[0].fallback);
-  Recorder list = run_one(
-      "ballast.on('x', function() return {{action='evict', subject=7}, {action='replace'}} end)");
+  Recorder list = run_one("ballast.on('x', function() return {{action='evict', subject=7}, {action='replace'}} end)");
   REQUIRE(list.actions.size() == 2);
   CHECK(list.actions[0].subject == "7");
   CHECK(list.actions[0].args_json == "{}");
@@ -149,18 +148,19 @@ TEST_CASE("a script error names the file and line, has a traceback, and leads to
 
 TEST_CASE("ballast.publish, ballast.log, ballast.now and ballast.action") {
   TempDir dir;
-  auto p = load_script(dir,
-                       "ballast.log('info', 'loaded')\n"
-                       "ballast.on('x', function(ev)\n"
-                       "  ballast.publish('policy.note', {n = 1, list = {1, 2}, name = ev.topic, none = ballast.null})\n"
-                       "  ballast.log('warn', 'w') ballast.log('debug', 'd') ballast.log('error', 'e')\n"
-                       "  local now = ballast.now()\n"
-                       "  return ballast.action{action = 'pause', reason = string.format('%.0f', now)}\n"
-                       "end)\n"
-                       "ballast.on('bad', function() return ballast.action{action = 'reboot'} end)\n"
-                       "ballast.on('badlog', function() ballast.log('loud', 'x') end)\n"
-                       "ballast.on('badtopic', function() ballast.publish('a b', {}) end)\n"
-                       "ballast.on('late', function() ballast.on('y', function() end) end)\n");
+  auto p =
+      load_script(dir,
+                  "ballast.log('info', 'loaded')\n"
+                  "ballast.on('x', function(ev)\n"
+                  "  ballast.publish('policy.note', {n = 1, list = {1, 2}, name = ev.topic, none = ballast.null})\n"
+                  "  ballast.log('warn', 'w') ballast.log('debug', 'd') ballast.log('error', 'e')\n"
+                  "  local now = ballast.now()\n"
+                  "  return ballast.action{action = 'pause', reason = string.format('%.0f', now)}\n"
+                  "end)\n"
+                  "ballast.on('bad', function() return ballast.action{action = 'reboot'} end)\n"
+                  "ballast.on('badlog', function() ballast.log('loud', 'x') end)\n"
+                  "ballast.on('badtopic', function() ballast.publish('a b', {}) end)\n"
+                  "ballast.on('late', function() ballast.on('y', function() end) end)\n");
   Recorder r;
   ballast_event e = make_event("x");
   p->handle(e, r);
@@ -204,7 +204,8 @@ TEST_CASE("load errors name the file and the line") {
   CHECK(std::string(ballast::last_error()).find("ballast.on: \"a*\" is not a valid pattern") != std::string::npos);
   // The bus's grammar: upper case is refused where the script says it.
   CHECK(load_status("ballast.on('Fault.Confirmed', function() end)") == BALLAST_EINVAL);
-  CHECK(std::string(ballast::last_error()).find("bad.lua:1: ballast.on: " + ballast::invalid_pattern_message("Fault.Confirmed")) !=
+  CHECK(std::string(ballast::last_error())
+            .find("bad.lua:1: ballast.on: " + ballast::invalid_pattern_message("Fault.Confirmed")) !=
         std::string::npos);
   CHECK(load_status("ballast.publish('x', {})") == BALLAST_EINVAL);
   CHECK(std::string(ballast::last_error()).find("only inside a handler") != std::string::npos);
@@ -268,7 +269,8 @@ TEST_CASE("a sink that calls back into the policy is refused, not corrupting it"
   CHECK(r.actions[0].action == "pause");
   r.clear();
   r.policy = nullptr;
-  struct Plain : Recorder {} plain;
+  struct Plain : Recorder {
+  } plain;
   ballast_event y = make_event("y");
   p->handle(y, plain);
   REQUIRE(plain.actions.size() == 1);

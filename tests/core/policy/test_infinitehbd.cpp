@@ -13,8 +13,10 @@
 #include <fstream>
 #include <map>
 
-TEST_CASE("the default policy replays the InfiniteHBD trace: machine faults evicted and replaced, unknown ones restarted") {
-  const auto faults = ballast::faults::read_trace(std::string(BALLAST_SOURCE_DIR) + "/tests/data/faults/infinitehbd-fault-trace.json");
+TEST_CASE(
+    "the default policy replays the InfiniteHBD trace: machine faults evicted and replaced, unknown ones restarted") {
+  const auto faults =
+      ballast::faults::read_trace(std::string(BALLAST_SOURCE_DIR) + "/tests/data/faults/infinitehbd-fault-trace.json");
   REQUIRE(faults.size() == 584);
   const std::string dir = std::filesystem::temp_directory_path().string();
   const std::string events = dir + "/infinitehbd-events.jsonl", out = dir + "/infinitehbd-actions.jsonl";
@@ -78,7 +80,8 @@ TEST_CASE("the default policy replays the InfiniteHBD trace: machine faults evic
   // maintenance evicted; the faults with no known cause restarted.
   for (const auto& [cls, actions] : by_class) {
     INFO(cls);
-    if (cls == "Other Failure/Unknown Error") CHECK(actions.count("evict+replace") == 0);
+    if (cls == "Other Failure/Unknown Error")
+      CHECK(actions.count("evict+replace") == 0);
     else if (cls.rfind("Hardware Failure/", 0) == 0 || cls == "Other Failure/Stress Test Failure")
       CHECK(actions.size() == 1);
   }

@@ -48,7 +48,8 @@ std::vector<ballast::PolicyAction> handle(Policy& p, const Fault& fault) {
 }
 
 std::string verdict(const std::string& causes) {
-  return R"({"verdict":"hang","communicator":"43a3","seq":7,"op":"allreduce","ranks":[0,1,2,3],"root_cause":)" + causes + "}";
+  return R"({"verdict":"hang","communicator":"43a3","seq":7,"op":"allreduce","ranks":[0,1,2,3],"root_cause":)" +
+         causes + "}";
 }
 
 }  // namespace
@@ -68,7 +69,8 @@ TEST_CASE("ladder: a hang verdict naming one rank isolates its node, once per ve
 
 TEST_CASE("ladder: an uncertain hang verdict over-evicts the group it names") {
   auto p = ladder();
-  const std::string ev = verdict(R"([{"rank":1,"kind":"stuck","evidence":"x"},{"rank":3,"kind":"link","evidence":"y","link":[0,3]}])");
+  const std::string ev =
+      verdict(R"([{"rank":1,"kind":"stuck","evidence":"x"},{"rank":3,"kind":"link","evidence":"y","link":[0,3]}])");
   auto a = handle(*p, {"rank:1", "stuck", "hang", ev, 1});
   REQUIRE(a.size() == 6);
   for (size_t i = 0; i < 6; i += 2) {
@@ -84,15 +86,19 @@ TEST_CASE("ladder: an uncertain hang verdict over-evicts the group it names") {
 
 TEST_CASE("ladder: a hang verdict on a rank the executor saw crash is that crash, not a second fault") {
   auto p = ladder();
-  auto crash = handle(*p, {"rank:1", "crashed", "executor", R"({"pid":42,"how":"was killed by signal 9","step":30})", 1, 1000});
+  auto crash =
+      handle(*p, {"rank:1", "crashed", "executor", R"({"pid":42,"how":"was killed by signal 9","step":30})", 1, 1000});
   REQUIRE(crash.size() == 1);
   CHECK(crash[0].action == "restart");
-  CHECK(handle(*p, {"rank:1", "not_joined", "hang", verdict(R"([{"rank":1,"kind":"not_joined","evidence":"gone"}])"), 1, 1002}).empty());
+  CHECK(handle(*p, {"rank:1", "not_joined", "hang", verdict(R"([{"rank":1,"kind":"not_joined","evidence":"gone"}])"), 1,
+                    1002})
+            .empty());
 }
 
 TEST_CASE("ladder: a NaN rolls back to the checkpoint before its step; a NaN again at that step escalates") {
   auto p = ladder();
-  auto a = handle(*p, {"rank:0", "nan", "executor", R"({"step":57,"message":"the loss of step 57 is not finite","error_kind":"nan"})", 0});
+  auto a = handle(*p, {"rank:0", "nan", "executor",
+                       R"({"step":57,"message":"the loss of step 57 is not finite","error_kind":"nan"})", 0});
   REQUIRE(a.size() == 1);
   CHECK(a[0].action == "rollback");
   CHECK(a[0].subject.empty());
@@ -152,9 +158,12 @@ TEST_CASE("ladder: an explicit machine fault evicts and replaces at once; an unk
 
 TEST_CASE("ladder: a hang verdict whose rank's process is gone, before the executor said so, restarts") {
   auto p = ladder();
-  auto a = handle(*p, {"rank:1", "not_joined", "hang",
-                       verdict(R"([{"rank":1,"kind":"not_joined","evidence":"process pid 20671 is gone (shut down) but did not join seq 7"}])"),
-                       1});
+  auto a = handle(
+      *p,
+      {"rank:1", "not_joined", "hang",
+       verdict(
+           R"([{"rank":1,"kind":"not_joined","evidence":"process pid 20671 is gone (shut down) but did not join seq 7"}])"),
+       1});
   REQUIRE(a.size() == 1);
   CHECK(a[0].action == "restart");
   CHECK(a[0].reason.find("the process is gone") != std::string::npos);

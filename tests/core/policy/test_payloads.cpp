@@ -10,7 +10,8 @@ namespace {
 
 struct Echo {
   TempDir dir;
-  std::unique_ptr<ballast::Policy> policy = load_script(dir, "ballast.on('*', function(ev) ballast.publish('echo', ev) end)");
+  std::unique_ptr<ballast::Policy> policy =
+      load_script(dir, "ballast.on('*', function(ev) ballast.publish('echo', ev) end)");
   Recorder r;
 
   json payload(const ballast_event& e) {
@@ -27,7 +28,8 @@ struct Echo {
 }  // namespace
 
 TEST_CASE("metric batch") {
-  ballast_metric_sample s[] = {{"gpu1", "cpu.user", 10, 0.5, 0}, {"gpu2", "gpu0.util", 20, 97.0, BALLAST_SAMPLE_COUNTER}};
+  ballast_metric_sample s[] = {{"gpu1", "cpu.user", 10, 0.5, 0},
+                               {"gpu2", "gpu0.util", 20, 97.0, BALLAST_SAMPLE_COUNTER}};
   ballast_metric_batch b{sizeof b, 2, s};
   Echo echo;
   json p = echo.payload(make_event("metric.sample", BALLAST_SCHEMA_METRIC_BATCH, &b, sizeof b));
@@ -44,8 +46,17 @@ TEST_CASE("op timing batch") {
   json p = echo.payload(make_event("step.timing", BALLAST_SCHEMA_OP_TIMING_BATCH, &b, sizeof b));
   CHECK(p == json{{"count", 1},
                   {"ops",
-                   {{{"dp_rank", 1}, {"stage", 2}, {"rank", 9}, {"step", 100}, {"optype", "forward-compute"},
-                     {"start_s", 1.5}, {"duration_s", 0.25}, {"seq_id", 0}, {"mc", 1}, {"mb_id", 3}, {"gmc", 5}}}}});
+                   {{{"dp_rank", 1},
+                     {"stage", 2},
+                     {"rank", 9},
+                     {"step", 100},
+                     {"optype", "forward-compute"},
+                     {"start_s", 1.5},
+                     {"duration_s", 0.25},
+                     {"seq_id", 0},
+                     {"mc", 1},
+                     {"mb_id", 3},
+                     {"gmc", 5}}}}});
 }
 
 TEST_CASE("collective record") {
@@ -70,10 +81,25 @@ TEST_CASE("collective record") {
   c.chunks_reduced = 1;
   Echo echo;
   json p = echo.payload(make_event("collective.record", BALLAST_SCHEMA_COLLECTIVE_RECORD, &c, sizeof c));
-  CHECK(p == json{{"state", "started"}, {"comm_id", 77}, {"seq", 5}, {"op", "allreduce"}, {"dtype", "bf16"},
-                  {"algorithm", "ring"}, {"count", 1024}, {"bytes", 2048}, {"rank", 1}, {"nranks", 8},
-                  {"peer", -1}, {"status", 0}, {"issue_ns", 11}, {"start_ns", 12}, {"end_ns", 0},
-                  {"chunks_posted", 4}, {"chunks_sent", 3}, {"chunks_received", 2}, {"chunks_reduced", 1}});
+  CHECK(p == json{{"state", "started"},
+                  {"comm_id", 77},
+                  {"seq", 5},
+                  {"op", "allreduce"},
+                  {"dtype", "bf16"},
+                  {"algorithm", "ring"},
+                  {"count", 1024},
+                  {"bytes", 2048},
+                  {"rank", 1},
+                  {"nranks", 8},
+                  {"peer", -1},
+                  {"status", 0},
+                  {"issue_ns", 11},
+                  {"start_ns", 12},
+                  {"end_ns", 0},
+                  {"chunks_posted", 4},
+                  {"chunks_sent", 3},
+                  {"chunks_received", 2},
+                  {"chunks_reduced", 1}});
 }
 
 TEST_CASE("fault report, with its evidence parsed") {
@@ -92,9 +118,16 @@ TEST_CASE("fault report, with its evidence parsed") {
   f.detector = "machine";
   Echo echo;
   json p = echo.payload(make_event("fault.confirmed", BALLAST_SCHEMA_FAULT_REPORT, &f, sizeof f));
-  CHECK(p == json{{"stage", "confirmed"}, {"subject", "gpu7"}, {"rank", -1}, {"kind", "outlier"},
-                  {"metric", "gpu0.temp"}, {"score", 4.5}, {"confidence", 0.9}, {"since_ns", 100},
-                  {"detected_ns", 200}, {"evidence", {{"z", 4.5}, {"peers", {1, 2}}, {"note", nullptr}}},
+  CHECK(p == json{{"stage", "confirmed"},
+                  {"subject", "gpu7"},
+                  {"rank", -1},
+                  {"kind", "outlier"},
+                  {"metric", "gpu0.temp"},
+                  {"score", 4.5},
+                  {"confidence", 0.9},
+                  {"since_ns", 100},
+                  {"detected_ns", 200},
+                  {"evidence", {{"z", 4.5}, {"peers", {1, 2}}, {"note", nullptr}}},
                   {"detector", "machine"}});
   // Evidence that is not JSON arrives as text, with a warning.
   f.evidence = "{broken";
@@ -120,11 +153,16 @@ TEST_CASE("placement plan") {
   pl.lower_bound = 1.25;
   Echo echo;
   json p = echo.payload(make_event("placement.plan", BALLAST_SCHEMA_PLACEMENT_PLAN, &pl, sizeof pl));
-  CHECK(p == json{{"count", 2}, {"job", "llm"}, {"algorithm", "bnb"},
+  CHECK(p == json{{"count", 2},
+                  {"job", "llm"},
+                  {"algorithm", "bnb"},
                   {"nodes",
                    {{{"name", "gpu1"}, {"pp_stage", 0}, {"dp_row", 0}, {"first_rank", 0}},
                     {{"name", "gpu2"}, {"pp_stage", 1}, {"dp_row", 0}, {"first_rank", 8}}}},
-                  {"max_dp_spread", 2}, {"max_pp_spread", 3}, {"objective", 1.5}, {"lower_bound", 1.25}});
+                  {"max_dp_spread", 2},
+                  {"max_pp_spread", 3},
+                  {"objective", 1.5},
+                  {"lower_bound", 1.25}});
 }
 
 TEST_CASE("recovery action, with its args parsed") {
@@ -138,8 +176,12 @@ TEST_CASE("recovery action, with its args parsed") {
   a.cause_topic = "fault.confirmed";
   Echo echo;
   json p = echo.payload(make_event("recovery.action", BALLAST_SCHEMA_RECOVERY_ACTION, &a, sizeof a));
-  CHECK(p == json{{"action", "evict"}, {"subject", "gpu3"}, {"reason", "slow"}, {"args", {{"count", 1}}},
-                  {"policy", "default"}, {"cause_topic", "fault.confirmed"}});
+  CHECK(p == json{{"action", "evict"},
+                  {"subject", "gpu3"},
+                  {"reason", "slow"},
+                  {"args", {{"count", 1}}},
+                  {"policy", "default"},
+                  {"cause_topic", "fault.confirmed"}});
 }
 
 TEST_CASE("startup stage") {
@@ -154,8 +196,13 @@ TEST_CASE("startup stage") {
   s.bytes = 1u << 20;
   Echo echo;
   json p = echo.payload(make_event("startup.stage", BALLAST_SCHEMA_STARTUP_STAGE, &s, sizeof s));
-  CHECK(p == json{{"status", BALLAST_EIO}, {"stage", "checkpoint_load"}, {"node", "gpu1"}, {"rank", 4},
-                  {"start_ns", 10}, {"end_ns", 30}, {"bytes", 1 << 20}});
+  CHECK(p == json{{"status", BALLAST_EIO},
+                  {"stage", "checkpoint_load"},
+                  {"node", "gpu1"},
+                  {"rank", 4},
+                  {"start_ns", 10},
+                  {"end_ns", 30},
+                  {"bytes", 1 << 20}});
 }
 
 TEST_CASE("straggler report") {
@@ -171,9 +218,13 @@ TEST_CASE("straggler report") {
   r.last_step = 20;
   Echo echo;
   json p = echo.payload(make_event("straggler.report", BALLAST_SCHEMA_STRAGGLER_REPORT, &r, sizeof r));
-  CHECK(p == json{{"count", 1}, {"slowdown", 1.5}, {"launch_slowdown", 1.1}, {"kind", "worker"},
+  CHECK(p == json{{"count", 1},
+                  {"slowdown", 1.5},
+                  {"launch_slowdown", 1.1},
+                  {"kind", "worker"},
                   {"culprits", {{{"dimension", "rank"}, {"name", "17"}, {"slowdown", 1.4}}}},
-                  {"first_step", 10}, {"last_step", 20}});
+                  {"first_step", 10},
+                  {"last_step", 20}});
 }
 
 TEST_CASE("JSON payloads are parsed; invalid JSON arrives as text") {
@@ -211,8 +262,8 @@ TEST_CASE("a well-known payload shorter than its v1 size is left out with a warn
   ballast_fault_report f{};
   f.size = sizeof f;
   Echo echo;
-  json p = echo.payload(
-      make_event("fault.confirmed", BALLAST_SCHEMA_FAULT_REPORT, &f, BALLAST_FAULT_REPORT_V1_SIZE - 8));
+  json p =
+      echo.payload(make_event("fault.confirmed", BALLAST_SCHEMA_FAULT_REPORT, &f, BALLAST_FAULT_REPORT_V1_SIZE - 8));
   CHECK(p.is_null());
   REQUIRE(echo.r.logs.size() == 1);
   CHECK(echo.r.logs[0].second.find("smaller than the v1 size") != std::string::npos);
@@ -239,18 +290,17 @@ TEST_CASE("a payload of an older minor, without the fields after its v1 size, re
 
 TEST_CASE("JSON payloads: escapes, unicode, numbers, and malformed text") {
   Echo echo;
-  std::string text =
-      R"({"s": "a\"b\\c\/d\b\f\n\r\t", "u": "\u00e9\u4e2d\ud83d\ude00", "raw": "é中",)"
-      R"( "n": [0, -0, 1.5e3, -2E-2, 9223372036854775807, 9223372036854775808, -12],)"
-      R"( "e": {}, "l": [], "deep": [[[{"x": [true]}]]]})";
+  std::string text = R"({"s": "a\"b\\c\/d\b\f\n\r\t", "u": "\u00e9\u4e2d\ud83d\ude00", "raw": "é中",)"
+                     R"( "n": [0, -0, 1.5e3, -2E-2, 9223372036854775807, 9223372036854775808, -12],)"
+                     R"( "e": {}, "l": [], "deep": [[[{"x": [true]}]]]})";
   json p = echo.payload(json_event("custom.json", text));
   json expected = json::parse(text);
-  expected["l"] = json::object();  // an empty Lua table has no way to say it was a list
+  expected["l"] = json::object();            // an empty Lua table has no way to say it was a list
   expected["n"][5] = 9223372036854775808.0;  // past int64: a float
   CHECK(p == expected);
   CHECK(echo.r.logs.empty());
-  for (const char* bad : {"[1,]", "{\"a\" 1}", "\"\\x\"", "\"\\ud800\"", "01", "[1] x", "\"a\nb\"", "tru", "-",
-                          "1.", "[", "{\"a\":1,}", "1e999"}) {
+  for (const char* bad : {"[1,]", "{\"a\" 1}", "\"\\x\"", "\"\\ud800\"", "01", "[1] x", "\"a\nb\"", "tru", "-", "1.",
+                          "[", "{\"a\":1,}", "1e999"}) {
     INFO(std::string(bad));
     p = echo.payload(json_event("custom.json", bad));
     CHECK(p == bad);  // delivered as text

@@ -35,8 +35,7 @@ std::string attack_script(const std::string& body) {
 
 // Run the attack: exactly one error that contains `expected`, then the
 // fallback action; then "ping" answers normally.
-void check_contained(const std::string& body, const std::string& expected,
-                     PolicyOptions options = small_limits()) {
+void check_contained(const std::string& body, const std::string& expected, PolicyOptions options = small_limits()) {
   TempDir dir;
   auto p = load_script(dir, attack_script(body), options);
   Recorder r;
@@ -89,8 +88,7 @@ PolicyOptions memory_limits() {
 }  // namespace
 
 TEST_CASE("the global table's metatable cannot be replaced or removed") {
-  check_contained("setmetatable(_G, {__index = function() return nil end})",
-                  "cannot change a protected metatable");
+  check_contained("setmetatable(_G, {__index = function() return nil end})", "cannot change a protected metatable");
   check_contained("setmetatable(_G, nil)", "cannot change a protected metatable");
   check_contained("setmetatable(string, {})", "cannot change a protected metatable");
 }
@@ -112,9 +110,10 @@ TEST_CASE("library tables and protected names are read-only") {
 TEST_CASE("the string metatable is out of reach") {
   check_contained("getmetatable('').__index = {upper = function() return 'pwned' end}",
                   "attempt to index a string value");
-  check_contained("assert(getmetatable('') == 'protected'); assert(getmetatable(string) == 'protected');"
-                  "error('checked')",
-                  "checked");
+  check_contained(
+      "assert(getmetatable('') == 'protected'); assert(getmetatable(string) == 'protected');"
+      "error('checked')",
+      "checked");
   // Strings still have their methods afterwards.
   TempDir dir;
   auto p = load_script(dir, "ballast.on('x', function() assert(('ab'):upper() == 'AB') end)");
@@ -201,12 +200,10 @@ TEST_CASE("a policy run from inside another's handler: each stops at its own dea
 TEST_CASE("pcall, xpcall and coroutines cannot swallow the deadline") {
   check_contained("while true do pcall(function() while true do end end) end", "deadline of 50 ms");
   check_contained("while true do pcall(error, 'x') end", "deadline of 50 ms");
-  check_contained(
-      "while true do xpcall(function() while true do end end, function() while true do end end) end",
-      "deadline of 50 ms");
-  check_contained(
-      "while true do coroutine.resume(coroutine.create(function() while true do end end)) end",
-      "deadline of 50 ms");
+  check_contained("while true do xpcall(function() while true do end end, function() while true do end end) end",
+                  "deadline of 50 ms");
+  check_contained("while true do coroutine.resume(coroutine.create(function() while true do end end)) end",
+                  "deadline of 50 ms");
   check_contained(
       "local t <close> = setmetatable({}, {__close = function() while true do end end})\n"
       "while true do end",
@@ -241,11 +238,12 @@ TEST_CASE("__close handlers of a coroutine stopped by the deadline never run unb
   REQUIRE(r.errors.size() == 2);
   CHECK(r.errors[1].find("stopped by the deadline") != std::string::npos);
   // Ordinary wrap and close still work.
-  check_contained("local g = coroutine.wrap(function() coroutine.yield(1) return 2 end)\n"
-                  "assert(g() == 1 and g() == 2)\n"
-                  "local co = coroutine.create(function() coroutine.yield() end) coroutine.resume(co)\n"
-                  "assert(coroutine.close(co)) error('fine')",
-                  "fine");
+  check_contained(
+      "local g = coroutine.wrap(function() coroutine.yield(1) return 2 end)\n"
+      "assert(g() == 1 and g() == 2)\n"
+      "local co = coroutine.create(function() coroutine.yield() end) coroutine.resume(co)\n"
+      "assert(coroutine.close(co)) error('fine')",
+      "fine");
 }
 
 TEST_CASE("deep recursion is a stack overflow, not a crash") {
@@ -355,11 +353,12 @@ TEST_CASE("publishing a huge or cyclic table is bounded") {
   // than 50 ms under ASan on a loaded machine.
   PolicyOptions o = small_limits();
   o.call_deadline_ms = 10000;
-  check_contained("local t = {} for i = 1, 120000 do t[i] = i end ballast.publish('big', t)",
-                  "more than 100000 values", o);
-  check_contained("local s = string.rep('x', 1e6) local t = {} for i = 1, 8 do t[i] = s end "
-                  "ballast.publish('big', t)",
-                  "bytes of strings", o);
+  check_contained("local t = {} for i = 1, 120000 do t[i] = i end ballast.publish('big', t)", "more than 100000 values",
+                  o);
+  check_contained(
+      "local s = string.rep('x', 1e6) local t = {} for i = 1, 8 do t[i] = s end "
+      "ballast.publish('big', t)",
+      "bytes of strings", o);
   check_contained("local t = {} t.self = t ballast.publish('loop', t)", "'self': a cycle", o);
   check_contained("local t = {} local c = t for i = 1, 100 do c.n = {} c = c.n end ballast.publish('deep', t)",
                   "nested deeper than 64", o);

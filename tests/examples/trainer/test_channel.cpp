@@ -60,9 +60,8 @@ class Inbox {
 };
 
 int count(const std::vector<json>& rs, const std::string& type, int rank = -1) {
-  return int(std::count_if(rs.begin(), rs.end(), [&](const json& r) {
-    return r["type"] == type && (rank < 0 || r["rank"] == rank);
-  }));
+  return int(std::count_if(rs.begin(), rs.end(),
+                           [&](const json& r) { return r["type"] == type && (rank < 0 || r["rank"] == rank); }));
 }
 
 uint64_t last_step(const std::vector<json>& rs, int rank) {
@@ -96,11 +95,15 @@ TEST_CASE("supervised: hello, step reports with their operations, checkpoint_now
   fs::create_directories(ckpt);
   std::ofstream(control).close();
   fs::create_directories(dir + "/trace");
-  const auto p = test::start(test::launch_argv(2, dir + "/trace", {"--steps", "100000", "--checkpoint-every", "0", "--log-every", "1000"}),
-                             {{"BALLAST_JOB_SOCKET", inbox.path()}, {"BALLAST_CONTROL_FILE", control},
-                              {"BALLAST_CHECKPOINT_DIR", ckpt}, {"BALLAST_ATTEMPT", "3"}, {"BALLAST_INJECT", ""},
-                              {"BALLAST_RESUME_FROM", ""}},
-                             dir, "launch");
+  const auto p = test::start(
+      test::launch_argv(2, dir + "/trace", {"--steps", "100000", "--checkpoint-every", "0", "--log-every", "1000"}),
+      {{"BALLAST_JOB_SOCKET", inbox.path()},
+       {"BALLAST_CONTROL_FILE", control},
+       {"BALLAST_CHECKPOINT_DIR", ckpt},
+       {"BALLAST_ATTEMPT", "3"},
+       {"BALLAST_INJECT", ""},
+       {"BALLAST_RESUME_FROM", ""}},
+      dir, "launch");
   const double t_start = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   auto both_past = [&](uint64_t s) {
     return [s](const std::vector<json>& rs) { return last_step(rs, 0) >= s && last_step(rs, 1) >= s; };
@@ -108,13 +111,15 @@ TEST_CASE("supervised: hello, step reports with their operations, checkpoint_now
   REQUIRE(inbox.until(both_past(20)));
   for (int rank : {0, 1}) {
     const auto& rs = inbox.all();
-    auto hello = std::find_if(rs.begin(), rs.end(), [&](const json& r) { return r["type"] == "hello" && r["rank"] == rank; });
+    auto hello =
+        std::find_if(rs.begin(), rs.end(), [&](const json& r) { return r["type"] == "hello" && r["rank"] == rank; });
     REQUIRE(hello != rs.end());
     CHECK((*hello)["step"] == 1);
     CHECK((*hello)["attempt"] == 3);
     CHECK((*hello)["pid"].get<int>() > 0);
   }
-  const json& step = *std::find_if(inbox.all().begin(), inbox.all().end(), [](const json& r) { return r["type"] == "step"; });
+  const json& step =
+      *std::find_if(inbox.all().begin(), inbox.all().end(), [](const json& r) { return r["type"] == "step"; });
   CHECK(step["loss"].get<double>() > 0);
   CHECK(std::abs(step["start_s"].get<double>() - t_start) < 60);
   std::vector<std::string> types;
@@ -122,9 +127,11 @@ TEST_CASE("supervised: hello, step reports with their operations, checkpoint_now
   CHECK(types == std::vector<std::string>{"forward-compute", "backward-compute", "grads-all-reduce", "optimizer"});
 
   // checkpoint_now: rank 0 saves at the next boundary.
-  append(control, R"({"seq":1,"command":"checkpoint_now"})" "\n");
+  append(control, R"({"seq":1,"command":"checkpoint_now"})"
+                  "\n");
   REQUIRE(inbox.until([](const std::vector<json>& rs) { return count(rs, "checkpoint") == 1; }));
-  const json ck = *std::find_if(inbox.all().begin(), inbox.all().end(), [](const json& r) { return r["type"] == "checkpoint"; });
+  const json ck =
+      *std::find_if(inbox.all().begin(), inbox.all().end(), [](const json& r) { return r["type"] == "checkpoint"; });
   CHECK(ck["rank"] == 0);
   CHECK(ck["step"].get<uint64_t>() >= 20);
   CHECK(fs::file_size(ck["path"].get<std::string>()) == ck["bytes"].get<uint64_t>());
@@ -132,7 +139,8 @@ TEST_CASE("supervised: hello, step reports with their operations, checkpoint_now
   // A line that is not JSON is skipped with a message; slow on rank 1 only.
   append(control, "not json\n");
   const uint64_t before = last_step(inbox.all(), 1);
-  append(control, R"({"seq":2,"command":"slow","factor":6,"rank":1})" "\n");
+  append(control, R"({"seq":2,"command":"slow","factor":6,"rank":1})"
+                  "\n");
   REQUIRE(inbox.until(both_past(before + 25)));
   const double fast = median_backward(inbox.all(), 1, before - 15, before);
   const double slow = median_backward(inbox.all(), 1, before + 5, before + 25);
@@ -144,7 +152,8 @@ TEST_CASE("supervised: hello, step reports with their operations, checkpoint_now
   const uint64_t partial = last_step(inbox.all(), 0);
   REQUIRE(inbox.until(both_past(partial + 5)));
   CHECK(count(inbox.all(), "done") == 0);
-  append(control, R"(and":"stop"})" "\n");
+  append(control, R"(and":"stop"})"
+                  "\n");
   REQUIRE(inbox.until([](const std::vector<json>& rs) { return count(rs, "done") == 2; }));
   const auto r = test::finish(p, 60);
   INFO(r.out << r.err);
@@ -163,7 +172,8 @@ TEST_CASE("BALLAST_INJECT: a NaN loss and a user-code error end the rank with an
   const std::string dir = test::fresh_dir("inject");
   Inbox inbox(dir + "/job.sock");
   SUBCASE("nan") {
-    const auto r = test::trainer({"--steps", "20"}, dir, {{"BALLAST_JOB_SOCKET", inbox.path()}, {"BALLAST_INJECT", "nan@7"}});
+    const auto r =
+        test::trainer({"--steps", "20"}, dir, {{"BALLAST_JOB_SOCKET", inbox.path()}, {"BALLAST_INJECT", "nan@7"}});
     CHECK(r.code == 4);
     inbox.pump();
     REQUIRE(count(inbox.all(), "error") == 1);
@@ -174,7 +184,8 @@ TEST_CASE("BALLAST_INJECT: a NaN loss and a user-code error end the rank with an
     CHECK(count(inbox.all(), "done") == 0);
   }
   SUBCASE("user error") {
-    const auto r = test::trainer({"--steps", "20"}, dir, {{"BALLAST_JOB_SOCKET", inbox.path()}, {"BALLAST_INJECT", "usererror@3"}});
+    const auto r = test::trainer({"--steps", "20"}, dir,
+                                 {{"BALLAST_JOB_SOCKET", inbox.path()}, {"BALLAST_INJECT", "usererror@3"}});
     CHECK(r.code == 3);
     inbox.pump();
     REQUIRE(count(inbox.all(), "error") == 1);
@@ -197,11 +208,14 @@ TEST_CASE("a rank told to skip leaves its collective out: every rank fails at th
   std::ofstream(control).close();
   fs::create_directories(dir + "/trace");
   const auto p = test::start(test::launch_argv(2, dir + "/trace", {"--steps", "100000"}),
-                             {{"BALLAST_CONTROL_FILE", control}, {"BALLAST_JOB_SOCKET", inbox.path()},
-                              {"BALLAST_COMM_TIMEOUT_MS", "20000"}, {"BALLAST_INJECT", ""}},
+                             {{"BALLAST_CONTROL_FILE", control},
+                              {"BALLAST_JOB_SOCKET", inbox.path()},
+                              {"BALLAST_COMM_TIMEOUT_MS", "20000"},
+                              {"BALLAST_INJECT", ""}},
                              dir, "launch");
   REQUIRE(inbox.until([](const std::vector<json>& rs) { return last_step(rs, 1) >= 5; }));
-  append(control, R"({"seq":1,"command":"skip","rank":1})" "\n");
+  append(control, R"({"seq":1,"command":"skip","rank":1})"
+                  "\n");
   const auto r = test::finish(p, 120);
   INFO(r.out << r.err);
   CHECK(r.code == 1);
@@ -220,7 +234,10 @@ TEST_CASE("a rank told to skip leaves its collective out: every rank fails at th
 TEST_CASE("commands written before a rank started were for an earlier attempt: not obeyed") {
   const std::string dir = test::fresh_dir("old");
   const std::string control = dir + "/control.jsonl";
-  append(control, R"({"seq":1,"command":"stop"})" "\n" R"({"seq":2,"command":"skip"})" "\n");
+  append(control, R"({"seq":1,"command":"stop"})"
+                  "\n"
+                  R"({"seq":2,"command":"skip"})"
+                  "\n");
   const auto r = test::trainer({"--steps", "15", "--log-every", "5"}, dir, {{"BALLAST_CONTROL_FILE", control}});
   INFO(r.out << r.err);
   CHECK(r.code == 0);

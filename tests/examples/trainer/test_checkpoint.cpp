@@ -72,10 +72,10 @@ TEST_CASE("a checkpoint under its final name is always complete, and no temporar
   const std::string dir = test::fresh_dir("atomic");
   // Wider layers make each write take longer, so that a watcher would catch a
   // file written in place.
-  const auto p = test::start({test::kTrainer, "--steps", "30", "--checkpoint-every", "1", "--hidden", "512",
-                              "--checkpoint-dir", dir},
-                             {{"RANK", ""}, {"BALLAST_JOB_SOCKET", ""}, {"BALLAST_CONTROL_FILE", ""}, {"BALLAST_TRACE_DIR", dir}},
-                             dir, "trainer");
+  const auto p = test::start(
+      {test::kTrainer, "--steps", "30", "--checkpoint-every", "1", "--hidden", "512", "--checkpoint-dir", dir},
+      {{"RANK", ""}, {"BALLAST_JOB_SOCKET", ""}, {"BALLAST_CONTROL_FILE", ""}, {"BALLAST_TRACE_DIR", dir}}, dir,
+      "trainer");
   std::set<std::string> seen;
   std::string bad;
   int looks = 0;

@@ -28,9 +28,9 @@ Done parse_done(const std::string& out) {
 
 test::Result launch(int ranks, const std::string& dir, const std::string& tag, const std::vector<std::string>& args) {
   fs::create_directories(dir + "/trace-" + tag);
-  return test::finish(test::start(test::launch_argv(ranks, dir + "/trace-" + tag, args), {{"BALLAST_CHECKPOINT_DIR", ""}},
-                                  dir, tag),
-                      240);
+  return test::finish(
+      test::start(test::launch_argv(ranks, dir + "/trace-" + tag, args), {{"BALLAST_CHECKPOINT_DIR", ""}}, dir, tag),
+      240);
 }
 }  // namespace
 
@@ -41,7 +41,7 @@ TEST_CASE("four ranks under ballast launch: the loss falls and every rank's coll
   REQUIRE(r.code == 0);
   const Done d = parse_done(r.out);
   CHECK(d.step == 300);
-  CHECK(d.first > 4.0);          // about ln(vocabulary) at the start
+  CHECK(d.first > 4.0);           // about ln(vocabulary) at the start
   CHECK(d.last < d.first - 1.2);  // bytes of English are far from uniform
   int rings = 0;
   for (const auto& e : fs::directory_iterator(dir + "/trace-learn")) rings += e.is_regular_file();

@@ -28,9 +28,9 @@ Done parse_done(const std::string& out) {
 
 test::Result launch(int ranks, const std::string& dir, const std::string& tag, const std::vector<std::string>& args) {
   fs::create_directories(dir + "/trace-" + tag);
-  return test::finish(test::start(test::launch_argv(ranks, dir + "/trace-" + tag, args), {{"BALLAST_CHECKPOINT_DIR", ""}},
-                                  dir, tag),
-                      240);
+  return test::finish(
+      test::start(test::launch_argv(ranks, dir + "/trace-" + tag, args), {{"BALLAST_CHECKPOINT_DIR", ""}}, dir, tag),
+      240);
 }
 
 bool same_bytes(const std::string& a, const std::string& b) {
@@ -52,14 +52,16 @@ TEST_CASE("200 steps equal 100 steps, a resume from the checkpoint and 100 more,
     a.insert(a.end(), model.begin(), model.end());
     return a;
   };
-  const auto a = launch(2, dir, "whole", args({"--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", whole}));
+  const auto a =
+      launch(2, dir, "whole", args({"--steps", "200", "--checkpoint-every", "100", "--checkpoint-dir", whole}));
   INFO("whole: " << a.out << a.err);
   REQUIRE(a.code == 0);
   const auto b = launch(2, dir, "first", args({"--steps", "100", "--checkpoint-dir", split}));
   INFO("first half: " << b.out << b.err);
   REQUIRE(b.code == 0);
-  const auto c = launch(2, dir, "second",
-                        args({"--steps", "200", "--checkpoint-dir", split, "--resume-from", split + "/step-00000100.safetensors"}));
+  const auto c = launch(
+      2, dir, "second",
+      args({"--steps", "200", "--checkpoint-dir", split, "--resume-from", split + "/step-00000100.safetensors"}));
   INFO("second half: " << c.out << c.err);
   REQUIRE(c.code == 0);
   CHECK(same_bytes(whole + "/step-00000100.safetensors", split + "/step-00000100.safetensors"));

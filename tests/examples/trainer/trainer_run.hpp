@@ -60,8 +60,10 @@ inline Process start(const std::vector<std::string>& argv, const std::map<std::s
     dup2(fo, 1);
     dup2(fe, 2);
     for (const auto& [k, v] : env) {
-      if (v.empty()) unsetenv(k.c_str());
-      else setenv(k.c_str(), v.c_str(), 1);
+      if (v.empty())
+        unsetenv(k.c_str());
+      else
+        setenv(k.c_str(), v.c_str(), 1);
     }
     // In sanitizer builds LeakSanitizer's exit-time tracer trips over UCX's
     // threads (see tests/plugins/detector/hang): ranks run without it.
@@ -115,8 +117,10 @@ inline Result trainer(const std::vector<std::string>& args, const std::string& d
 }
 
 // `ballast launch -n N -- ballast-trainer ARGS`.
-inline std::vector<std::string> launch_argv(int ranks, const std::string& trace_dir, const std::vector<std::string>& args) {
-  std::vector<std::string> argv{kBallast, "launch", "-n", std::to_string(ranks), "--trace-dir", trace_dir, "--", kTrainer};
+inline std::vector<std::string> launch_argv(int ranks, const std::string& trace_dir,
+                                            const std::vector<std::string>& args) {
+  std::vector<std::string> argv{kBallast,      "launch",  "-n", std::to_string(ranks),
+                                "--trace-dir", trace_dir, "--", kTrainer};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }

@@ -8,17 +8,17 @@
 #include <ballast/plugin.h>
 #include <ballast/scheduler.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
-#include <set>
-#include <unistd.h>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
-#include <sys/wait.h>
 
 #include "plan_command.hpp"
 #include "topology.hpp"
@@ -59,7 +59,8 @@ std::string temp_path(const std::string& name) {
 }  // namespace
 
 TEST_CASE("ballast plan --json prints the plan") {
-  Output o = plan({"--topology", kData + "tree.conf", "--job", kData + "job.json", "--state", kData + "state.json", "--json"});
+  Output o =
+      plan({"--topology", kData + "tree.conf", "--job", kData + "job.json", "--state", kData + "state.json", "--json"});
   REQUIRE(o.rc == 0);
   auto j = nlohmann::json::parse(o.out);
   CHECK(j["algorithm"] == "arnold");
@@ -108,7 +109,8 @@ TEST_CASE("--hostfile writes one line per rank in global-rank order and the rank
 
 TEST_CASE("ballast plan --replace changes only the failed node") {
   std::string pf = temp_path("plan.json");
-  Output o = plan({"--topology", kData + "tree.conf", "--job", kData + "job.json", "--state", kData + "state.json", "--json"});
+  Output o =
+      plan({"--topology", kData + "tree.conf", "--job", kData + "job.json", "--state", kData + "state.json", "--json"});
   REQUIRE(o.rc == 0);
   std::ofstream(pf) << o.out;
   auto before = nlohmann::json::parse(o.out);
@@ -204,9 +206,12 @@ int h_publish(const ballast_host_api* a, const ballast_event* ev) {
     const auto* p = static_cast<const ballast_placement_plan*>(ev->payload);
     nlohmann::json nodes = nlohmann::json::array();
     for (uint32_t i = 0; i < p->count; ++i)
-      nodes.push_back({{"name", p->nodes[i].name}, {"pp_stage", p->nodes[i].pp_stage}, {"dp_row", p->nodes[i].dp_row},
+      nodes.push_back({{"name", p->nodes[i].name},
+                       {"pp_stage", p->nodes[i].pp_stage},
+                       {"dp_row", p->nodes[i].dp_row},
                        {"first_rank", p->nodes[i].first_rank}});
-    h->plans.push_back({{"topic", ev->topic}, {"algorithm", p->algorithm}, {"nodes", nodes}, {"objective", p->objective}});
+    h->plans.push_back(
+        {{"topic", ev->topic}, {"algorithm", p->algorithm}, {"nodes", nodes}, {"objective", p->objective}});
   } else if (ev->schema == BALLAST_SCHEMA_JSON) {
     h->errors.emplace_back(static_cast<const char*>(ev->payload), ev->payload_size);
   }
@@ -349,14 +354,18 @@ TEST_CASE("the plugin offers `plan`, the scheduler interface, and answers placem
   CHECK(h.plans[0]["nodes"].size() == 12);
   for (const auto& n : h.plans[0]["nodes"]) CHECK(n["name"] != "gpu11");
   // A policy asks for a replacement with the plan event it saw (nodes only).
-  nlohmann::json ask{{"replace", {{"plan", {{"nodes", h.plans[0]["nodes"]}}}, {"failed", h.plans[0]["nodes"][5]["name"]}, {"alpha", 0.3}}}};
+  nlohmann::json ask{
+      {"replace",
+       {{"plan", {{"nodes", h.plans[0]["nodes"]}}}, {"failed", h.plans[0]["nodes"][5]["name"]}, {"alpha", 0.3}}}};
   std::string ask_body = ask.dump();
   deliver(h, "placement.request", BALLAST_SCHEMA_JSON, ask_body.data(), ask_body.size());
   REQUIRE(h.plans.size() == 2);
   CHECK(h.plans[1]["algorithm"] == "replace");
   for (size_t x = 0; x < 12; ++x) {
-    if (x == 5) CHECK(h.plans[1]["nodes"][x]["name"] != h.plans[0]["nodes"][x]["name"]);
-    else CHECK(h.plans[1]["nodes"][x]["name"] == h.plans[0]["nodes"][x]["name"]);
+    if (x == 5)
+      CHECK(h.plans[1]["nodes"][x]["name"] != h.plans[0]["nodes"][x]["name"]);
+    else
+      CHECK(h.plans[1]["nodes"][x]["name"] == h.plans[0]["nodes"][x]["name"]);
     CHECK(h.plans[1]["nodes"][x]["name"] != "gpu11");  // still faulty
   }
   std::string broken = R"({"job": {"gpus_per_node": 8, "tp": 4, "pp": 2, "dp": 11}})";

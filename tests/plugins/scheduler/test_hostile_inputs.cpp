@@ -52,7 +52,8 @@ TEST_CASE("hostlists are bounded per file, not per expression") {
 TEST_CASE("a chain of 200,000 switches is checked in linear time, and a cycle in it is found") {
   std::string conf;
   const int n = 200000;
-  for (int i = 0; i < n - 1; ++i) conf += "SwitchName=s" + std::to_string(i) + " Switches=s" + std::to_string(i + 1) + "\n";
+  for (int i = 0; i < n - 1; ++i)
+    conf += "SwitchName=s" + std::to_string(i) + " Switches=s" + std::to_string(i + 1) + "\n";
   conf += "SwitchName=s" + std::to_string(n - 1) + " Nodes=gpu[1-4]\n";
   // Quadratic, this took 44 s; the test's time limit is the guard (no timed
   // assertion: ASan on a loaded machine took 27 s for the linear check).

@@ -6,8 +6,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 #include "placement.hpp"
 
@@ -105,8 +105,8 @@ TEST_CASE("evaluate counts minipods per group, 0 when a group sits in one") {
   Shape s{2, 3, 0.5};
   // cells in rank order: column 0 = {0, 0}, column 1 = {0, 1}, column 2 = {2, 2}
   Score sc = evaluate(s, {0, 0, 0, 1, 2, 2}, 3);
-  CHECK(sc.dp == 2);      // column 1 touches two minipods
-  CHECK(sc.pp == 3);      // row 1 touches 0, 1, 2
+  CHECK(sc.dp == 2);  // column 1 touches two minipods
+  CHECK(sc.pp == 3);  // row 1 touches 0, 1, 2
   CHECK(sc.objective == doctest::Approx(2.5));
   CHECK(evaluate(s, {1, 1, 1, 1, 1, 1}, 3).objective == 0);
 }
@@ -215,32 +215,32 @@ TEST_CASE("within each DP group, a minipod's nodes hold consecutive ranks") {
   Fixture f = make({20, 17, 13, 9}, 2);
   for (double alpha : {0.0, 0.3, 0.5, 1.0})
     for (auto [R, P] : {std::pair{10, 4}, {6, 8}, {14, 3}, {3, 2}, {19, 3}})
-     for (const char* algorithm : {"arnold", "heuristic"}) {
-      PlaceOptions po;
-      po.algorithm = algorithm;
-      Plan p = place(f.topo, f.cluster, job_of(R, P, alpha), po);
-      for (int j = 0; j < P; ++j) {
-        std::set<int> closed;
-        int prev = -1;
-        for (int i = 0; i < R; ++i) {
-          int m = f.topo.node_minipod[p.nodes[j * R + i]];
-          if (m != prev) {
-            CHECK(closed.count(m) == 0);  // a minipod never comes back in a column
-            if (prev >= 0) closed.insert(prev);
-            prev = m;
+      for (const char* algorithm : {"arnold", "heuristic"}) {
+        PlaceOptions po;
+        po.algorithm = algorithm;
+        Plan p = place(f.topo, f.cluster, job_of(R, P, alpha), po);
+        for (int j = 0; j < P; ++j) {
+          std::set<int> closed;
+          int prev = -1;
+          for (int i = 0; i < R; ++i) {
+            int m = f.topo.node_minipod[p.nodes[j * R + i]];
+            if (m != prev) {
+              CHECK(closed.count(m) == 0);  // a minipod never comes back in a column
+              if (prev >= 0) closed.insert(prev);
+              prev = m;
+            }
           }
         }
+        // and its nodes are taken in rank order within each minipod
+        std::map<int, int> last;
+        for (size_t r = 0; r < p.nodes.size(); ++r) {
+          int m = f.topo.node_minipod[p.nodes[r]];
+          auto pos = std::find(f.cluster.free_nodes[m].begin(), f.cluster.free_nodes[m].end(), p.nodes[r]) -
+                     f.cluster.free_nodes[m].begin();
+          if (last.count(m)) CHECK(pos > last[m]);
+          last[m] = static_cast<int>(pos);
+        }
       }
-      // and its nodes are taken in rank order within each minipod
-      std::map<int, int> last;
-      for (size_t r = 0; r < p.nodes.size(); ++r) {
-        int m = f.topo.node_minipod[p.nodes[r]];
-        auto pos = std::find(f.cluster.free_nodes[m].begin(), f.cluster.free_nodes[m].end(), p.nodes[r]) -
-                   f.cluster.free_nodes[m].begin();
-        if (last.count(m)) CHECK(pos > last[m]);
-        last[m] = static_cast<int>(pos);
-      }
-    }
 }
 
 TEST_CASE("Slurm's tree baseline takes the tightest leaf that fits the rest") {
@@ -269,7 +269,8 @@ TEST_CASE("a job that does not fit, or an unknown algorithm, is a clear error") 
 TEST_CASE("the branch and bound alone, from no incumbent, finds the brute-force optimum") {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
-    Shape s{1 + static_cast<int>(rng() % 4), 1 + static_cast<int>(rng() % 3), std::vector<double>{0, 0.3, 0.5, 1}[rng() % 4]};
+    Shape s{1 + static_cast<int>(rng() % 4), 1 + static_cast<int>(rng() % 3),
+            std::vector<double>{0, 0.3, 0.5, 1}[rng() % 4]};
     if (s.cells() > 9) continue;
     std::vector<int> cap(2 + rng() % 3);
     int total = 0;

@@ -58,7 +58,8 @@ TEST_CASE("a plan event rendered as JSON (nodes only) is read with its matrix in
   auto full = plan_to_json(p.plan, p.topo, p.job);
   nlohmann::json bare{{"nodes", nlohmann::json::array()}};
   for (const auto& n : full["nodes"])
-    bare["nodes"].push_back({{"name", n["name"]}, {"pp_stage", n["pp_stage"]}, {"dp_row", n["dp_row"]}, {"first_rank", n["first_rank"]}});
+    bare["nodes"].push_back(
+        {{"name", n["name"]}, {"pp_stage", n["pp_stage"]}, {"dp_row", n["dp_row"]}, {"first_rank", n["first_rank"]}});
   LoadedPlan lp = parse_plan(bare.dump(), "event");
   CHECK(lp.job.rows() == 6);
   CHECK(lp.job.cols() == 2);
@@ -99,7 +100,8 @@ TEST_CASE("replacement picks, among the given spares, the one that keeps the spr
   // One spare in the failed node's minipod, one elsewhere.
   std::string same, other;
   for (size_t id = 0; id < p.topo.nodes.size(); ++id) {
-    if (p.state[id] != kFree || std::find(p.plan.nodes.begin(), p.plan.nodes.end(), static_cast<int>(id)) != p.plan.nodes.end())
+    if (p.state[id] != kFree ||
+        std::find(p.plan.nodes.begin(), p.plan.nodes.end(), static_cast<int>(id)) != p.plan.nodes.end())
       continue;
     if (p.topo.node_minipod[id] == fm && same.empty()) same = p.topo.nodes[id];
     if (p.topo.node_minipod[id] != fm && other.empty()) other = p.topo.nodes[id];
@@ -118,20 +120,25 @@ TEST_CASE("replacement picks, among the given spares, the one that keeps the spr
 TEST_CASE("replacement errors") {
   Placed p = placed(0.5);
   std::string in_plan = p.topo.nodes[p.plan.nodes[1]];
-  CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {"gpu01"}, {}); }) == "failed node gpu01 is not in the plan");
+  CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {"gpu01"}, {}); }) ==
+        "failed node gpu01 is not in the plan");
   CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {in_plan}, {"zz9"}); }) ==
         "spare zz9 is not in " + kData + "tree.conf");
   CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {p.topo.nodes[p.plan.nodes[0]]}, {in_plan}); }) ==
         "spare " + in_plan + " is already in the plan");
-  CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {in_plan}, {"gpu30"}); }) == "spare gpu30 is marked faulty");
-  std::vector<std::string> three{p.topo.nodes[p.plan.nodes[0]], p.topo.nodes[p.plan.nodes[1]], p.topo.nodes[p.plan.nodes[2]]};
+  CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, {in_plan}, {"gpu30"}); }) ==
+        "spare gpu30 is marked faulty");
+  std::vector<std::string> three{p.topo.nodes[p.plan.nodes[0]], p.topo.nodes[p.plan.nodes[1]],
+                                 p.topo.nodes[p.plan.nodes[2]]};
   std::vector<std::string> two;
   for (size_t id = 0; id < p.topo.nodes.size() && two.size() < 2; ++id)
-    if (p.state[id] == kFree && std::find(p.plan.nodes.begin(), p.plan.nodes.end(), static_cast<int>(id)) == p.plan.nodes.end())
+    if (p.state[id] == kFree &&
+        std::find(p.plan.nodes.begin(), p.plan.nodes.end(), static_cast<int>(id)) == p.plan.nodes.end())
       two.push_back(p.topo.nodes[id]);
   CHECK(error_of([&] { replace_nodes(p.topo, p.state, p.loaded, three, two); }) == "3 failed nodes but only 2 spares");
-  CHECK(error_of([&] { parse_plan(R"({"gpus_per_node": 8, "tp": 4, "pp": 2, "dp": 12, "alpha": 0.5, "nodes": []})", "p.json"); }) ==
-        "p.json: \"nodes\" has 0 entries, the job needs 12");
+  CHECK(error_of([&] {
+          parse_plan(R"({"gpus_per_node": 8, "tp": 4, "pp": 2, "dp": 12, "alpha": 0.5, "nodes": []})", "p.json");
+        }) == "p.json: \"nodes\" has 0 entries, the job needs 12");
 }
 
 TEST_CASE("standby sizing from the InfiniteHBD trace") {
@@ -171,9 +178,11 @@ TEST_CASE("standby sizing on a hand-made trace: one of four nodes down half the 
 TEST_CASE("standby sizing rejects malformed traces and arguments") {
   CHECK(error_of([] { standby_size("[{\"node_id\": 1}]", "t.json", 10, 99, 0, 0); }) ==
         "t.json: event 0: want {\"node_id\": string, \"event_time\": days, \"event_type\": string}");
-  CHECK(error_of([] { standby_size(R"([{"node_id": "a", "event_time": 1, "event_type": "x"}])", "t.json", 10, 99, 0, 0); }) ==
-        "t.json: event 0: event_type \"x\" (want fault_start or fault_end)");
+  CHECK(error_of([] {
+          standby_size(R"([{"node_id": "a", "event_time": 1, "event_type": "x"}])", "t.json", 10, 99, 0, 0);
+        }) == "t.json: event 0: event_type \"x\" (want fault_start or fault_end)");
   CHECK(error_of([] { standby_size("[", "t.json", 10, 99, 0, 0); }) == "t.json: line 1, column 2: malformed JSON");
-  CHECK(error_of([] { standby_size("[]", "t.json", 10, 99, 0, 0); }) == "t.json: expected a non-empty list of fault events");
+  CHECK(error_of([] { standby_size("[]", "t.json", 10, 99, 0, 0); }) ==
+        "t.json: expected a non-empty list of fault events");
   CHECK(error_of([] { standby_size("[]", "t.json", 10, 120, 0, 0); }) == "--percentile must be in (0, 100]");
 }

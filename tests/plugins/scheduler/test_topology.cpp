@@ -72,7 +72,8 @@ TEST_CASE("topology.conf errors name the file and line") {
         "t.conf:2: node n3 is already in l1 (line 1); a node belongs to one leaf");
   CHECK(conf("SwitchName=t Switches=l\nSwitchName=u Switches=l\nSwitchName=l Nodes=n1\n") ==
         "t.conf:2: switch l already has parent t (line 1)");
-  CHECK(conf("SwitchName=s Nodes=n1\nSwitchName=s Nodes=n2\n") == "t.conf:2: switch s declared twice (first on line 1)");
+  CHECK(conf("SwitchName=s Nodes=n1\nSwitchName=s Nodes=n2\n") ==
+        "t.conf:2: switch s declared twice (first on line 1)");
   CHECK(conf("\n\nSwitchName=s Nodes=n1 Speed=3\n") == "t.conf:3: unknown key speed for SwitchName");
   CHECK(conf("SwitchName=s Nodes\n") == "t.conf:1: expected Key=Value, got \"Nodes\"");
   CHECK(conf("NodeName=x\n") == "t.conf:1: unknown entry nodename (want SwitchName, BlockName or BlockSizes)");
@@ -83,7 +84,8 @@ TEST_CASE("topology.conf errors name the file and line") {
   CHECK(conf("BlockName=b Nodes=n[1-5]\nBlockSizes=4\n") ==
         "t.conf:1: block b has 5 nodes, more than the base block size 4");
   CHECK(conf("BlockSizes=4,x\n") == "t.conf:1: bad block size \"x\" (want positive integers, comma-separated)");
-  CHECK(conf("SwitchName=s Nodes=n1\nBlockName=b Nodes=n2\n") == "t.conf:2: a file mixes SwitchName and BlockName entries");
+  CHECK(conf("SwitchName=s Nodes=n1\nBlockName=b Nodes=n2\n") ==
+        "t.conf:2: a file mixes SwitchName and BlockName entries");
 }
 
 TEST_CASE("topology.yaml tree and block") {
@@ -131,7 +133,8 @@ TEST_CASE("topology.yaml errors name the file and line") {
         "t.yaml:4: switch s lists unknown switch x");
   CHECK(yaml("- topology: a\n  tree: {switches: [{switch: s, nodes: n1}]\n").find("t.yaml:3: YAML syntax") == 0);
   CHECK(yaml("- topology: a\n  flat: true\n") == "t.yaml:1: a flat topology has no minipods to place by");
-  CHECK(yaml("- topology: a\n  tree: {}\n  block: {}\n") == "t.yaml:1: topology a needs exactly one of tree, block, flat");
+  CHECK(yaml("- topology: a\n  tree: {}\n  block: {}\n") ==
+        "t.yaml:1: topology a needs exactly one of tree, block, flat");
   CHECK(yaml("topology: a\n") == "t.yaml:1: expected a list of topologies (\"- topology: NAME\")");
   CHECK(yaml("- topology: a\n  block:\n    blocks:\n      - block: b\n") == "t.yaml:4: missing key \"nodes\"");
 }

@@ -11,8 +11,8 @@
 #include <ballast/startup.h>
 #include <nlohmann/json.hpp>
 
-#include "startup_command.hpp"
 #include "helpers.hpp"
+#include "startup_command.hpp"
 
 using startup_test::read_text;
 using startup_test::TempDir;
@@ -59,7 +59,8 @@ std::string le64(uint64_t v) {
 }
 
 void write_model(const std::string& path) {
-  std::string h = R"({"w":{"dtype":"F32","shape":[1024,256],"data_offsets":[0,1048576]},"b":{"dtype":"I64","shape":[3],"data_offsets":[1048576,1048600]}})";
+  std::string h =
+      R"({"w":{"dtype":"F32","shape":[1024,256],"data_offsets":[0,1048576]},"b":{"dtype":"I64","shape":[3],"data_offsets":[1048576,1048600]}})";
   write_text(path, le64(h.size()) + h + startup_test::pattern(1048600, 5));
 }
 
@@ -83,8 +84,9 @@ TEST_CASE("env, load and time append stages that report --json adds up") {
   TempDir d;
   std::string stages = d / "stages.jsonl";
   write_text(d / "req.lock", "numpy==2.0\n");
-  Output e1 = run(d, {"env", "--lock", d / "req.lock", "--dir", d / "env", "--store", d / "store", "--stages", stages,
-                      "--json", "--", "sh", "-c", "mkdir -p \"$BALLAST_ENV_DIR\" && echo 1 > \"$BALLAST_ENV_DIR/m.py\""});
+  Output e1 =
+      run(d, {"env", "--lock", d / "req.lock", "--dir", d / "env", "--store", d / "store", "--stages", stages, "--json",
+              "--", "sh", "-c", "mkdir -p \"$BALLAST_ENV_DIR\" && echo 1 > \"$BALLAST_ENV_DIR/m.py\""});
   REQUIRE(e1.rc == 0);
   CHECK(nlohmann::json::parse(e1.out)["action"] == "installed+snapshot");
   fs::remove_all(d / "env");

@@ -6,9 +6,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "startup_command.hpp"
 #include "helpers.hpp"
 #include "hotblocks.hpp"
+#include "startup_command.hpp"
 #include "striped_read.hpp"
 
 using namespace ballast::startup;
@@ -173,7 +173,8 @@ TEST_CASE("a malformed profile is refused by name, and prefetch then just runs t
   TempDir d;
   startup_test::write_text(d / "bad.json", R"({"format":"ballast-startup-hotblocks","version":1,"block_bytes":4096,
     "files":[{"path":"/x","size":10,"mtime_ns":0,"dev":1,"ino":2}],"extents":[[3,0,10]]})");
-  CHECK_THROWS_WITH_AS(read_profile(d / "bad.json"), doctest::Contains("extents[0]: file index 3 is out of range"), Error);
+  CHECK_THROWS_WITH_AS(read_profile(d / "bad.json"), doctest::Contains("extents[0]: file index 3 is out of range"),
+                       Error);
   startup_test::write_text(d / "trunc.json", R"({"format":"ballast-startup-hotblocks","vers)");
   CHECK_THROWS_WITH_AS(read_profile(d / "trunc.json"), doctest::Contains("not a JSON profile"), Error);
   CHECK(run({"prefetch", d / "trunc.json", "--", "sh", "-c", "touch " + (d / "ran") + "; exit 4"}) == 4);
@@ -198,7 +199,7 @@ TEST_CASE("the relevance check stops on another job's profile and keeps a profil
   p.files = {{"/a", FileId{1, 10, 0, 0}}, {"/b", FileId{1, 11, 0, 0}}};
   RelevanceCheck wrong(p.files, 3);
   CHECK(wrong.observe({{1, 20}, {1, 21}}) == RelevanceCheck::kUndecided);
-  CHECK(wrong.observe({{1, 20}}) == RelevanceCheck::kUndecided);  // the same file again
+  CHECK(wrong.observe({{1, 20}}) == RelevanceCheck::kUndecided);     // the same file again
   CHECK(wrong.observe({{2, 10}}) == RelevanceCheck::kWrongProfile);  // same inode, other device
   RelevanceCheck right(p.files, 3);
   CHECK(right.observe({{1, 20}, {1, 21}}) == RelevanceCheck::kUndecided);
@@ -214,8 +215,8 @@ TEST_CASE("open_files_of lists the regular files a process tree holds open") {
   REQUIRE(file_id(d / "one", one));
   REQUIRE(file_id(d / "two", two));
   // The shell holds "one"; its child (a subshell) holds "two"; both wait.
-  std::string script = "exec 3<" + (d / "one") + "; (exec 4<" + (d / "two") + "; touch " + (d / "ready") +
-                       "; sleep 30) & wait";
+  std::string script =
+      "exec 3<" + (d / "one") + "; (exec 4<" + (d / "two") + "; touch " + (d / "ready") + "; sleep 30) & wait";
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {

@@ -121,8 +121,10 @@ TEST_CASE("bad safetensors headers are refused with the field named") {
   CHECK(err() == p + ": tensor \"a\": 16 bytes for shape of 3 x F32");
   write_st(p, R"({"a":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})", std::string(16, 'x'));
   CHECK(err() == p + ": tensor \"a\": unknown dtype \"Q4\"");
-  write_st(p, R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
-           std::string(12, 'x'));
+  write_st(
+      p,
+      R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
+      std::string(12, 'x'));
   CHECK(err() == p + ": tensors \"a\" and \"b\" overlap");
   write_st(p, R"({"a":{"dtype":"U8","shape":[8]}})", std::string(8, 'x'));
   CHECK(err() == p + ": tensor \"a\": field \"data_offsets\" must be [begin, end]");
@@ -136,8 +138,9 @@ TEST_CASE("bad safetensors headers are refused with the field named") {
   write_st(p, R"({"a":{"dtype":"U8","shape":[0,9223372036854775813],"data_offsets":[0,0]}})", "");
   CHECK(err() == p + ": tensor \"a\": field \"shape\" overflows");
   // One name twice: the JSON library would keep only the second.
-  write_st(p, R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
-           std::string(8, 'x'));
+  write_st(
+      p, R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+      std::string(8, 'x'));
   CHECK(err() == p + ": safetensors header names tensor \"a\" twice");
 }
 
@@ -165,7 +168,8 @@ TEST_CASE("checksums written once are verified on later loads; a changed byte is
   bytes.push_back('x');  // the header still fits; the sums no longer do
   write_text(d / "m.safetensors", bytes);
   o.verify = true;
-  CHECK_THROWS_WITH_AS(load_file(d / "m.safetensors", o), doctest::Contains("stale checksums or a changed file"), Error);
+  CHECK_THROWS_WITH_AS(load_file(d / "m.safetensors", o), doctest::Contains("stale checksums or a changed file"),
+                       Error);
 }
 
 // The shared-read segments present in /dev/shm now.

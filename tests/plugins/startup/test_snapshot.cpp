@@ -33,8 +33,10 @@ std::string listing(const std::string& dir) {
     std::string rel = fs::relative(e.path(), dir).string();
     auto st = e.symlink_status();
     std::string line = rel + " " + std::to_string(int(st.type())) + " " + std::to_string(int(st.permissions()));
-    if (fs::is_symlink(st)) line += " -> " + fs::read_symlink(e.path()).string();
-    else if (fs::is_regular_file(st)) line += " " + std::to_string(std::hash<std::string>{}(read_text(e.path().string())));
+    if (fs::is_symlink(st))
+      line += " -> " + fs::read_symlink(e.path()).string();
+    else if (fs::is_regular_file(st))
+      line += " " + std::to_string(std::hash<std::string>{}(read_text(e.path().string())));
     lines.push_back(line);
   }
   std::sort(lines.begin(), lines.end());
@@ -105,8 +107,8 @@ TEST_CASE("a corrupted or truncated snapshot is detected and the target is left 
 TEST_CASE("env installs and snapshots on a miss, restores on a hit, rebuilds over a corrupted snapshot") {
   TempDir d;
   write_text(d / "lock.txt", "pkg_a==1.0\npkg_b==2.0\n");
-  std::string install = "mkdir -p \"$BALLAST_ENV_DIR/lib\" && echo v1 > \"$BALLAST_ENV_DIR/lib/a.py\" && echo x >> " +
-                        (d / "installs");
+  std::string install =
+      "mkdir -p \"$BALLAST_ENV_DIR/lib\" && echo v1 > \"$BALLAST_ENV_DIR/lib/a.py\" && echo x >> " + (d / "installs");
   EnvOptions o;
   o.lockfiles = {d / "lock.txt"};
   o.dir = d / "env";
@@ -150,7 +152,8 @@ TEST_CASE("a missing lockfile falls back to the plain install with a message nam
   CHECK(r.exit_code == 0);
   CHECK(r.action == "installed");
   REQUIRE(r.messages.size() == 1);
-  CHECK(r.messages[0] == "lockfile " + (d / "nope.lock") + ": No such file or directory; running the install without a snapshot");
+  CHECK(r.messages[0] ==
+        "lockfile " + (d / "nope.lock") + ": No such file or directory; running the install without a snapshot");
   CHECK(fs::exists(d / "env/ok"));
   CHECK(!fs::exists(d / "store"));
   // A failing install is reported as such, and nothing is snapshotted.
@@ -176,7 +179,9 @@ TEST_CASE("concurrent builders of one key install once; the others restore the p
       o.lockfiles = {d / "lock.txt"};
       o.dir = d / ("env" + std::to_string(i % 1));  // all nodes install into the same path
       o.store = d / "store";
-      o.install = {"sh", "-c", "echo run >> " + (d / "installs") + "; sleep 0.3; mkdir -p \"$BALLAST_ENV_DIR\" && echo ok > \"$BALLAST_ENV_DIR/f\""};
+      o.install = {"sh", "-c",
+                   "echo run >> " + (d / "installs") +
+                       "; sleep 0.3; mkdir -p \"$BALLAST_ENV_DIR\" && echo ok > \"$BALLAST_ENV_DIR/f\""};
       EnvResult r = run_env(o);
       ::_exit(r.exit_code == 0 && (r.action == "restored" || r.action == "installed+snapshot") ? 0 : 1);
     }
@@ -212,8 +217,9 @@ TEST_CASE("a store that cannot take the snapshot leaves the installed environmen
     o.lockfiles = {d / "lock.txt"};
     o.dir = d / "env";
     o.store = d / "store";
-    o.install = {"sh", "-c", "mkdir -p \"$BALLAST_ENV_DIR\" && head -c 60000 /dev/urandom > \"$BALLAST_ENV_DIR/a\" && "
-                             "head -c 60000 /dev/urandom > \"$BALLAST_ENV_DIR/b\""};
+    o.install = {"sh", "-c",
+                 "mkdir -p \"$BALLAST_ENV_DIR\" && head -c 60000 /dev/urandom > \"$BALLAST_ENV_DIR/a\" && "
+                 "head -c 60000 /dev/urandom > \"$BALLAST_ENV_DIR/b\""};
     EnvResult r = run_env(o);
     bool ok = r.exit_code == 0 && r.action == "installed" && !r.messages.empty() &&
               r.messages[0].find("snapshot not stored") != std::string::npos;

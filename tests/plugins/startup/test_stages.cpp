@@ -91,7 +91,8 @@ TEST_CASE("crc32c and sha256 match published check values") {
   for (size_t n : {size_t(12288), size_t(100003), size_t(1 << 20) + 5}) {
     std::string data = startup_test::pattern(n, n);
     uint32_t pieces = 0;
-    for (size_t off = 0; off < n; off += 1000) pieces = crc32c_update(pieces, data.data() + off, std::min<size_t>(1000, n - off));
+    for (size_t off = 0; off < n; off += 1000)
+      pieces = crc32c_update(pieces, data.data() + off, std::min<size_t>(1000, n - off));
     CHECK(crc32c(data.data(), n) == pieces);
     size_t cut = n / 3 + 1;
     CHECK(crc32c_combine(crc32c(data.data(), cut), crc32c(data.data() + cut, n - cut), n - cut) == pieces);

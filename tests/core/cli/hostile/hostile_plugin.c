@@ -50,9 +50,20 @@ static const void* get_interface(void* state, const char* name, uint32_t version
 }
 static const ballast_interface_info interfaces[] = {{BALLAST_COMMAND_INTERFACE, BALLAST_COMMAND_VERSION}, {NULL, 0}};
 
-static ballast_plugin_descriptor descriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "hostile", "1.0", "test",
-    "a hostile test plugin", create, NULL, NULL, destroy, get_interface, interfaces};
+static ballast_plugin_descriptor descriptor = {sizeof(ballast_plugin_descriptor),
+                                               BALLAST_ABI_MAJOR,
+                                               BALLAST_ABI_MINOR,
+                                               0,
+                                               "hostile",
+                                               "1.0",
+                                               "test",
+                                               "a hostile test plugin",
+                                               create,
+                                               NULL,
+                                               NULL,
+                                               destroy,
+                                               get_interface,
+                                               interfaces};
 
 #if defined(VARIANT_CONSTRUCTOR)
 __attribute__((constructor)) static void on_load(void) {

@@ -51,7 +51,7 @@ static void late_stop(void* state) {
   (void)state;
   atomic_store(&g_stopping, 1);
   struct timespec ts = {0, 50 * 1000000};
-  nanosleep(&ts, NULL);  /* 50 ticks' worth, were the timer still running */
+  nanosleep(&ts, NULL); /* 50 ticks' worth, were the timer still running */
 }
 static void late_destroy(void* state) { (void)state; }
 static const void* late_interface(void* state, const char* name, uint32_t version) {
@@ -64,10 +64,20 @@ static const void* late_interface(void* state, const char* name, uint32_t versio
   }
 }
 
-static const ballast_plugin_descriptor descriptor = {
-    sizeof descriptor, BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "late", "1.0", "test",
-    "checks what the host does around stop()", late_create, late_start, late_stop, late_destroy, late_interface,
-    NULL};
+static const ballast_plugin_descriptor descriptor = {sizeof descriptor,
+                                                     BALLAST_ABI_MAJOR,
+                                                     BALLAST_ABI_MINOR,
+                                                     0,
+                                                     "late",
+                                                     "1.0",
+                                                     "test",
+                                                     "checks what the host does around stop()",
+                                                     late_create,
+                                                     late_start,
+                                                     late_stop,
+                                                     late_destroy,
+                                                     late_interface,
+                                                     NULL};
 
 BALLAST_EXPORT const ballast_plugin_descriptor* ballast_plugin_v1(uint32_t host_minor) {
   (void)host_minor;

@@ -50,14 +50,26 @@ typedef struct future_descriptor {
   void (*future_callback)(void);
 } future_descriptor;
 static const future_descriptor descriptor = {
-    {sizeof(future_descriptor), 1, 99, 0, "newminor", "1.0", "test", "from the future", create_ok, NULL, NULL,
-     destroy, get_interface, interfaces},
-    "x", NULL};
+    {sizeof(future_descriptor), 1, 99, 0, "newminor", "1.0", "test", "from the future", create_ok, NULL, NULL, destroy,
+     get_interface, interfaces},
+    "x",
+    NULL};
 #define DESCRIPTOR (&descriptor.base)
 #else
-static ballast_plugin_descriptor descriptor = {
-    sizeof(ballast_plugin_descriptor), BALLAST_ABI_MAJOR, BALLAST_ABI_MINOR, 0, "good", "1.0", "test",
-    "a valid test plugin", create_ok, NULL, NULL, destroy, get_interface, interfaces};
+static ballast_plugin_descriptor descriptor = {sizeof(ballast_plugin_descriptor),
+                                               BALLAST_ABI_MAJOR,
+                                               BALLAST_ABI_MINOR,
+                                               0,
+                                               "good",
+                                               "1.0",
+                                               "test",
+                                               "a valid test plugin",
+                                               create_ok,
+                                               NULL,
+                                               NULL,
+                                               destroy,
+                                               get_interface,
+                                               interfaces};
 #define DESCRIPTOR (&descriptor)
 #endif
 

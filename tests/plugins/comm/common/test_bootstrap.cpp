@@ -81,7 +81,9 @@ void send_forged_hello(int fd, int rank, int world) {
   uint8_t nonce[16];
   recv(fd, nonce, sizeof nonce, MSG_WAITALL);
   std::vector<uint8_t> body;
-  auto u32 = [&](uint32_t v) { body.insert(body.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4); };
+  auto u32 = [&](uint32_t v) {
+    body.insert(body.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4);
+  };
   u32(2);
   u32(uint32_t(rank));
   u32(uint32_t(world));
@@ -89,7 +91,7 @@ void send_forged_hello(int fd, int rank, int world) {
   u32(4);
   body.insert(body.end(), {'e', 'v', 'i', 'l'});
   u32(64);
-  body.insert(body.end(), 64, 0xEE);  // a random "worker address"
+  body.insert(body.end(), 64, 0xEE);       // a random "worker address"
   body.insert(body.end(), 16 + 32, 0x11);  // nonce and a MAC made up
   head[0] = 0x53424c42;
   head[1] = 1;
@@ -181,8 +183,8 @@ TEST_CASE("without a secret, a local job runs and a job across hosts is refused"
 
   BootstrapResult res;
   std::string err;
-  CHECK(bootstrap_exchange_with_secret(1, 2, "192.0.2.1", port, "", peer(1), monotonic_ns() + 1000000000, &res,
-                                       &err) == BALLAST_EINVAL);
+  CHECK(bootstrap_exchange_with_secret(1, 2, "192.0.2.1", port, "", peer(1), monotonic_ns() + 1000000000, &res, &err) ==
+        BALLAST_EINVAL);
   CHECK_MESSAGE(err.find("BALLAST_BOOTSTRAP_SECRET is not set") != std::string::npos, err);
   CHECK(bootstrap_exchange_with_secret(1, 2, "127.0.0.1", port, "short", peer(1), monotonic_ns() + 1000000000, &res,
                                        &err) == BALLAST_EINVAL);

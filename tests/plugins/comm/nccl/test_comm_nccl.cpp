@@ -99,8 +99,10 @@ struct StreamGate {
 bool drains(cudaStream_t s, double limit_s) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
   while (cudaStreamQuery(s) == cudaErrorNotReady)
-    if (std::chrono::steady_clock::now() > until) return false;
-    else usleep(1000);
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    else
+      usleep(1000);
   return true;
 }
 
@@ -363,7 +365,8 @@ TEST_CASE("with a host, the plugin's operations arrive on the bus as collective.
   REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_record, &seen, &sub) == BALLAST_OK);
   REQUIRE(ballast_host_start(host) == BALLAST_OK);
   const void* table = nullptr;
-  REQUIRE(ballast_host_get_interface(host, "comm-nccl", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) == BALLAST_OK);
+  REQUIRE(ballast_host_get_interface(host, "comm-nccl", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) ==
+          BALLAST_OK);
   const auto* api = static_cast<const ballast_comm_api*>(table);
   ballast_comm* comm = world(api);
   float* buf = nullptr;

@@ -23,8 +23,8 @@
 
 namespace {
 
-using ballast::comm::TraceRing;
 using ballast::comm::RingPublisher;
+using ballast::comm::TraceRing;
 
 struct Seen {
   std::mutex mu;
@@ -271,9 +271,10 @@ TEST_CASE("the built comm-nccl plugin starts its publisher in a host, and refuse
   REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_event, &seen, &sub) == BALLAST_OK);
   REQUIRE(ballast_host_start(host) == BALLAST_OK);
   const void* table = nullptr;
-  REQUIRE(ballast_host_get_interface(host, "comm-nccl", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) == BALLAST_OK);
+  REQUIRE(ballast_host_get_interface(host, "comm-nccl", BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION, &table) ==
+          BALLAST_OK);
   CHECK(table != nullptr);
-  usleep(50000);  // several rounds of the timer over a process that has no ring yet
+  usleep(50000);               // several rounds of the timer over a process that has no ring yet
   ballast_host_destroy(host);  // cancels the timer
   std::lock_guard<std::mutex> lock(seen.mu);
   CHECK(seen.topics.empty());

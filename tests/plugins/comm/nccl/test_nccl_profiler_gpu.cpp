@@ -47,7 +47,8 @@ std::string fresh_dir(const std::string& name) {
 // This process's environment as a job under the profiler: before NCCL's
 // first communicator, which reads NCCL_PROFILER_PLUGIN.
 void use_profiler(const std::string& dir, int rank, int n) {
-  setenv("NCCL_PROFILER_PLUGIN", (std::string(BALLAST_BINARY_DIR) + "/lib/ballast/ballast-nccl-profiler.so").c_str(), 1);
+  setenv("NCCL_PROFILER_PLUGIN", (std::string(BALLAST_BINARY_DIR) + "/lib/ballast/ballast-nccl-profiler.so").c_str(),
+         1);
   setenv("BALLAST_TRACE_DIR", dir.c_str(), 1);
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);

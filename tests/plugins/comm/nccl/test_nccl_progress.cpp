@@ -245,14 +245,16 @@ TEST_CASE("a slot held by an event's writer is not taken for a newer record unti
     uint64_t i = 0;
     ballast_trace_slot* s = running_record(ring, &i);
     s->seq = i + 1;
-    if (i == 5) running = s, index = i;
-    else finish(s);
+    if (i == 5)
+      running = s, index = i;
+    else
+      finish(s);
   }
   CHECK(ring->hold(running, index));
-  CHECK_FALSE(ring->hold(running, index + n));            // not the record it carries
-  CHECK_FALSE(ring->hold(running + 1, index + 1));        // ended
-  finish(running);                                        // the operation ends while an event holds it
-  CHECK_FALSE(ring->hold(running, index));                // a new hold sees it ended
+  CHECK_FALSE(ring->hold(running, index + n));      // not the record it carries
+  CHECK_FALSE(ring->hold(running + 1, index + 1));  // ended
+  finish(running);                                  // the operation ends while an event holds it
+  CHECK_FALSE(ring->hold(running, index));          // a new hold sees it ended
 
   for (uint64_t k = 0; k < 5; ++k) {  // the next lap reaches it
     uint64_t i = 0;
@@ -390,7 +392,8 @@ TEST_CASE("the comm-nccl plugin exports ncclProfiler_v5 and names itself to NCCL
   const ballast_plugin_descriptor* desc = entry(BALLAST_ABI_MAJOR);
   void* state = nullptr;
   REQUIRE(desc->create(nullptr, &state) == BALLAST_OK);
-  const auto* api = static_cast<const ballast_comm_api*>(desc->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
+  const auto* api =
+      static_cast<const ballast_comm_api*>(desc->get_interface(state, BALLAST_COMM_INTERFACE, BALLAST_COMM_VERSION));
   REQUIRE(api != nullptr);
   unsetenv("NCCL_PROFILER_PLUGIN");
   ballast_comm_config cfg{};

@@ -6,8 +6,8 @@
 // same verdicts. NCCL itself needs a GPU to call it: these run without one.
 #include <doctest/doctest.h>
 
-#include <analysis.hpp>
 #include <nccl_profiler_v5.h>
+#include <analysis.hpp>
 #include <rings.hpp>
 
 #include <dlfcn.h>

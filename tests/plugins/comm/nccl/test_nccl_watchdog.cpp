@@ -78,15 +78,18 @@ TEST_CASE("abort(), then an asynchronous NCCL error, then a CUDA error come befo
   CHECK(status_of(Verdict::cuda_error) == BALLAST_EIO);
 
   s = running_op();
-  const std::string nccl = describe(Verdict::nccl_error, "broadcast seq 3", s, "remote process exited or there was a network error: NET/Socket");
+  const std::string nccl = describe(Verdict::nccl_error, "broadcast seq 3", s,
+                                    "remote process exited or there was a network error: NET/Socket");
   CHECK(contains(nccl, "broadcast seq 3 failed in NCCL after 2.000 s: remote process exited"));
   CHECK(contains(nccl, "ncclCommAbort was called"));
   const std::string ab = describe(Verdict::aborted, "barrier seq 9", s, "the launcher saw rank 3 die");
   CHECK(contains(ab, "barrier seq 9 aborted after 2.000 s: the launcher saw rank 3 die"));
-  CHECK(contains(describe(Verdict::cuda_error, "recv with rank 2", s, "an illegal memory access"), "CUDA error an illegal memory access"));
+  CHECK(contains(describe(Verdict::cuda_error, "recv with rank 2", s, "an illegal memory access"),
+                 "CUDA error an illegal memory access"));
 }
 
-TEST_CASE("an operation that showed life and then none for the stall limit has stalled; one never seen running has not") {
+TEST_CASE(
+    "an operation that showed life and then none for the stall limit has stalled; one never seen running has not") {
   OpState s = running_op();
   s.stall_ns = 500 * kMs;
   s.now = s.started + 5000 * kMs;

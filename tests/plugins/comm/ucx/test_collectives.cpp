@@ -21,11 +21,27 @@ double input(int rank, uint64_t i, uint32_t redop) {
 
 void put(char* p, uint32_t dt, uint64_t i, double v) {
   switch (dt) {
-    case BALLAST_DT_F32: { const float f = float(v); std::memcpy(p + 4 * i, &f, 4); break; }
-    case BALLAST_DT_F64: std::memcpy(p + 8 * i, &v, 8); break;
-    case BALLAST_DT_I32: { const int32_t x = int32_t(v); std::memcpy(p + 4 * i, &x, 4); break; }
-    case BALLAST_DT_I64: { const int64_t x = int64_t(v); std::memcpy(p + 8 * i, &x, 8); break; }
-    case BALLAST_DT_U8: p[i] = char(uint8_t(uint64_t(v) % 256)); break;
+    case BALLAST_DT_F32: {
+      const float f = float(v);
+      std::memcpy(p + 4 * i, &f, 4);
+      break;
+    }
+    case BALLAST_DT_F64:
+      std::memcpy(p + 8 * i, &v, 8);
+      break;
+    case BALLAST_DT_I32: {
+      const int32_t x = int32_t(v);
+      std::memcpy(p + 4 * i, &x, 4);
+      break;
+    }
+    case BALLAST_DT_I64: {
+      const int64_t x = int64_t(v);
+      std::memcpy(p + 8 * i, &x, 8);
+      break;
+    }
+    case BALLAST_DT_U8:
+      p[i] = char(uint8_t(uint64_t(v) % 256));
+      break;
     case BALLAST_DT_BF16: {  // exact for integers below 256
       const float f = float(v);
       uint32_t b;
@@ -45,12 +61,36 @@ void put(char* p, uint32_t dt, uint64_t i, double v) {
 
 double get(const char* p, uint32_t dt, uint64_t i) {
   switch (dt) {
-    case BALLAST_DT_F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case BALLAST_DT_F64: { double d; std::memcpy(&d, p + 8 * i, 8); return d; }
-    case BALLAST_DT_I32: { int32_t x; std::memcpy(&x, p + 4 * i, 4); return x; }
-    case BALLAST_DT_I64: { int64_t x; std::memcpy(&x, p + 8 * i, 8); return double(x); }
-    case BALLAST_DT_U8: return uint8_t(p[i]);
-    case BALLAST_DT_BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); const uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+    case BALLAST_DT_F32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    case BALLAST_DT_F64: {
+      double d;
+      std::memcpy(&d, p + 8 * i, 8);
+      return d;
+    }
+    case BALLAST_DT_I32: {
+      int32_t x;
+      std::memcpy(&x, p + 4 * i, 4);
+      return x;
+    }
+    case BALLAST_DT_I64: {
+      int64_t x;
+      std::memcpy(&x, p + 8 * i, 8);
+      return double(x);
+    }
+    case BALLAST_DT_U8:
+      return uint8_t(p[i]);
+    case BALLAST_DT_BF16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      const uint32_t b = uint32_t(h) << 16;
+      float f;
+      std::memcpy(&f, &b, 4);
+      return f;
+    }
     default: {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
@@ -64,8 +104,10 @@ double reduce_ref(int n, uint64_t i, uint32_t redop, uint32_t dt) {
   double acc = input(0, i, redop);
   for (int r = 1; r < n; ++r) {
     const double x = input(r, i, redop);
-    acc = redop == BALLAST_RED_SUM ? acc + x : redop == BALLAST_RED_PROD ? acc * x
-        : redop == BALLAST_RED_MIN ? std::min(acc, x) : std::max(acc, x);
+    acc = redop == BALLAST_RED_SUM    ? acc + x
+          : redop == BALLAST_RED_PROD ? acc * x
+          : redop == BALLAST_RED_MIN  ? std::min(acc, x)
+                                      : std::max(acc, x);
   }
   return dt == BALLAST_DT_U8 ? double(uint64_t(acc) % 256) : acc;
 }
@@ -113,21 +155,32 @@ struct Checker {
     for (uint64_t i = 0; i < nout; ++i) {
       double want;
       switch (op) {
-        case BALLAST_OP_ALLREDUCE: want = reduce_ref(n, i, redop, dt); break;
+        case BALLAST_OP_ALLREDUCE:
+          want = reduce_ref(n, i, redop, dt);
+          break;
         case BALLAST_OP_REDUCE:
           if (rank != root) return true;
           want = reduce_ref(n, i, redop, dt);
           break;
-        case BALLAST_OP_BROADCAST: want = input(root, i, redop); break;
-        case BALLAST_OP_ALLGATHER: want = input(int(i / count), i % count, redop); break;
-        case BALLAST_OP_REDUCE_SCATTER: want = reduce_ref(n, uint64_t(rank) * count + i, redop, dt); break;
-        default: want = input(int(i / count), uint64_t(rank) * count + i % count, redop); break;  // alltoall
+        case BALLAST_OP_BROADCAST:
+          want = input(root, i, redop);
+          break;
+        case BALLAST_OP_ALLGATHER:
+          want = input(int(i / count), i % count, redop);
+          break;
+        case BALLAST_OP_REDUCE_SCATTER:
+          want = reduce_ref(n, uint64_t(rank) * count + i, redop, dt);
+          break;
+        default:
+          want = input(int(i / count), uint64_t(rank) * count + i % count, redop);
+          break;  // alltoall
       }
       const double got = get(out.data(), dt, i);
       if (got != want) {
         failure = std::string(ballast_op_name(op)) + (here ? " in place " : " ") + ballast_dtype_name(dt) + " " +
-                  ballast_redop_name(redop) + " count " + std::to_string(count) + " root " + std::to_string(root) + ": element " +
-                  std::to_string(i) + " is " + std::to_string(got) + ", expected " + std::to_string(want);
+                  ballast_redop_name(redop) + " count " + std::to_string(count) + " root " + std::to_string(root) +
+                  ": element " + std::to_string(i) + " is " + std::to_string(got) + ", expected " +
+                  std::to_string(want);
         return false;
       }
     }
@@ -173,7 +226,8 @@ struct Checker {
       if (!sending)
         for (uint64_t i = 0; i < count; ++i)
           if (r[i] != int32_t(a.root * 1000 + int(i))) {
-            failure = "recv from " + std::to_string(a.root) + ": element " + std::to_string(i) + " is " + std::to_string(r[i]);
+            failure = "recv from " + std::to_string(a.root) + ": element " + std::to_string(i) + " is " +
+                      std::to_string(r[i]);
             return false;
           }
     }
@@ -240,7 +294,8 @@ int worker(int rank, int n, int port, const std::vector<uint64_t>& counts, bool 
     for (int r = 0; r < n; ++r)
       if (r % 2 == colour && !(n > 2 && r == n - 1)) want += r;
     if (ok && (comm_run(sub, &a) != BALLAST_OK || sum != want)) {
-      c.failure = "allreduce on the sub-communicator gave " + std::to_string(sum) + ", expected " + std::to_string(want) + " " + last_error();
+      c.failure = "allreduce on the sub-communicator gave " + std::to_string(sum) + ", expected " +
+                  std::to_string(want) + " " + last_error();
       ok = false;
     }
     // Every op on the sub-communicator, its ranks numbered as it numbers them.
@@ -385,7 +440,9 @@ TEST_CASE("operations repeated on the same buffers: each gives its own result") 
 TEST_CASE("2 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") {
   expect_all_pass(2, "sm,self", true);
 }
-TEST_CASE("2 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") { expect_all_pass(2, "tcp", true); }
+TEST_CASE("2 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks, 64 MiB") {
+  expect_all_pass(2, "tcp", true);
+}
 TEST_CASE("3 ranks over tcp: every op and dtype, non-power-of-two") { expect_all_pass(3, "tcp", false); }
 // With tcp's own chunk (512 KiB, the rendezvous threshold too): eager
 // messages under it, the 2-rank whole-buffer swap from 128 KiB to 1 MiB
@@ -403,7 +460,9 @@ TEST_CASE("2 ranks over shared memory with the default chunk: eager, swap and ri
 TEST_CASE("4 ranks over shared memory: every op and dtype") { expect_all_pass(4, "sm,self", false); }
 TEST_CASE("4 ranks over tcp: every op and dtype") { expect_all_pass(4, "tcp", false); }
 TEST_CASE("3 ranks over shared memory: every op and dtype, non-power-of-two") { expect_all_pass(3, "sm,self", false); }
-TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks") { expect_all_pass(8, "sm,self", false); }
+TEST_CASE("8 ranks over shared memory: every op and dtype, sizes 0, 1, odd, many chunks") {
+  expect_all_pass(8, "sm,self", false);
+}
 TEST_CASE("8 ranks over tcp: every op and dtype, sizes 0, 1, odd, many chunks") { expect_all_pass(8, "tcp", false); }
 // The ring overlaps its steps: a step forwards chunk k of the block it just
 // received while later chunks are in flight, with at most 8 chunks in flight

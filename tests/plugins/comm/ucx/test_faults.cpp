@@ -131,7 +131,8 @@ TEST_CASE("a send started to a rank that died: the start's failure is the operat
     int done = 0;
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
     while (std::chrono::steady_clock::now() < until && !done) comm_test(recv, &done);
-    if (done) return test::child_fail(rank, BALLAST_EIO, "the receive from rank 2 ended early: " + std::string(last_error()));
+    if (done)
+      return test::child_fail(rank, BALLAST_EIO, "the receive from rank 2 ended early: " + std::string(last_error()));
     a.op = BALLAST_OP_SEND;
     a.root = 1;
     if (int rc = comm_start(c, &a, &send); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
@@ -179,7 +180,8 @@ TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") 
             bool done = true;
             for (int r : {0, 1}) {
               info.si_pid = 0;
-              done = done && waitid(P_PID, static_cast<id_t>(pids[size_t(r)]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+              done = done &&
+                     waitid(P_PID, static_cast<id_t>(pids[size_t(r)]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
                      info.si_pid != 0;
             }
             if (done) break;
@@ -199,7 +201,8 @@ TEST_CASE("a rank that skips a collective: the others time out waiting for it") 
     INFO("tls " << std::string(tls));
     const int port = test::free_port();
     const auto res = test::run_ranks(3, tls, 20, [&](int r) {
-      const int rc = loop(r, 3, port, 16, 10, [](int rank, int it, ballast_comm_args&) { return !(rank == 0 && it == 9); });
+      const int rc =
+          loop(r, 3, port, 16, 10, [](int rank, int it, ballast_comm_args&) { return !(rank == 0 && it == 9); });
       if (r == 0) usleep(3000000);  // alive, but never joins
       return rc;
     });
@@ -247,7 +250,8 @@ TEST_CASE("start, test and wait with a per-operation deadline: a silent peer fai
       comm_destroy(comm);
       if (rc == BALLAST_OK) return test::child_fail(r, BALLAST_EINTERNAL, "the allreduce succeeded without rank 0");
       if (s > 5.0 || polls < 2) {
-        m = "failed after " + std::to_string(s) + " s and " + std::to_string(polls) + " polls, not within its 300 ms deadline: " + m;
+        m = "failed after " + std::to_string(s) + " s and " + std::to_string(polls) +
+            " polls, not within its 300 ms deadline: " + m;
         return test::child_fail(r, BALLAST_EINTERNAL, m);
       }
       return test::child_fail(r, rc, m);
@@ -296,8 +300,10 @@ TEST_CASE("mismatched dtypes and counts across ranks: a clear error on every ran
     const auto res = test::run_ranks(3, variant ? "tcp" : "sm,self", 20, [&](int r) {
       return loop(r, 3, port, 100000, 3, [variant](int rank, int, ballast_comm_args& a) {
         if (rank == 1) {
-          if (variant == 0) a.dtype = BALLAST_DT_I32;
-          else a.count += 1;
+          if (variant == 0)
+            a.dtype = BALLAST_DT_I32;
+          else
+            a.count += 1;
         }
         return true;
       });

@@ -58,7 +58,8 @@ int queued_collectives(int rank, int n, int port, bool test_last_first) {
     reqs.pop_back();
     for (auto* r : reqs) {
       const int rc = comm_test(r, &done);
-      if (rc != BALLAST_OK || !done) return test::child_fail(rank, rc ? rc : BALLAST_ESTATE, "an earlier op was not done");
+      if (rc != BALLAST_OK || !done)
+        return test::child_fail(rank, rc ? rc : BALLAST_ESTATE, "an earlier op was not done");
     }
   } else {
     for (size_t k = reqs.size(); k-- > 0;)
@@ -85,14 +86,17 @@ int queued_collectives(int rank, int n, int port, bool test_last_first) {
     ballast_trace_slot s;
     if (!ring->read(i, &s) || s.comm_id != info.comm_id) continue;
     if (s.state != BALLAST_TRACE_DONE || s.start_tick < s.issue_tick || s.end_tick < s.start_tick)
-      return test::child_fail(rank, BALLAST_EIO, "record of seq " + std::to_string(s.seq) + " is not done and in order");
+      return test::child_fail(rank, BALLAST_EIO,
+                              "record of seq " + std::to_string(s.seq) + " is not done and in order");
     if (s.start_tick > s.issue_tick) ++queued;
     // 5 us: the TSC clock's re-anchoring may step back by about a microsecond.
     if (s.start_tick + 5000 < prev_end)
-      return test::child_fail(rank, BALLAST_EIO, "seq " + std::to_string(s.seq) + " started before the one before ended");
+      return test::child_fail(rank, BALLAST_EIO,
+                              "seq " + std::to_string(s.seq) + " started before the one before ended");
     prev_end = s.end_tick;
   }
-  if (queued < 4) return test::child_fail(rank, BALLAST_EIO, "only " + std::to_string(queued) + " records show a wait in the queue");
+  if (queued < 4)
+    return test::child_fail(rank, BALLAST_EIO, "only " + std::to_string(queued) + " records show a wait in the queue");
   comm_destroy(c);
   return 0;
 }
@@ -109,7 +113,8 @@ TEST_CASE("collectives started together run in start order and each gives its ow
       for (bool last_first : {false, true}) {
         INFO(tls, " ", n, " ranks", last_first ? ", the last one polled first" : ", waited in reverse");
         const int port = test::free_port();
-        expect_all_ok(test::run_ranks(n, tls, 120, [&](int rank) { return queued_collectives(rank, n, port, last_first); }));
+        expect_all_ok(
+            test::run_ranks(n, tls, 120, [&](int rank) { return queued_collectives(rank, n, port, last_first); }));
       }
 }
 
@@ -180,7 +185,8 @@ int completes_while_starter_computes(int rank, int port, uint32_t op, int pipe_f
       if (int rc = comm_test(q_first, &done); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     pollfd pfd{pipe_fd, POLLIN, 0};
     if (poll(&pfd, 1, 10000) != 1)
-      return test::child_fail(rank, BALLAST_ETIMEDOUT, "rank 1 did not complete in 10 s while rank 0 computed after start");
+      return test::child_fail(rank, BALLAST_ETIMEDOUT,
+                              "rank 1 did not complete in 10 s while rank 0 computed after start");
     if (int rc = comm_wait(q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
   }
   const float want = op == BALLAST_OP_ALLREDUCE ? 3 : 1;
@@ -234,26 +240,28 @@ int final_progress(int rank, int port) {
     if (s.state != BALLAST_TRACE_DONE || s.status != BALLAST_OK || s.end_tick < s.start_tick)
       return test::child_fail(rank, BALLAST_EIO, what + "not done, or ends before it starts");
     if (s.chunks_total == 0 || s.chunks_posted != s.chunks_total || s.chunks_sent + s.chunks_received != s.chunks_total)
-      return test::child_fail(rank, BALLAST_EIO, what + "chunks " + std::to_string(s.chunks_posted) + " posted, " +
-                                                     std::to_string(s.chunks_sent) + " sent, " +
-                                                     std::to_string(s.chunks_received) + " received of " +
-                                                     std::to_string(s.chunks_total));
+      return test::child_fail(rank, BALLAST_EIO,
+                              what + "chunks " + std::to_string(s.chunks_posted) + " posted, " +
+                                  std::to_string(s.chunks_sent) + " sent, " + std::to_string(s.chunks_received) +
+                                  " received of " + std::to_string(s.chunks_total));
     if (s.step != s.steps || s.steps == 0 || s.wait_peer != -1 || s.send_peer != -1)
-      return test::child_fail(rank, BALLAST_EIO, what + "step " + std::to_string(s.step) + " of " +
-                                                     std::to_string(s.steps) + ", waiting for " +
-                                                     std::to_string(s.wait_peer) + ", sending to " +
-                                                     std::to_string(s.send_peer));
+      return test::child_fail(rank, BALLAST_EIO,
+                              what + "step " + std::to_string(s.step) + " of " + std::to_string(s.steps) +
+                                  ", waiting for " + std::to_string(s.wait_peer) + ", sending to " +
+                                  std::to_string(s.send_peer));
   }
   // 2 floats: one exchange, 8 bytes each way, reduced once.
   if (recs[0].bytes_sent != 8 || recs[0].bytes_received != 8 || recs[0].chunks_reduced != 1)
-    return test::child_fail(rank, BALLAST_EIO, "the 8-byte allreduce: " + std::to_string(recs[0].bytes_sent) +
-                                                   " bytes sent, " + std::to_string(recs[0].bytes_received) +
-                                                   " received, " + std::to_string(recs[0].chunks_reduced) +
-                                                   " chunks reduced");
+    return test::child_fail(rank, BALLAST_EIO,
+                            "the 8-byte allreduce: " + std::to_string(recs[0].bytes_sent) + " bytes sent, " +
+                                std::to_string(recs[0].bytes_received) + " received, " +
+                                std::to_string(recs[0].chunks_reduced) + " chunks reduced");
   // 4 MiB: half reduced and half gathered each way, at least.
-  if (recs[1].bytes_sent < (4u << 20) / 2 || recs[1].bytes_received != recs[1].bytes_sent || recs[1].chunks_reduced == 0)
-    return test::child_fail(rank, BALLAST_EIO, "the 4 MiB allreduce sent " + std::to_string(recs[1].bytes_sent) +
-                                                   " and received " + std::to_string(recs[1].bytes_received));
+  if (recs[1].bytes_sent < (4u << 20) / 2 || recs[1].bytes_received != recs[1].bytes_sent ||
+      recs[1].chunks_reduced == 0)
+    return test::child_fail(rank, BALLAST_EIO,
+                            "the 4 MiB allreduce sent " + std::to_string(recs[1].bytes_sent) + " and received " +
+                                std::to_string(recs[1].bytes_received));
   const uint64_t sent = rank == 0 ? 4000 : 0;
   if (recs[2].bytes_sent != sent || recs[2].bytes_received != 4000 - sent)
     return test::child_fail(rank, BALLAST_EIO, "the send/receive's bytes");
@@ -352,11 +360,12 @@ int record_in_flight_while_ring_laps(int rank, int port) {
     if (!ring->read(i, &s) || s.comm_id != world.comm_id) continue;
     ++others;
     if (s.state != BALLAST_TRACE_DONE || s.bytes_received != 4 || s.bytes_sent != 4)
-      return test::child_fail(rank, BALLAST_EIO, "record " + std::to_string(i) + " (seq " + std::to_string(s.seq) +
-                                                     ") holds another operation's progress: received " +
-                                                     std::to_string(s.bytes_received));
+      return test::child_fail(rank, BALLAST_EIO,
+                              "record " + std::to_string(i) + " (seq " + std::to_string(s.seq) +
+                                  ") holds another operation's progress: received " + std::to_string(s.bytes_received));
   }
-  if (others < int(ring->capacity()) - 2) return test::child_fail(rank, BALLAST_EIO, "records of the short operations missing");
+  if (others < int(ring->capacity()) - 2)
+    return test::child_fail(rank, BALLAST_EIO, "records of the short operations missing");
   comm_destroy(sub);
   comm_destroy(c);
   return 0;
@@ -388,7 +397,8 @@ TEST_CASE("a failure ends every operation queued behind it, each with the first 
       if (int rc = comm_start(c, &a, &q); rc != BALLAST_OK) return test::child_fail(rank, rc, last_error());
     }
     int done = 0;
-    if (comm_test(reqs[4], &done) != BALLAST_OK || done) return test::child_fail(rank, BALLAST_EIO, "done without rank 1");
+    if (comm_test(reqs[4], &done) != BALLAST_OK || done)
+      return test::child_fail(rank, BALLAST_EIO, "done without rank 1");
     comm_abort(c, "test abort");
     for (size_t k = 0; k < reqs.size(); ++k) {
       const int rc = comm_wait(reqs[k]);

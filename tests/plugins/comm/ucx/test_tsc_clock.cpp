@@ -36,7 +36,8 @@ TEST_CASE("TscClock reads CLOCK_MONOTONIC within microseconds, across re-anchors
     worst_late = std::max(worst_late, int64_t(t) - int64_t(after));
     ++readings;
   }
-  MESSAGE("readings: ", readings, ", most before CLOCK_MONOTONIC: ", worst_early, " ns, most after: ", worst_late, " ns");
+  MESSAGE("readings: ", readings, ", most before CLOCK_MONOTONIC: ", worst_early, " ns, most after: ", worst_late,
+          " ns");
   CHECK(readings > 1000);
   CHECK(worst_early <= kSlackNs);
   CHECK(worst_late <= kSlackNs);

@@ -25,8 +25,8 @@ namespace {
 std::string g_url;
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 int free_port() {
@@ -59,8 +59,8 @@ TEST_CASE("scrape node-exporter: real series, counters as rates") {
   REQUIRE_MESSAGE(scraper.scrape(now_ns(), &first, &error), error);
   std::map<std::string, Sample> f;
   for (const auto& s : first) f.emplace(s.metric, s);
-  CHECK(f.count("ne.node_load1"));                       // a gauge comes at once
-  CHECK_FALSE(f.count("ne.node_context_switches_total")); // a counter needs two scrapes
+  CHECK(f.count("ne.node_load1"));                         // a gauge comes at once
+  CHECK_FALSE(f.count("ne.node_context_switches_total"));  // a counter needs two scrapes
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   REQUIRE_MESSAGE(scraper.scrape(now_ns(), &second, &error), error);
   std::map<std::string, Sample> m;
@@ -69,7 +69,8 @@ TEST_CASE("scrape node-exporter: real series, counters as rates") {
   CHECK((m["ne.node_context_switches_total"].flags & BALLAST_SAMPLE_COUNTER) != 0);
   CHECK(m["ne.node_context_switches_total"].value > 0);
   bool labelled = false;
-  for (const auto& [k, v] : m) labelled = labelled || k.rfind("ne.node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"}", 0) == 0;
+  for (const auto& [k, v] : m)
+    labelled = labelled || k.rfind("ne.node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"}", 0) == 0;
   CHECK(labelled);
 }
 
@@ -93,7 +94,7 @@ TEST_CASE("scrape node-exporter with the detectors' names: the series ballast de
   for (const auto& [k, v] : m) net = net || (k.rfind("net.", 0) == 0 && k.size() > 9 && k.ends_with(".rx_bytes"));
   CHECK(net);
   CHECK_FALSE(m.count("ne.node_context_switches_total"));  // mapped, not kept under its own name
-  bool unmapped = false;  // what the table does not know keeps the prefix
+  bool unmapped = false;                                   // what the table does not know keeps the prefix
   for (const auto& [k, v] : m) unmapped = unmapped || k.rfind("ne.node_", 0) == 0;
   CHECK(unmapped);
 }

@@ -26,8 +26,8 @@ using namespace ballast::collect;
 namespace {
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::map<std::string, Sample> by_name(const std::vector<Sample>& v) {
@@ -85,14 +85,13 @@ TEST_CASE("node metrics from the real /proc") {
   burn(150);
   CHECK(s.sample(now_ns(), &second) == 0);
   auto m = by_name(second);
-  for (const char* k : {"cpu.user", "cpu.system", "cpu.iowait", "cpu.steal", "cpu.idle", "ctxt",
-                        "mem.used_bytes", "mem.available_bytes", "net.lo.rx_bytes", "net.lo.tx_drops",
-                        "net.tcp.retrans"}) {
+  for (const char* k : {"cpu.user", "cpu.system", "cpu.iowait", "cpu.steal", "cpu.idle", "ctxt", "mem.used_bytes",
+                        "mem.available_bytes", "net.lo.rx_bytes", "net.lo.tx_drops", "net.tcp.retrans"}) {
     INFO(k);
     CHECK(m.count(k));
   }
-  double sum = m["cpu.user"].value + m["cpu.system"].value + m["cpu.iowait"].value +
-               m["cpu.steal"].value + m["cpu.idle"].value;
+  double sum =
+      m["cpu.user"].value + m["cpu.system"].value + m["cpu.iowait"].value + m["cpu.steal"].value + m["cpu.idle"].value;
   CHECK(sum <= 100.5);
   CHECK(m["cpu.user"].value + m["cpu.system"].value > 0);  // we burnt 150 ms
   CHECK(m["mem.total_bytes"].value >= m["mem.used_bytes"].value);

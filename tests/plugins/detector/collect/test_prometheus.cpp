@@ -62,4 +62,3 @@ TEST_CASE("malformed lines are errors naming the line and the column") {
   CHECK_FALSE(parse_exposition("9a 1\n", &s, &error));
   CHECK(error == "1:1: expected a metric name");
 }
-

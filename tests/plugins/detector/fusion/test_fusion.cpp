@@ -21,8 +21,8 @@ namespace {
 
 constexpr int64_t kSec = 1000000000;
 
-Suspicion report(const std::string& detector, const std::string& subject, double confidence, bool confirmed,
-                 int64_t at, int32_t rank = -1) {
+Suspicion report(const std::string& detector, const std::string& subject, double confidence, bool confirmed, int64_t at,
+                 int32_t rank = -1) {
   Suspicion s;
   s.detector = detector;
   s.subject = subject;
@@ -112,7 +112,7 @@ TEST_CASE("independent detectors agreeing on a machine rank it first; one weak s
   r = f.ranking(13 * kSec);
   CHECK(r[1].evidence.size() == 1);
   CHECK(r[1].score == doctest::Approx(0.63).epsilon(0.01));
-  CHECK(r[1].since_ns == 10 * kSec);  // since the first report
+  CHECK(r[1].since_ns == 10 * kSec);      // since the first report
   r = f.ranking(13 * kSec + 240 * kSec);  // two half-lives later
   CHECK(r[1].score == doctest::Approx(0.63 / 4).epsilon(0.01));
 }
@@ -136,7 +136,8 @@ TEST_CASE("without a placement, ranks stay ranks or fold by ranks_per_node; subj
 TEST_CASE("ballast suspects replays recorded events into one ranked list") {
   std::string events = write_file(
       "events.jsonl",
-      "{\"topic\":\"placement.plan\",\"ts\":1700000000.0,\"payload\":{\"nodes\":[{\"name\":\"gpu001\",\"first_rank\":0},"
+      "{\"topic\":\"placement.plan\",\"ts\":1700000000.0,\"payload\":{\"nodes\":[{\"name\":\"gpu001\",\"first_rank\":0}"
+      ","
       "{\"name\":\"gpu002\",\"first_rank\":8}]}}\n"
       "{\"topic\":\"metric.sample\",\"ts\":1700000001.0,\"payload\":{\"samples\":[]}}\n"
       "{\"topic\":\"fault.suspected\",\"ts\":1700000003.5,\"payload\":{\"stage\":0,\"subject\":\"gpu002\",\"rank\":-1,"

@@ -31,8 +31,8 @@ int on_ranking(void* user, const ballast_event* ev) {
 }
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -42,8 +42,7 @@ TEST_CASE("the machine detector's and the hang analysis's suspicions become one 
   REQUIRE(ballast_host_create("controller", &host) == BALLAST_OK);
   REQUIRE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-machine.so",
                                    "{ period = 0.1, window = 0.3, warmup = 3 }") == BALLAST_OK);
-  REQUIRE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-fusion.so", "{ min_score = 0.5 }") ==
-          BALLAST_OK);
+  REQUIRE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-fusion.so", "{ min_score = 0.5 }") == BALLAST_OK);
   Seen seen;
   uint64_t id = 0;
   REQUIRE(ballast_host_subscribe(host, "suspects.ranking", nullptr, on_ranking, &seen, &id) == BALLAST_OK);
@@ -109,9 +108,7 @@ TEST_CASE("the machine detector's and the hang analysis's suspicions become one 
     }
     {
       std::lock_guard<std::mutex> lock(seen.mu);
-      if (hang_sent && !seen.rankings.empty() &&
-          seen.rankings.back()["suspects"][0]["evidence"].size() == 2)
-        break;
+      if (hang_sent && !seen.rankings.empty() && seen.rankings.back()["suspects"][0]["evidence"].size() == 2) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -99,7 +99,8 @@ Run run(Fault fault) {
       double done = s.start + s.compute + s.comm;
       ops.push_back({r, 0, r, k, "forward-compute", s.start, busy / 3, 0, -1, 0, -1});
       ops.push_back({r, 0, r, k, "backward-compute", s.start + busy / 3, busy * 2 / 3, 0, -1, 0, -1});
-      ops.push_back({r, 0, r, k, "separate-grads-all-reduce", s.start + busy, done - 0.02 - (s.start + busy), 0, -1, -1, -1});
+      ops.push_back(
+          {r, 0, r, k, "separate-grads-all-reduce", s.start + busy, done - 0.02 - (s.start + busy), 0, -1, -1, -1});
       ops.push_back({r, 0, r, k, "optimizer", done - 0.02, 0.02, 0, -1, -1, -1});
     }
     straggler.add(ops.data(), ops.size());

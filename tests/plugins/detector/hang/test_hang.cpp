@@ -61,7 +61,8 @@ Run capture(F fn) {
   std::fflush(stderr);
   const pid_t pid = fork();
   if (pid == 0) {
-    const int fo = open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fo = open(o.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+              fe = open(e.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fo, 1);
     dup2(fe, 2);
     const int rc = fn();
@@ -99,8 +100,9 @@ std::string fresh_dir(const std::string& name) {
 Run launch(const std::string& dir, const std::vector<std::string>& fault, const std::string& bytes = "4096",
            const char* tls = "sm,self") {
   setenv("UCX_TLS", tls, 1);
-  std::vector<std::string> args = {"ballast launch", "-n", "3", "--trace-dir", dir, "--stall", "1.5", "--json", "--",
-                                   kLoop, "--bytes", bytes, "--iters", "300", "--warmup", "0", "--timeout-ms", "60000"};
+  std::vector<std::string> args = {
+      "ballast launch", "-n",  "3",       "--trace-dir", dir,        "--stall", "1.5",          "--json", "--", kLoop,
+      "--bytes",        bytes, "--iters", "300",         "--warmup", "0",       "--timeout-ms", "60000"};
   args.insert(args.end(), fault.begin(), fault.end());
   return capture([&] { return call(ballast::hang::launch_main, args); });
 }
@@ -228,7 +230,8 @@ TEST_CASE("a rank killed during the job is named crashed") {
   const auto r = launch(fresh_dir("kill"), {"--fault", "kill", "--fault-rank", "1", "--fault-iter", "100"});
   CHECK(r.code == 1);
   CHECK(r.err.find("rank 1") != std::string::npos);
-  CHECK(r.err.find("comm_loop: rank 1: fault kill at iteration 100, monotonic_ns ") != std::string::npos);  // bench/hang's clock
+  CHECK(r.err.find("comm_loop: rank 1: fault kill at iteration 100, monotonic_ns ") !=
+        std::string::npos);  // bench/hang's clock
   expect_cause(verdict(r), "hang", 1, "crashed");
 }
 
@@ -270,7 +273,9 @@ TEST_CASE("with 4 collectives in flight per iteration, a killed and a skipping r
   // The Chrome trace: operations that waited in the queue say how long; the
   // ones that never ran (ended by the failure before their turn) are marks,
   // not spans from a start they never had.
-  const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--chrome", dir + "/t.json"}); });
+  const auto a = capture([&] {
+    return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--chrome", dir + "/t.json"});
+  });
   std::ifstream f(dir + "/t.json");
   const auto trace = nlohmann::json::parse(f);
   int queued = 0, never_ran = 0;
@@ -313,8 +318,10 @@ TEST_CASE("two ranks of 4 in another collective are both named mismatch") {
       setenv("UCX_TLS", tls, 1);
       const auto r = capture([&] {
         return call(ballast::hang::launch_main,
-                    {"ballast launch", "-n", "4", "--trace-dir", dir, "--stall", "1.5", "--json", "--", "sh", "-c", script,
-                     "sh", kLoop, "--bytes", "4096", "--iters", "300", "--warmup", "0", "--timeout-ms", "60000"});
+                    {"ballast launch", "-n",   "4",       "--trace-dir", dir,        "--stall", "1.5",
+                     "--json",         "--",   "sh",      "-c",          script,     "sh",      kLoop,
+                     "--bytes",        "4096", "--iters", "300",         "--warmup", "0",       "--timeout-ms",
+                     "60000"});
       });
       CHECK(r.code == 1);
       const auto v = verdict(r);
@@ -377,13 +384,15 @@ TEST_CASE("a rank that enters every collective late is named slow by analyze") {
   const std::string dir = fresh_dir("slow");
   setenv("UCX_TLS", "sm,self", 1);
   const auto l = capture([&] {
-    return call(ballast::hang::launch_main, {"ballast launch", "-n", "3", "--trace-dir", dir, "--", kLoop, "--iters",
-                                              "20", "--warmup", "0", "--fault", "slow", "--fault-rank", "2",
-                                              "--fault-iter", "5"});
+    return call(ballast::hang::launch_main,
+                {"ballast launch", "-n", "3", "--trace-dir", dir, "--", kLoop, "--iters", "20", "--warmup", "0",
+                 "--fault", "slow", "--fault-rank", "2", "--fault-iter", "5"});
   });
   INFO("launch stdout: " << l.out << "\nlaunch stderr: " << l.err);
   REQUIRE(l.code == 0);
-  const auto a = capture([&] { return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--slow-ms", "20"}); });
+  const auto a = capture([&] {
+    return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--slow-ms", "20"});
+  });
   CHECK(a.code == 1);
   expect_cause(verdict(a), "slow", 2, "slow");
 }
@@ -392,7 +401,8 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   const std::string dir = fresh_dir("ok");
   setenv("UCX_TLS", "sm,self", 1);
   const auto l = capture([&] {
-    return call(ballast::hang::launch_main, {"ballast launch", "-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "50", "--check"});
+    return call(ballast::hang::launch_main,
+                {"ballast launch", "-n", "2", "--trace-dir", dir, "--", kLoop, "--iters", "50", "--check"});
   });
   INFO("launch stdout: " << l.out << "\nlaunch stderr: " << l.err);
   CHECK(l.code == 0);
@@ -407,7 +417,8 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   std::set<std::string> rings;  // the comm-ucx plugin names its ring rank-R.PID.ucx.btrace
   for (const auto& e : fs::directory_iterator(dir)) rings.insert(e.path().filename().string());
   REQUIRE(rings.size() == 2);
-  for (const auto& name : rings) CHECK_MESSAGE(std::regex_match(name, std::regex("rank-[01]\\.[0-9]+\\.ucx\\.btrace")), name);
+  for (const auto& name : rings)
+    CHECK_MESSAGE(std::regex_match(name, std::regex("rank-[01]\\.[0-9]+\\.ucx\\.btrace")), name);
   const auto a = capture([&] {
     return call(ballast::hang::analyze_main, {"ballast analyze", dir, "--json", "--chrome", dir + "/trace.json"});
   });
@@ -416,7 +427,7 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   std::ifstream f(dir + "/trace.json");
   const auto trace = nlohmann::json::parse(f);
   size_t ops = 0;
-  std::set<std::pair<int, int>> threads;  // (pid, tid) of the operations
+  std::set<std::pair<int, int>> threads;             // (pid, tid) of the operations
   std::map<std::pair<int, int>, std::string> names;  // (pid, tid) -> name; tid -1 for the process
   for (const auto& e : trace["traceEvents"]) {
     INFO(e.dump());
@@ -439,7 +450,8 @@ TEST_CASE("a healthy job: launch exits 0, analyze says healthy and exports a Chr
   for (int rank : {0, 1}) {
     CHECK(names[{rank, -1}].rfind("rank " + std::to_string(rank) + " (pid ", 0) == 0);
     const std::string& thread = names[{rank, 1}];
-    CHECK(std::regex_match(thread, std::regex("communicator [0-9a-f]{16} \\(rank " + std::to_string(rank) + " of 2\\)")));
+    CHECK(
+        std::regex_match(thread, std::regex("communicator [0-9a-f]{16} \\(rank " + std::to_string(rank) + " of 2\\)")));
   }
   CHECK(names[{0, 1}].substr(0, 29) == names[{1, 1}].substr(0, 29));  // "communicator " and the same id
 }
@@ -511,7 +523,8 @@ TEST_CASE("a second SIGINT to ballast launch kills the ranks without waiting out
 // (PR_SET_PDEATHSIG), not their children, which a real job's ranks reap.
 TEST_CASE("SIGKILL to ballast launch: its ranks end too") {
   const std::string dir = fresh_dir("sigkill");
-  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c", "echo $$ > \"$BALLAST_TRACE_DIR/pids.$RANK\"; exec sleep 60"});
+  Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c",
+                   "echo $$ > \"$BALLAST_TRACE_DIR/pids.$RANK\"; exec sleep 60"});
   REQUIRE(eventually(30, [&] { return sleeping_ranks(2, &l); }));
   REQUIRE(kill(l.pid, SIGKILL) == 0);
   CHECK(l.wait(15) == 128 + SIGKILL);
@@ -547,7 +560,8 @@ TEST_CASE("a rank that fails outside any collective: launch names it and says th
   // A ring it cannot read is named, not passed over.
   std::ofstream(dir + "/rank-0.1.ucx.btrace") << std::string(300, 'x');
   const auto bad = capture([&] {
-    return call(ballast::hang::launch_main, {"ballast launch", "-n", "1", "--trace-dir", dir, "--", "sh", "-c", "exit 4"});
+    return call(ballast::hang::launch_main,
+                {"ballast launch", "-n", "1", "--trace-dir", dir, "--", "sh", "-c", "exit 4"});
   });
   INFO(bad.err);
   CHECK(bad.code == 1);
@@ -558,17 +572,16 @@ TEST_CASE("end to end: the real `ballast launch` and `ballast analyze` name a ki
   require_ballast();
   const std::string dir = fresh_dir("e2e");
   const std::string cmd = std::string("UCX_TLS=sm,self ") + BALLAST_EXE + " launch -n 2 --trace-dir " + dir +
-                          " --json -- " + kLoop + " --iters 300 --fault exit --fault-rank 1 --fault-iter 20" +
-                          " > " + dir + "/launch.out 2> " + dir + "/launch.err";
+                          " --json -- " + kLoop + " --iters 300 --fault exit --fault-rank 1 --fault-iter 20" + " > " +
+                          dir + "/launch.out 2> " + dir + "/launch.err";
   const int st = std::system(cmd.c_str());
   CHECK(WEXITSTATUS(st) == 1);
   std::stringstream err;
   err << std::ifstream(dir + "/launch.err").rdbuf();
   CHECK(err.str().find("rank 1 (pid") != std::string::npos);
   CHECK(err.str().find("exited with code 3") != std::string::npos);
-  const auto a = capture([&] {
-    return std::system((std::string(BALLAST_EXE) + " analyze " + dir + " --json").c_str()) == 0 ? 0 : 1;
-  });
+  const auto a = capture(
+      [&] { return std::system((std::string(BALLAST_EXE) + " analyze " + dir + " --json").c_str()) == 0 ? 0 : 1; });
   CHECK(a.code == 1);
   expect_cause(verdict(a), "hang", 1, "crashed");
 }

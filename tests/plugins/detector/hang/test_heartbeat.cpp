@@ -60,9 +60,9 @@ struct Beat {
 // The line a writer makes (the format of python/ballast/heartbeat.py).
 std::string line_of(const Beat& b) {
   const std::string text = "ballast-heartbeat=1 rank=" + std::to_string(b.rank) + " world=" + std::to_string(b.world) +
-                           " pid=" + std::to_string(b.pid) + " host=" + host_name() + " beat=" + std::to_string(b.beat) +
-                           " step=" + std::to_string(b.step) + " phase=" + b.phase + " comm=" + (b.comm ? "1" : "0") +
-                           " wall_ns=" + std::to_string(wall_now() - b.ago_ns) +
+                           " pid=" + std::to_string(b.pid) + " host=" + host_name() +
+                           " beat=" + std::to_string(b.beat) + " step=" + std::to_string(b.step) + " phase=" + b.phase +
+                           " comm=" + (b.comm ? "1" : "0") + " wall_ns=" + std::to_string(wall_now() - b.ago_ns) +
                            " stack_signal=" + std::to_string(b.stack_signal) + " state=" + b.state;
   char sum[16];
   std::snprintf(sum, sizeof sum, " sum=%08x", fnv1a32(text.data(), text.size()));
@@ -285,7 +285,8 @@ TEST_CASE("the launcher's record: written, read back, its states used; a bad one
   rec.reason = "the job hangs: no heartbeat for 3 s";
   rec.verdict_ns = wall_now();
   rec.verdict_json = R"({"verdict":"hang","root_cause":[{"rank":2,"kind":"stuck","evidence":"x"}]})";
-  rec.ranks = {{0, 10, ProcState::alive, "", true}, {2, 12, ProcState::stopped, "", true},
+  rec.ranks = {{0, 10, ProcState::alive, "", true},
+               {2, 12, ProcState::stopped, "", true},
                {1, 11, ProcState::gone, "signal 9 (Killed)", false}};
   REQUIRE_MESSAGE(write_launch_record(dir, rec, &err), err);
   LaunchRecord back;

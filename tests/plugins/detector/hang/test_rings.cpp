@@ -103,8 +103,8 @@ TEST_CASE("the rings of one process's two comm plugins are read as one rank, the
   TraceRing* nccl = make_ring(ring_path(dir, 0, self, "nccl"), 0);
   TraceRing* rank1 = make_ring(ring_path(dir, 1, self, "ucx"), 1);
   // 100 us apart: far more than the two rings' clocks can differ once merged.
-  for (auto [ring, comm, seq, done] : {std::tuple{ucx, 0x11, 1, true}, {nccl, 0x22, 1, true}, {ucx, 0x11, 2, false},
-                                       {nccl, 0x22, 2, false}}) {
+  for (auto [ring, comm, seq, done] :
+       {std::tuple{ucx, 0x11, 1, true}, {nccl, 0x22, 1, true}, {ucx, 0x11, 2, false}, {nccl, 0x22, 2, false}}) {
     add(ring, uint64_t(comm), uint64_t(seq), done);
     usleep(100);
   }
@@ -249,8 +249,10 @@ TEST_CASE("several threads write at once: copies are whole, records in flight ar
         if (!s) continue;
         fill(s, t, j);
         TraceRing::publish(s, i);
-        if (j % 50 == 0) held.emplace_back(j + 2000, s, i);
-        else __atomic_store_n(&s->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
+        if (j % 50 == 0)
+          held.emplace_back(j + 2000, s, i);
+        else
+          __atomic_store_n(&s->state, BALLAST_TRACE_DONE, __ATOMIC_RELEASE);
         for (auto it = held.begin(); it != held.end();)
           if (std::get<0>(*it) <= j) {
             // Still ours: the claims of the other threads went round it.
@@ -402,8 +404,8 @@ TEST_CASE("a ring whose clock says nothing is refused, naming the field") {
 }
 
 TEST_CASE("a ring whose rank lies outside its world is refused, naming the field") {
-  CHECK(refusal("rank-past", offsetof(ballast_trace_header, rank), int32_t(99)).find("field rank 99 is outside a world of") !=
-        std::string::npos);
+  CHECK(refusal("rank-past", offsetof(ballast_trace_header, rank), int32_t(99))
+            .find("field rank 99 is outside a world of") != std::string::npos);
   CHECK(refusal("rank-negative", offsetof(ballast_trace_header, rank), int32_t(-2)).find("field rank -2") !=
         std::string::npos);
   CHECK(refusal("nranks-negative", offsetof(ballast_trace_header, nranks), int32_t(-5)).find("a world of -5") !=

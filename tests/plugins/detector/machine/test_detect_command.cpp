@@ -2,13 +2,13 @@
 // replay end to end through detect_main (stdout captured in a file).
 #include <doctest/doctest.h>
 
-#include "detector_config.hpp"
 #include "detect_command.hpp"
+#include "detector_config.hpp"
 #include "metrics_csv.hpp"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -100,7 +100,8 @@ std::pair<int, std::string> run_detect(std::vector<std::string> args) {
 
 TEST_CASE("CSV errors name the file, the line and the column") {
   std::string p = write_file("nocol.csv", "ts,node,value\n1,a,2\n");
-  CHECK(read_error(p) == p + ":1: missing column 'metric' in the header 'ts,node,value' (expected ts,node,metric,value)");
+  CHECK(read_error(p) ==
+        p + ":1: missing column 'metric' in the header 'ts,node,value' (expected ts,node,metric,value)");
   p = write_file("nan.csv", "ts,node,metric,value\n1,a,cpu,2\n2,a,cpu,nan\n");
   CHECK(read_error(p) == p + ":3: column 4 (value): not a finite number: 'nan'");
   p = write_file("text.csv", "ts,node,metric,value\n1,a,cpu,2\nx,a,cpu,3\n");
@@ -166,8 +167,9 @@ TEST_CASE("detect --json prints one object per alert with the time it is raised,
 TEST_CASE("detect reads its settings from --config and reports bad ones") {
   std::string csv = write_file("job.csv", job_csv());
   // A threshold no machine reaches: no alert.
-  std::string cfg = write_file("cfg.lua", "-- detector settings\nreturn {\n  threshold = 1e9, window = 3,\n"
-                                          "  metrics = { 'proc.*' }; continuity = 2,\n}\n");
+  std::string cfg = write_file("cfg.lua",
+                               "-- detector settings\nreturn {\n  threshold = 1e9, window = 3,\n"
+                               "  metrics = { 'proc.*' }; continuity = 2,\n}\n");
   auto [code, out] = run_detect({"--metrics", csv, "--config", cfg});
   CHECK(code == 0);
   CHECK(out.find("0 alert(s)") != std::string::npos);

@@ -6,8 +6,8 @@
 
 #include "detect_command.hpp"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>

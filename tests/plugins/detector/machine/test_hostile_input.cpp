@@ -4,13 +4,13 @@
 // crash, an abort or an effective hang.
 #include <doctest/doctest.h>
 
-#include "detector_config.hpp"
 #include "detect_command.hpp"
 #include "detector.hpp"
+#include "detector_config.hpp"
 #include "metrics_csv.hpp"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>

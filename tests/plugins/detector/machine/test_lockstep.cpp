@@ -22,15 +22,15 @@ constexpr int64_t kSec = 1000000000;
 constexpr int kNodes = 5;
 
 struct Round {
-  double ctxt[kNodes];      // proc.ctxt_voluntary, wake-ups/s
-  double pressure[kNodes];  // cgroup.cpu.pressure, share of time
-  double throttled[kNodes]; // cgroup.cpu.throttled, share of time
+  double ctxt[kNodes];       // proc.ctxt_voluntary, wake-ups/s
+  double pressure[kNodes];   // cgroup.cpu.pressure, share of time
+  double throttled[kNodes];  // cgroup.cpu.throttled, share of time
 };
 
 struct LockStep {
   std::mt19937 rng{7};
   std::normal_distribution<double> noise{0.0, 1.0};
-  int stalled = -1;  // the machine whose workers are stopped
+  int stalled = -1;    // the machine whose workers are stopped
   bool pause = false;  // every machine waits (a checkpoint written to slow storage)
 
   // Running: every worker computes, then polls for the release; the VM's
@@ -132,7 +132,7 @@ TEST_CASE("a second faulty machine is reported once the first has recovered") {
   for (int t = 20; t < 60; ++t) {
     if (t == recovered) job.stalled = -1;  // m2's workers continue
     Round r = job.next();
-    if (t >= 25) r.throttled[0] = 0.5;     // m0 throttled from t=25 on, to the end
+    if (t >= 25) r.throttled[0] = 0.5;  // m0 throttled from t=25 on, to the end
     feed(d, t, r, &alerts);
   }
   REQUIRE(alerts.size() == 2);

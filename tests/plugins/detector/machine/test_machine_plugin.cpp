@@ -37,8 +37,8 @@ int on_report(void* user, const ballast_event* ev) {
 }
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // Runs `ballast ARGS`, returns {exit code, stdout}; stderr goes to stdout too.

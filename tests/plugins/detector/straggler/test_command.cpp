@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "whatif_command.hpp"
 #include "data.hpp"
+#include "whatif_command.hpp"
 
 using straggler_test::data;
 using straggler_test::Scratch;

@@ -107,7 +107,8 @@ TEST_CASE("whole-step rows are counted and not analysed; unknown phase names are
   OnlineDetector d({20, 10, 1.03, {}});
   std::vector<ballast_op_timing> rows;
   for (int step = 1; step <= 30; ++step)
-    for (int r = 0; r < 4; ++r) rows.push_back({r, 0, r, step, "step", 1000.0 + step, r == 2 ? 3.0 : 1.0, 0, -1, -1, -1});
+    for (int r = 0; r < 4; ++r)
+      rows.push_back({r, 0, r, step, "step", 1000.0 + step, r == 2 ? 3.0 : 1.0, 0, -1, -1, -1});
   d.add(rows.data(), rows.size());
   CHECK_FALSE(d.poll());
   CHECK(d.counters().step_rows == 120);

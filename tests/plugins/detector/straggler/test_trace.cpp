@@ -221,8 +221,9 @@ TEST_CASE("meta.yaml errors name the line and the key") {
 
 TEST_CASE("meta.yaml is YAML: a document marker, flow style, quotes and comments are read") {
   Scratch tmp("meta-yaml");
-  const std::string block = tmp.write("block.yaml", "---\n# sizes\ntrial_name: 'run 7'  # quoted\ndp_size: \"4\"\n"
-                                                    "pp_size: 2\nrun_id: 0\nworld_size: 8\n...\n");
+  const std::string block = tmp.write("block.yaml",
+                                      "---\n# sizes\ntrial_name: 'run 7'  # quoted\ndp_size: \"4\"\n"
+                                      "pp_size: 2\nrun_id: 0\nworld_size: 8\n...\n");
   Meta m = read_meta(block);
   CHECK(m.trial_name == "run 7");
   CHECK(m.dp == 4);
@@ -264,8 +265,8 @@ TEST_CASE("meta.yaml: nested values, aliases, duplicate keys and a second docume
 }
 
 TEST_CASE("a row whose dp_rank and stage would make a huge grid is refused, naming the line and column") {
-  const std::string text = kHeader + "0,0,0,0,forward-compute,0,1,0,0,0,0\n" +
-                           "20000,20000,1,0,forward-compute,0,1,0,0,0,0\n";
+  const std::string text =
+      kHeader + "0,0,0,0,forward-compute,0,1,0,0,0,0\n" + "20000,20000,1,0,forward-compute,0,1,0,0,0,0\n";
   const std::string err = error_of([&] { parse_trace_csv(text, "big.csv"); });
   CHECK_MESSAGE(err.find("big.csv:3: column dp_rank: dp_rank up to 20000 and stage up to 20000") == 0, err);
 }

@@ -32,7 +32,7 @@ TEST_CASE("actions run one at a time in order; a restart merges into a queued re
 TEST_CASE("a failed action is retried after a doubling back-off, then given up") {
   ActionQueue q(RetryPolicy{3, 1.0});
   Action a = make(7, "restart");
-  CHECK(q.retry(a, 0));               // 2nd try after 1 s
+  CHECK(q.retry(a, 0));  // 2nd try after 1 s
   CHECK_FALSE(q.pop_due(999999999));
   auto second = q.pop_due(1000000000);
   REQUIRE(second);

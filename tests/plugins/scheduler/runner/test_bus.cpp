@@ -92,19 +92,24 @@ struct Job {
       REQUIRE_MESSAGE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-scheduler.so", nullptr) == BALLAST_OK,
                       ballast_last_error());
     // extra_job: the command's arguments, its closing brace, then the job's options.
-    const std::string cfg = "{ job = { dir = '" + dir + "', metrics_period_seconds = 0, progress = false, command = {'" +
-                            kTrainer + "', " + extra_job + " }, report = 'none', " + extra_top + " }";
+    const std::string cfg = "{ job = { dir = '" + dir +
+                            "', metrics_period_seconds = 0, progress = false, command = {'" + kTrainer + "', " +
+                            extra_job + " }, report = 'none', " + extra_top + " }";
     REQUIRE_MESSAGE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-runner.so", cfg.c_str()) == BALLAST_OK,
                     ballast_last_error());
     if (policy)
-      REQUIRE_MESSAGE(ballast_host_load_policy(host, BALLAST_SOURCE_DIR "/scripts/default.lua", "escalate") == BALLAST_OK,
-                      ballast_last_error());
+      REQUIRE_MESSAGE(
+          ballast_host_load_policy(host, BALLAST_SOURCE_DIR "/scripts/default.lua", "escalate") == BALLAST_OK,
+          ballast_last_error());
     uint64_t id = 0;
-    for (const char* t : {"job.*", "fault.*"}) REQUIRE(ballast_host_subscribe(host, t, nullptr, Events::handler, &events, &id) == BALLAST_OK);
+    for (const char* t : {"job.*", "fault.*"})
+      REQUIRE(ballast_host_subscribe(host, t, nullptr, Events::handler, &events, &id) == BALLAST_OK);
     REQUIRE_MESSAGE(ballast_host_start(host) == BALLAST_OK, ballast_last_error());
   }
   ~Job() { ballast_host_destroy(host); }
-  void act(const std::string& json) { REQUIRE(ballast_host_publish_json(host, "recovery.action", json.c_str()) == BALLAST_OK); }
+  void act(const std::string& json) {
+    REQUIRE(ballast_host_publish_json(host, "recovery.action", json.c_str()) == BALLAST_OK);
+  }
   double final_weight() {
     std::ifstream in(dir + "/final-weights.json");
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -122,7 +127,8 @@ TEST_CASE("a job runs to its end and says so") {
 }
 
 TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
-  Job job("crash", "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4, keep_checkpoints = 2",
+  Job job("crash",
+          "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4, keep_checkpoints = 2",
           "inject = {'crash:rank=2@step12'}", true);
   REQUIRE(job.events.wait_state("finished", 120));
   auto faults = job.events.topic("fault.confirmed");
@@ -157,7 +163,8 @@ TEST_CASE("evict and replace take a standby chosen by the placement plugin; paus
   job.act(R"({"action": "replace", "subject": "node1", "reason": "test"})");
   job.act(R"({"action": "pause", "reason": "test", "args": {"seconds": 0.3}})");
   REQUIRE(job.events.wait_state("paused"));
-  for (int i = 0; i < 3000 && journal(job.dir).size() < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 3000 && journal(job.dir).size() < 8; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   auto j = journal(job.dir);
   REQUIRE(j.size() == 8);
   CHECK(j[1]["action"] == "checkpoint_now");
@@ -174,8 +181,10 @@ TEST_CASE("evict and replace take a standby chosen by the placement plugin; paus
 }
 
 TEST_CASE("a replace that comes after the evict's own replace is superseded, also once the node is repaired") {
-  Job job("late-replace", "'--steps', '400', '--step-seconds', '0.03', '--checkpoint-every', '50'}, ranks = 2, standby = 1, "
-          "repair_seconds = 0", "", false, true);
+  Job job("late-replace",
+          "'--steps', '400', '--step-seconds', '0.03', '--checkpoint-every', '50'}, ranks = 2, standby = 1, "
+          "repair_seconds = 0",
+          "", false, true);
   REQUIRE(job.events.wait_state("running"));
   job.act(R"({"action": "evict", "subject": "node1", "reason": "test"})");
   auto ended = [&job](const std::string& action) {
@@ -196,8 +205,8 @@ TEST_CASE("a replace that comes after the evict's own replace is superseded, als
 }
 
 TEST_CASE("the same crash after every restart is a loop, and is escalated") {
-  Job job("loop", "'--steps', '40', '--step-seconds', '0.02', '--exit-at', '3'}, ranks = 2, restart_loop_limit = 2",
-          "", true);
+  Job job("loop", "'--steps', '40', '--step-seconds', '0.02', '--exit-at', '3'}, ranks = 2, restart_loop_limit = 2", "",
+          true);
   REQUIRE(job.events.wait_state("escalated", 120));
   auto j = journal(job.dir);
   REQUIRE(!j.empty());
@@ -210,7 +219,8 @@ TEST_CASE("the same crash after every restart is a loop, and is escalated") {
 
 TEST_CASE("an action that keeps failing is retried with back-off, then escalated") {
   // Every rank of a restarted attempt exits before its hello: each try of the restart fails.
-  Job job("retry", "'--steps', '400', '--step-seconds', '0.02', '--exit-before-hello-on-restart'}, ranks = 2, "
+  Job job("retry",
+          "'--steps', '400', '--step-seconds', '0.02', '--exit-before-hello-on-restart'}, ranks = 2, "
           "action_tries = 2, backoff_seconds = 0.1",
           "", false);
   REQUIRE(job.events.wait_state("running"));
@@ -265,18 +275,24 @@ TEST_CASE("another detector's crash report after the restart, and the evict + re
   // The hang detector reading the old rings of ranks 1 and 3 (its stall
   // clock restarted when the new rings appeared, so `since` is after the
   // restart), and the over-eviction a policy would ask for.
-  const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (int r : {1, 3}) {
-    const nlohmann::json f = {{"subject", "rank:" + std::to_string(r)}, {"rank", r}, {"kind", "crashed"},
-                              {"detector", "hang"}, {"confidence", 1.0}, {"since_ns", now}, {"detected_ns", now},
+    const nlohmann::json f = {{"subject", "rank:" + std::to_string(r)},
+                              {"rank", r},
+                              {"kind", "crashed"},
+                              {"detector", "hang"},
+                              {"confidence", 1.0},
+                              {"since_ns", now},
+                              {"detected_ns", now},
                               {"evidence", "{}"}};
     REQUIRE(ballast_host_publish_json(job.host, "fault.confirmed", f.dump().c_str()) == BALLAST_OK);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (const char* s : {"rank:1", "rank:3"})
     for (const char* a : {"evict", "replace"})
-      job.act(nlohmann::json{{"action", a}, {"subject", s}, {"reason", "test"}, {"cause_topic", "fault.confirmed"}}.dump());
+      job.act(
+          nlohmann::json{{"action", a}, {"subject", s}, {"reason", "test"}, {"cause_topic", "fault.confirmed"}}.dump());
   REQUIRE(job.events.wait_state("finished", 120));
   const auto e = ends();
   REQUIRE(e.size() == 5);

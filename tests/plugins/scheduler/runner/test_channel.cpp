@@ -47,7 +47,9 @@ TEST_CASE("reports of every type parse") {
   auto nan = parse_report(R"({"type":"step","rank":0,"step":5,"loss":NaN,"start_s":1,"duration_s":0.2})", 4, &err);
   REQUIRE(nan);
   CHECK_FALSE(nan->loss_finite);
-  auto c = parse_report(R"({"type":"checkpoint","rank":0,"step":10,"path":"/x/step-00000010.safetensors","bytes":9,"seconds":0.1})", 4, &err);
+  auto c = parse_report(
+      R"({"type":"checkpoint","rank":0,"step":10,"path":"/x/step-00000010.safetensors","bytes":9,"seconds":0.1})", 4,
+      &err);
   REQUIRE(c);
   CHECK(c->path == "/x/step-00000010.safetensors");
   auto e = parse_report(R"({"type":"error","rank":1,"step":3,"kind":"user","message":"ValueError: x"})", 4, &err);
@@ -69,7 +71,8 @@ TEST_CASE("bad reports are refused, naming what is wrong") {
   CHECK(err == "rank 4 is not in [0, 4)");
   CHECK_FALSE(parse_report(R"({"type":"step","rank":0,"step":1,"loss":1})", 4, &err));
   CHECK(err == "missing field 'start_s'");
-  CHECK_FALSE(parse_report(R"({"type":"step","rank":0,"step":1,"start_s":1,"duration_s":1,"ops":[{"optype":3}]})", 4, &err));
+  CHECK_FALSE(
+      parse_report(R"({"type":"step","rank":0,"step":1,"start_s":1,"duration_s":1,"ops":[{"optype":3}]})", 4, &err));
   CHECK(err.find("ops") != std::string::npos);
   CHECK_FALSE(parse_report(std::string(70000, ' '), 4, &err));
   CHECK(err == "report larger than 64 KiB");
@@ -108,7 +111,9 @@ TEST_CASE("datagrams reach the socket; commands are whole appended lines") {
 
 TEST_CASE("the newest checkpoint at or before a step") {
   const std::string dir = scratch("checkpoints");
-  for (int s : {5, 10, 15}) std::ofstream(dir + "/step-" + std::string(8 - std::to_string(s).size(), '0') + std::to_string(s) + ".safetensors") << "x";
+  for (int s : {5, 10, 15})
+    std::ofstream(dir + "/step-" + std::string(8 - std::to_string(s).size(), '0') + std::to_string(s) + ".safetensors")
+        << "x";
   std::ofstream(dir + "/step-00000020.safetensors.tmp") << "half";  // not complete: no final name
   std::ofstream(dir + "/notes.txt") << "x";
   CHECK(find_checkpoint(dir, -1).step == 15);

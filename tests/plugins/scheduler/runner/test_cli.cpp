@@ -59,7 +59,8 @@ TEST_CASE("a rank out of range is refused") {
   auto r = run(config(kTrainer) + " --inject 'crash:rank=4@2'");
   INFO(r.output);
   CHECK(r.code != 0);
-  CHECK(r.output.find("--inject 'crash:rank=4@2': rank 4 is out of range (the job has 4 ranks: 0-3)") != std::string::npos);
+  CHECK(r.output.find("--inject 'crash:rank=4@2': rank 4 is out of range (the job has 4 ranks: 0-3)") !=
+        std::string::npos);
 }
 
 TEST_CASE("a schedule line that is not JSON is refused, naming the file and line") {

@@ -54,19 +54,21 @@ Run run(const std::string& name, const std::vector<std::string>& injections, int
   Run r;
   r.dir = scratch(name);
   const std::string config = r.dir + "/job.lua";
-  std::ofstream(config) << "return {\n"
-                           "  plugins = { 'runner', { path = 'hang', config = { stall_seconds = 2, period_seconds = 0.2 } },\n"
-                           "              'scheduler', "
-                        << more_plugins
-                        << " },\n"
-                           "  job = { command = { '" BALLAST_BINARY_DIR "/bin/ballast-trainer', '--steps', '"
-                        << steps
-                        << "', '--checkpoint-every', '10', '--log-every', '1000' },\n"
-                           "          ranks = 4, standby = 1, progress = false, dir = '"
-                        << r.dir + "/job"
-                        << "' },\n"
-                           "  policy = { script = '" BALLAST_SOURCE_DIR "/scripts/default.lua', fallback = 'escalate' },\n"
-                           "}\n";
+  std::ofstream(config)
+      << "return {\n"
+         "  plugins = { 'runner', { path = 'hang', config = { stall_seconds = 2, period_seconds = 0.2 } },\n"
+         "              'scheduler', "
+      << more_plugins
+      << " },\n"
+         "  job = { command = { '" BALLAST_BINARY_DIR "/bin/ballast-trainer', '--steps', '"
+      << steps
+      << "', '--checkpoint-every', '10', '--log-every', '1000' },\n"
+         "          ranks = 4, standby = 1, progress = false, dir = '"
+      << r.dir + "/job"
+      << "' },\n"
+         "  policy = { script = '" BALLAST_SOURCE_DIR
+         "/scripts/default.lua', fallback = 'escalate' },\n"
+         "}\n";
   std::string cmd = std::string(BALLAST_EXE) + " run " + config + " --json --timeline " + r.dir + "/timeline.json";
   for (const auto& i : injections) cmd += " --inject '" + i + "'";
   cmd += " 2>" + r.dir + "/stderr.log";

@@ -107,8 +107,8 @@ TEST_CASE("a JSON-lines schedule is read in every form, errors name the line") {
     CHECK(std::string(e.what()) == bad + ":2: not JSON");
   }
   const std::string range = write_file("range.jsonl", "{\"kind\": \"crash\", \"rank\": 7, \"at\": 1}\n");
-  CHECK_THROWS_WITH_AS(parse_schedule(range, kShape, {}), doctest::Contains((range + ":1: rank 7 is out of range").c_str()),
-                       InjectError);
+  CHECK_THROWS_WITH_AS(parse_schedule(range, kShape, {}),
+                       doctest::Contains((range + ":1: rank 7 is out of range").c_str()), InjectError);
   CHECK_THROWS_WITH_AS(parse_schedule("/nonexistent/schedule.jsonl", kShape, {}),
                        "/nonexistent/schedule.jsonl: cannot open the schedule file", InjectError);
 }
