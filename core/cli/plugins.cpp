@@ -12,9 +12,8 @@
 namespace ballast::cli {
 
 void add_plugins(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "plugins",
-      "List plugins (file, name, kind, version, ABI, interfaces, the commands each offers) or why one is refused");
+  auto* cmd =
+      app.add_subcommand("plugins", "List plugins (file, name, kind, version, ABI, interfaces) or why one is refused");
   static std::vector<std::string> paths;
   static bool json = false;
   cmd->add_option("PATH", paths, "Plugin files or folders (default: the plugin search path)");
@@ -32,7 +31,7 @@ void add_plugins(CLI::App& app) {
     }
     nlohmann::json listed = nlohmann::json::array(), refused = nlohmann::json::array();
     // Inspected in child processes: listing a file never runs it here.
-    for (const auto& probe : probe_plugin_files(files, true)) {
+    for (const auto& probe : probe_plugin_files(files, false)) {
       if (!probe.error.empty()) {
         refused.push_back({{"file", probe.path}, {"reason", probe.error}});
         continue;
@@ -40,16 +39,13 @@ void add_plugins(CLI::App& app) {
       const PluginFile& pf = probe.info;
       nlohmann::json interfaces = nlohmann::json::array();
       for (auto& i : pf.interfaces) interfaces.push_back({{"name", i.name}, {"version", i.version}});
-      nlohmann::json commands = nlohmann::json::array();
-      for (const auto& [name, summary] : probe.commands) commands.push_back(name);
       listed.push_back({{"file", pf.path},
                         {"name", pf.name},
                         {"kind", pf.kind},
                         {"version", pf.version},
                         {"abi", std::to_string(pf.abi_major) + "." + std::to_string(pf.abi_minor)},
                         {"description", pf.description},
-                        {"interfaces", interfaces},
-                        {"commands", commands}});
+                        {"interfaces", interfaces}});
     }
     if (json) {
       std::printf("%s\n", nlohmann::json{{"plugins", listed}, {"refused", refused}}
@@ -62,13 +58,10 @@ void add_plugins(CLI::App& app) {
         for (auto& i : p["interfaces"])
           ifs +=
               (ifs.empty() ? "" : ", ") + i["name"].get<std::string>() + " v" + std::to_string(i["version"].get<int>());
-        std::string verbs;
-        for (auto& c : p["commands"]) verbs += (verbs.empty() ? "ballast " : ", ballast ") + c.get<std::string>();
         std::printf("%-12s %-10s %-8s ABI %s  %s\n  %s\n  interfaces: %s\n", p["name"].get<std::string>().c_str(),
                     p["kind"].get<std::string>().c_str(), p["version"].get<std::string>().c_str(),
                     p["abi"].get<std::string>().c_str(), p["description"].get<std::string>().c_str(),
                     p["file"].get<std::string>().c_str(), ifs.empty() ? "(none)" : ifs.c_str());
-        if (!verbs.empty()) std::printf("  commands: %s\n", verbs.c_str());
       }
       for (auto& r : refused) std::printf("REFUSED %s\n", r["reason"].get<std::string>().c_str());
     }

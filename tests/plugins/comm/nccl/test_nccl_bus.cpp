@@ -64,6 +64,7 @@ struct Bus {
       if (std::string(name) == "records_lost") reinterpret_cast<Bus*>(const_cast<ballast_host_api*>(a))->lost += delta;
       return 0;
     };
+    api.config_get = [](const ballast_host_api*, const char*, const char**) { return int(BALLAST_ENOTFOUND); };
     REQUIRE(ballast_host_create("test", &host) == BALLAST_OK);
     REQUIRE(ballast_host_subscribe(host, "collective.*", nullptr, on_event, &seen, &sub) == BALLAST_OK);
     REQUIRE(ballast_host_start(host) == BALLAST_OK);
