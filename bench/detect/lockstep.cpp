@@ -16,6 +16,10 @@
 // `ballast detect` replays a CSV (exporter names mapped, counters turned into
 // rates, one evaluation per round); --out DIR also writes each scenario as a
 // CSV that `ballast detect --metrics` reads (labelled series quoted).
+// The same job's per-rank step timings go through the straggler analysis,
+// and both detectors' verdicts through the suspect fusion: the suspects/*
+// lines score each source side by side (use --seconds 300: the straggler
+// analysis reports every 10 steps of 3-8 s).
 #include "detect_command.hpp"
 #include "detector.hpp"
 #include "detector_config.hpp"
@@ -242,7 +246,8 @@ const char* kUsage =
     "                             [--style exporter|plain] [--config FILE.lua] [--out DIR]\n"
     "Generates lock-step job metrics with one planted fault per scenario (or none) and\n"
     "scores the faulty-machine detector: precision, recall, F1, latency, fault-free runs\n"
-    "with an alert. JSON lines on stdout.\n";
+    "with an alert; then the machine detector, the straggler analysis (on the ranks' step\n"
+    "timings) and their fusion side by side (suspects/*). JSON lines on stdout.\n";
 
 bool load_config(const char* path, DetectorConfig* config) {
   if (!path) return true;
