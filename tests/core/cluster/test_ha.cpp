@@ -43,7 +43,7 @@ TEST_CASE("the leader of two controllers is killed: the other leads, every event
     return spawn({BALLAST_EXE, "run", cfg, "--json"}, dir + "/" + name + ".out", dir + "/" + name + ".err");
   };
   Proc c1 = controller("c1", p1);
-  REQUIRE(eventually(10, [&] { return read_file(dir + "/c1.err").find("is the leader") != std::string::npos; }));
+  REQUIRE(eventually(40, [&] { return read_file(dir + "/c1.err").find("is the leader") != std::string::npos; }));
   Proc c2 = controller("c2", p2);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const uint64_t count = 2500;
