@@ -69,7 +69,7 @@ std::string Etcd::unb64(const std::string& s) {
   return out;
 }
 
-Etcd::Etcd(std::string endpoint) : endpoint_(std::move(endpoint)) {
+Etcd::Etcd(std::string endpoint, EtcdTls tls) : endpoint_(std::move(endpoint)), tls_(std::move(tls)) {
   std::call_once(g_curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   curl_ = curl_easy_init();
 }
@@ -92,6 +92,9 @@ int Etcd::call(const std::string& path, const nlohmann::json& body, nlohmann::js
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  if (!tls_.ca.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, tls_.ca.c_str());
+  if (!tls_.cert.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, tls_.cert.c_str());
+  if (!tls_.key.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, tls_.key.c_str());
   curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
   curl_easy_setopt(c, CURLOPT_XFERINFODATA, const_cast<std::atomic<bool>*>(abort));

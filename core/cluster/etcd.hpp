@@ -13,9 +13,16 @@
 
 namespace ballast::cluster {
 
+// Client TLS for an https:// endpoint: the CA that signed etcd's
+// certificate, and this client's certificate and key (etcd's
+// --client-cert-auth). Empty: plain HTTP, or https with the system's CAs.
+struct EtcdTls {
+  std::string ca, cert, key;
+};
+
 class Etcd {
  public:
-  explicit Etcd(std::string endpoint);
+  explicit Etcd(std::string endpoint, EtcdTls tls = {});
   ~Etcd();
   Etcd(const Etcd&) = delete;
   Etcd& operator=(const Etcd&) = delete;
@@ -46,6 +53,7 @@ class Etcd {
 
  private:
   std::string endpoint_;
+  EtcdTls tls_;
   void* curl_ = nullptr;
 };
 

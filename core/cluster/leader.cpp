@@ -21,7 +21,7 @@ int64_t wall_ms() {
 int EtcdLeadership::create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out) {
   auto l = std::unique_ptr<EtcdLeadership>(new EtcdLeadership(host));
   l->options_ = std::move(options);
-  l->client_ = std::make_unique<Etcd>(l->options_.endpoint);
+  l->client_ = std::make_unique<Etcd>(l->options_.endpoint, l->options_.tls);
   *out = std::move(l);
   return BALLAST_OK;
 }
@@ -55,7 +55,7 @@ void EtcdLeadership::stop() {
 }
 
 void EtcdLeadership::campaign_loop() {
-  Etcd etcd(options_.endpoint);
+  Etcd etcd(options_.endpoint, options_.tls);
   while (!quit_.load()) {
     if (leader_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -117,7 +117,7 @@ void EtcdLeadership::campaign_loop() {
 }
 
 void EtcdLeadership::keepalive_loop() {
-  Etcd etcd(options_.endpoint);
+  Etcd etcd(options_.endpoint, options_.tls);
   const int period_ms = std::max(200, options_.lease_s * 1000 / 3);
   while (!quit_.load()) {
     for (int waited = 0; waited < period_ms && !quit_.load(); waited += 50)

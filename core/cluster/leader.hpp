@@ -25,7 +25,8 @@ class Host;
 namespace ballast::cluster {
 
 struct EtcdOptions {
-  std::string endpoint;  // http://127.0.0.1:2379
+  std::string endpoint;  // http://127.0.0.1:2379, or https:// with `tls`
+  EtcdTls tls;
   std::string job = "job";
   std::string name;   // this candidate, for logs
   std::string value;  // what the leader key holds: the controller's address

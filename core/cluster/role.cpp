@@ -171,6 +171,11 @@ int Role::from_config(const nlohmann::json& config, const std::string& base_dir,
     TRY(r.string("etcd.name", &e.name));
     double lease = e.lease_s;
     TRY(r.number("etcd.lease_s", 1, 600, &lease));
+    TRY(r.string("etcd.tls.ca", &e.tls.ca, true));
+    TRY(r.string("etcd.tls.cert", &e.tls.cert, true));
+    TRY(r.string("etcd.tls.key", &e.tls.key, true));
+    if (e.tls.cert.empty() != e.tls.key.empty())
+      return fail(BALLAST_EINVAL, "config field 'cluster.etcd.tls': cert and key go together");
     e.lease_s = static_cast<int>(lease);
     if (e.endpoint.empty()) return fail(BALLAST_EINVAL, "config field 'cluster.etcd.endpoint': required");
     e.value = o.listen;

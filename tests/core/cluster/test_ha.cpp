@@ -43,7 +43,7 @@ TEST_CASE("the leader of two controllers is killed: the other leads, every event
     return spawn({BALLAST_EXE, "run", cfg, "--json"}, dir + "/" + name + ".out", dir + "/" + name + ".err");
   };
   Proc c1 = controller("c1", p1);
-  REQUIRE(eventually(10, [&] { return read_file(dir + "/c1.err").find("is the leader") != std::string::npos; }));
+  REQUIRE(eventually(40, [&] { return read_file(dir + "/c1.err").find("is the leader") != std::string::npos; }));
   Proc c2 = controller("c2", p2);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const uint64_t count = 2500;
@@ -123,4 +123,43 @@ TEST_CASE("the leader of two controllers is killed: the other leads, every event
   auto c2j = nlohmann::json::parse(read_file(dir + "/c2.out"), nullptr, false);
   CHECK(c2j["cluster.terms"] == 1);
   CHECK(c2j["cluster.gaps"] == 0);
+}
+
+// etcd over TLS with client certificates (etcd-up with BALLAST_ETCD_TLS): a candidate
+// with the CA and its client certificate leads; one without them is refused
+// by etcd and exits with an error naming cluster.etcd.
+TEST_CASE("etcd over TLS: a candidate with a client certificate leads, one without fails with the reason") {
+  std::string dir = scratch_dir("ha-tls");
+  int base = 21000 + static_cast<int>(getpid() % 700) * 4;
+  std::string certs = dir + "/certs", etcd_dir = dir + "/etcd";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1") == 0);
+  struct Down {
+    std::string d;
+    ~Down() { sh(engines() + "/etcd-down " + d); }
+  } down{etcd_dir};
+  int up = sh("BALLAST_ETCD_TLS=" + certs + " " + engines() + "/etcd-up " + etcd_dir + " " + std::to_string(base) + " >/dev/null");
+  REQUIRE_MESSAGE(up == 0, "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
+  const std::string etcd = "https://127.0.0.1:" + std::to_string(base);
+  auto config = [&](const std::string& name, int port, bool with_tls) {
+    std::string text = controller_config("127.0.0.1:" + std::to_string(port), certs, dir + "/" + name, etcd, 3);
+    if (with_tls)
+      text.replace(text.find("lease_s = 3 }"), 13,
+                   "lease_s = 3, tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs +
+                       "/controller.crt\", key = \"" + certs + "/controller.key\" } }");
+    write_file(dir + "/" + name + ".lua", text);
+    return spawn({BALLAST_EXE, "run", dir + "/" + name + ".lua"}, dir + "/" + name + ".out", dir + "/" + name + ".err");
+  };
+  Proc with = config("c1", base + 1, true);
+  bool led = eventually(20, [&] { return read_file(dir + "/c1.err").find("is the leader") != std::string::npos; });
+  Proc without = config("c2", base + 2, false);
+  int rc = without.wait();
+  with.signal(SIGTERM);
+  CHECK(with.wait() == 0);
+  INFO(read_file(dir + "/c1.err"));
+  CHECK(led);
+  std::string err = read_file(dir + "/c2.err");
+  INFO(err);
+  CHECK(rc != 0);
+  CHECK(err.find("cluster.etcd") != std::string::npos);
+  CHECK(err.find(etcd) != std::string::npos);
 }
