@@ -137,7 +137,8 @@ TEST_CASE("etcd over TLS: a candidate with a client certificate leads, one witho
     std::string d;
     ~Down() { sh(engines() + "/etcd-down " + d); }
   } down{etcd_dir};
-  int up = sh("BALLAST_ETCD_TLS=" + certs + " " + engines() + "/etcd-up " + etcd_dir + " " + std::to_string(base) + " >/dev/null");
+  int up = sh("BALLAST_ETCD_TLS=" + certs + " " + engines() + "/etcd-up " + etcd_dir + " " + std::to_string(base) +
+              " >/dev/null");
   REQUIRE_MESSAGE(up == 0, "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
   const std::string etcd = "https://127.0.0.1:" + std::to_string(base);
   auto config = [&](const std::string& name, int port, bool with_tls) {
