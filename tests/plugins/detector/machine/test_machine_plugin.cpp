@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -89,13 +90,18 @@ TEST_CASE("the plugin flags a deviating machine and a silent one on the bus") {
     REQUIRE(ballast_host_publish(host, &ev) == BALLAST_OK);
     {
       std::lock_guard<std::mutex> lock(seen.mu);
-      if (seen.topic.size() >= 2 && t > 3.5) break;
+      bool silent = std::count(seen.topic.begin(), seen.topic.end(), "node.silent") > 0;
+      if (silent && seen.topic.size() >= 2 && t > 3.5) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ballast_host_destroy(host);
-  REQUIRE(seen.topic.size() == 2);
-  for (size_t k = 0; k < 2; ++k) {
+  // m2 once or more (a loaded machine can stall this loop for two rounds:
+  // m2 then has no score, is re-armed and alerted again), m4 once, no one else.
+  REQUIRE(seen.topic.size() >= 2);
+  CHECK(std::count(seen.topic.begin(), seen.topic.end(), "node.silent") == 1);
+  CHECK(std::count(seen.topic.begin(), seen.topic.end(), "fault.suspected") >= 1);
+  for (size_t k = 0; k < seen.topic.size(); ++k) {
     if (seen.topic[k] == "fault.suspected") {
       CHECK(seen.subject[k] == "m2");
       CHECK(seen.kind[k] == "outlier");
