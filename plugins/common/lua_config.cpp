@@ -1,5 +1,7 @@
 #include "lua_config.hpp"
 
+#include "utf8.hpp"
+
 #include <lua.hpp>
 
 #include <chrono>
@@ -12,17 +14,6 @@
 namespace ballast::util {
 
 namespace {
-
-// Whether text is valid UTF-8 (config text reaches JSON writers, which
-// refuse anything else).
-bool valid_utf8(const std::string& s) {
-  try {
-    (void)nlohmann::json(s).dump();
-    return true;
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-}
 
 constexpr size_t kMemoryCap = 32u << 20;
 constexpr size_t kMaxFileBytes = 4u << 20;

@@ -89,9 +89,6 @@ std::vector<std::pair<std::string, double>> default_min_deviation();
 // The default priority order and why, see README.md.
 std::vector<std::string> default_metrics();
 
-// Whether s is valid UTF-8 (names from files end up in JSON and events).
-bool valid_utf8(const std::string& s);
-
 // '*' matches any run of characters, anything else itself.
 bool glob_match(std::string_view pattern, std::string_view text);
 

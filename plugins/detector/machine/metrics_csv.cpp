@@ -1,5 +1,7 @@
 #include "metrics_csv.hpp"
 
+#include "utf8.hpp"
+
 #include "detector.hpp"
 
 #include "gzip_reader.hpp"
@@ -157,7 +159,7 @@ bool read_metrics_csv(const std::string& path, MetricsTable* out, std::string* e
         *error = column(k) + "empty";
         return false;
       }
-      if (!valid_utf8(fields[col[k]])) {
+      if (!util::valid_utf8(fields[col[k]])) {
         *error = column(k) + "not valid UTF-8";
         return false;
       }
