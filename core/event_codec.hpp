@@ -1,4 +1,4 @@
-// Events as values: deep copies, JSON, and cereal frames.
+// Events as values: deep copies, JSON, and frames.
 //
 // OwnedEvent holds an event and everything it points to (topic, source
 // strings, a well-known payload with its strings and arrays, or opaque
@@ -65,7 +65,7 @@ const char* schema_name(uint32_t schema);
 
 // Frame codec for the journal and for crossing processes. A frame is
 //   magic "BLF1" (4 bytes) | format version u16 | flags u16 | body length u32 |
-//   CRC-32C of the body u32 | body (cereal binary archive of the event)
+//   CRC-32C of the body u32 | body (the event as a cereal portable binary archive)
 // decode_frame never trusts the input: a bad magic, an unknown version, a
 // length past the end or above max_body, or a checksum mismatch is an error.
 inline constexpr uint16_t kFrameVersion = 1;

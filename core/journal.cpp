@@ -96,17 +96,16 @@ int JournalWriter::append(const ballast_event& event) { return append_batch(&eve
 
 int JournalWriter::append_batch(const ballast_event* events, size_t count) {
   if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
-  thread_local std::vector<unsigned char> frames, frame;
+  thread_local std::vector<unsigned char> frames;
   frames.clear();
   for (size_t i = 0; i < count; ++i) {
     const char* why = nullptr;
     if (!codec::check_event(events[i], &why)) return fail(BALLAST_EINVAL, impl_->path + ": event not written: " + why);
-    frame.clear();
-    encode_frame(events[i], &frame);
-    if (frame.size() - kFrameHeaderSize > kMaxFrameBody)
-      return fail(BALLAST_EINVAL,
-                  impl_->path + ": event of " + std::to_string(frame.size()) + " bytes is above the frame limit");
-    frames.insert(frames.end(), frame.begin(), frame.end());
+    const size_t start = frames.size();
+    encode_frame(events[i], &frames);
+    if (frames.size() - start - kFrameHeaderSize > kMaxFrameBody)
+      return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frames.size() - start) +
+                                      " bytes is above the frame limit");
   }
   std::unique_lock<std::mutex> lock(impl_->mu);
   if (impl_->mode == Mode::direct) return write_all(frames.data(), frames.size());

@@ -10,6 +10,10 @@
 //   failover    leader of two killed (lease 5 s): kill -> new leader elected,
 //               kill -> first agent served; events lost / applied twice
 //               (applied = under a cursor a leader committed to etcd)
+//   codec       the controller's per-event work on one metric batch frame, in
+//               process: decode_frame (frame -> owned event) and encode_frame
+//               (the bus journal's re-encoding), ns per frame, beside a
+//               memcpy of the frame (the ceiling)
 //   slurm       node fault (an agent killed) -> node.silent -> the policy's
 //               evict + replace -> the executor's Slurm backend drains it and
 //               requeues the job onto the spare -> training resumed from its
@@ -331,6 +335,51 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   }
 }
 
+// One timed loop: ns per call of `f`, the median of 5 rounds of `reps` calls.
+template <typename F>
+double ns_per_call(int reps, F&& f) {
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) {
+    double t0 = now_s();
+    for (int i = 0; i < reps; ++i) f();
+    rounds.push_back((now_s() - t0) * 1e9 / reps);
+  }
+  return median(rounds);
+}
+
+void bench_codec() {
+  const int reps = g_quick ? 20000 : 200000;
+  const std::vector<unsigned char> frame = metric_frame("node-0001");
+  std::vector<double> dec, enc, copy;
+  for (int run = 0; run < g_runs; ++run) {
+    ballast::OwnedEvent ev;
+    size_t used = 0;
+    std::string error;
+    dec.push_back(ns_per_call(reps, [&] {
+      if (ballast::decode_frame(frame.data(), frame.size(), &ev, &used, &error) != BALLAST_OK) std::abort();
+    }));
+    std::vector<unsigned char> out;
+    out.reserve(frame.size());
+    enc.push_back(ns_per_call(reps, [&] {
+      out.clear();
+      ballast::encode_frame(ev.view(), &out);
+    }));
+    if (out != frame) {
+      std::fprintf(stderr, "codec: the frame encoded again differs from the original\n");
+      std::exit(1);
+    }
+    copy.push_back(ns_per_call(reps, [&] {
+      out.assign(frame.begin(), frame.end());
+      asm volatile("" : : "r"(out.data()) : "memory");
+    }));
+  }
+  emit("codec", "decode_frame", median(dec), "ns/frame");
+  emit("codec", "encode_frame", median(enc), "ns/frame");
+  emit("codec", "memcpy_frame", median(copy), "ns/frame");
+  emit("codec", "frame_bytes", static_cast<double>(frame.size()), "bytes");
+  emit("codec", "decode_per_s", 1e9 / median(dec), "frames/s");
+}
+
 void bench_nodes(const std::string& dir, const std::string& certs) {
   const int nodes = g_quick ? 200 : 1000;
   const double seconds = g_quick ? 4 : 10;
@@ -650,7 +699,8 @@ int main(int argc, char** argv) {
       "bench_cluster");
   app.add_flag("--quick", g_quick, "one short run of each case");
   app.add_option("--runs", g_runs, "runs per case (the median is reported)")->check(CLI::PositiveNumber);
-  app.add_option("--only", only, "one case")->check(CLI::IsMember({"ingest", "nodes", "agent", "failover", "slurm"}));
+  app.add_option("--only", only, "one case")
+      ->check(CLI::IsMember({"codec", "ingest", "nodes", "agent", "failover", "slurm"}));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   if (g_quick && app.count("--runs") == 0) g_runs = 1;
   signal(SIGPIPE, SIG_IGN);
@@ -668,6 +718,7 @@ int main(int argc, char** argv) {
   std::sscanf(read_file("/proc/loadavg").c_str(), "%lf", &load);
   emit("machine", "load_average_1min_at_start", load, "runnable");
   emit("machine", "cores", static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)), "cores");
+  if (only.empty() || only == "codec") bench_codec();
   if (only.empty() || only == "ingest") bench_ingest(dir, certs);
   if (only.empty() || only == "nodes") bench_nodes(dir, certs);
   if (only.empty() || only == "agent") bench_agent(dir);
