@@ -243,6 +243,7 @@ void Controller::serve(Conn* conn) {
 
   // This connection now speaks for the node; an older one is dropped.
   uint64_t applied = 0;
+  int64_t silent_for_ms = -1;  // the node was node.silent this long, or -1
   {
     std::lock_guard lock(mutex_);
     NodeState& n = nodes_[node];
@@ -253,8 +254,8 @@ void Controller::serve(Conn* conn) {
     n.conn = conn;
     conn->node = node;
     applied = n.applied;
+    if (n.silent) silent_for_ms = now_ms() - n.last_heard_ms;
     n.last_heard_ms = now_ms();
-    if (n.silent) host_.log(BALLAST_LOG_INFO, "cluster", "node " + node + " is back");
     n.silent = false;
     n.overflow = overflow;
     for (auto& [id, frame] : n.actions) {
@@ -263,6 +264,7 @@ void Controller::serve(Conn* conn) {
     }
   }
   link->send(MsgType::welcome, applied);
+  if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
 
@@ -575,6 +577,26 @@ void Controller::watch_silence() {
   }
 }
 
+// A node.silent node heard again (its agent reconnected, authenticated,
+// after its link or its machine came back): node.back, which the executor's
+// Slurm backend resumes a drained node on. JSON: {"node", "silent_ms"}.
+void Controller::publish_back(const std::string& node, int64_t silent_ms) {
+  back_.fetch_add(1);
+  host_.log(BALLAST_LOG_INFO, "cluster",
+            "node " + node + " is back after " + std::to_string(silent_ms) + " ms silent: node.back");
+  const nlohmann::json j = {{"node", node}, {"silent_ms", silent_ms}};
+  const std::string text = j.dump();
+  ballast_event ev{};
+  ev.size = sizeof ev;
+  ev.schema = BALLAST_SCHEMA_JSON;
+  ev.topic = "node.back";
+  ev.source.node = node.c_str();
+  ev.source.rank = -1;
+  ev.payload = text.data();
+  ev.payload_size = text.size();
+  host_.publish(ev, "cluster");
+}
+
 int Controller::on_action(void* user, const ballast_event* event) {
   auto* self = static_cast<Controller*>(user);
   if (event->schema != BALLAST_SCHEMA_RECOVERY_ACTION || event->payload == nullptr) return 0;
@@ -637,6 +659,7 @@ nlohmann::json Controller::counters() const {
                       {"cluster.refused", refused_.load()},
                       {"cluster.bad_frames", bad_frames_.load()},
                       {"cluster.node_silent", silent_.load()},
+                      {"cluster.node_back", back_.load()},
                       {"cluster.actions_sent", actions_sent_.load()},
                       {"cluster.actions_fenced_off", actions_fenced_off_.load()},
                       {"cluster.connections", connections_.load()},

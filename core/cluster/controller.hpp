@@ -133,6 +133,7 @@ class Controller {
   void accept_loop();
   void serve(Conn* conn);
   void watch_silence();
+  void publish_back(const std::string& node, int64_t silent_ms);
   static int on_action(void* user, const ballast_event* event);
   void reap(bool all);
   void take_over();
@@ -155,7 +156,7 @@ class Controller {
   uint64_t epoch_ = 0;
   uint64_t term_seen_ = 0;
   std::atomic<uint64_t> action_counter_{0};
-  std::atomic<uint64_t> applied_events_{0}, duplicates_{0}, gaps_{0}, refused_{0}, bad_frames_{0}, silent_{0},
+  std::atomic<uint64_t> applied_events_{0}, duplicates_{0}, gaps_{0}, refused_{0}, bad_frames_{0}, silent_{0}, back_{0},
       actions_sent_{0}, actions_fenced_off_{0}, connections_{0};
 };
 

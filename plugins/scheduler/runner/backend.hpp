@@ -58,6 +58,10 @@ class Backend {
     (void)slot, (void)reason, (void)error;
     return true;
   }
+  // Whether an evicted slot is repaired when its node is heard again
+  // (node.back from the cluster controller) rather than repair_seconds after
+  // its eviction: true where slots are machines with agents (Slurm).
+  virtual bool repaired_when_back() const { return false; }
   // An evicted slot is repaired: it is a standby again. False with *error.
   virtual bool restore(int slot, std::string* error) {
     (void)slot, (void)error;

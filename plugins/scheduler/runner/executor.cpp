@@ -367,6 +367,17 @@ void Executor::post_plan(const ballast_placement_plan& p) {
   inbox_.push_back(std::move(m));
 }
 
+void Executor::post_back(const std::string& node) {
+  Message m;
+  m.kind = Message::back;
+  m.subject = node;
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_.push_back(std::move(m));
+  char c = 0;
+  ssize_t n = write(wake_[1], &c, 1);
+  (void)n;
+}
+
 void Executor::post_placement_error(const std::string& message) {
   Message m;
   m.kind = Message::plan_error;
@@ -772,6 +783,14 @@ void Executor::handle_message(Message& m) {
     plan_answered_ = true;
     return;
   }
+  if (m.kind == Message::back) {
+    for (auto& s : slots_)
+      if (s.name == m.subject && s.role == SlotState::evicted && backend_->repaired_when_back()) {
+        s.back = true;
+        log(BALLAST_LOG_INFO, "node.back " + s.name + ": evicted, to be a standby again");
+      }
+    return;
+  }
   Action a = std::move(m.act);
   a.id = next_action_id_++;
   if (!known_action(a.name)) {
@@ -1006,6 +1025,7 @@ void Executor::begin(Action a) {
     backend_->stop_helpers(slot);
     slots_[size_t(slot)].role = SlotState::evicted;
     slots_[size_t(slot)].evicted_ns = now();
+    slots_[size_t(slot)].back = false;
     slots_[size_t(slot)].replaced_by.clear();
     const std::string name = slots_[size_t(slot)].name;
     finish("ok", "took " + name + " out of the job");
@@ -1103,6 +1123,7 @@ void Executor::begin_replace(int failed, const Action& act) {
     backend_->stop_helpers(failed);
     slots_[size_t(failed)].role = SlotState::evicted;
     slots_[size_t(failed)].evicted_ns = now();
+    slots_[size_t(failed)].back = false;
     slots_[size_t(failed)].replaced_by.clear();
   }
   current_->failed_slot = failed;
@@ -1172,21 +1193,24 @@ void Executor::finish(const std::string& outcome, const std::string& detail) {
 
 void Executor::advance() {
   const int64_t t = now();
-  // Evicted nodes come back as standbys: locally, the injected fault went
-  // with the eviction.
+  // Evicted nodes come back as standbys: locally repair_seconds after the
+  // eviction (the injected fault went with it); machines with agents when
+  // node.back says their agent is heard again.
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& s = slots_[i];
-    if (s.role != SlotState::evicted || t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
+    if (s.role != SlotState::evicted || t < s.retry_ns) continue;
+    if (backend_->repaired_when_back() ? !s.back : t - s.evicted_ns < int64_t(cfg_.repair_s * 1e9)) continue;
     // Not while its replace may still be to come: the replace would find no
     // evicted node, or take the node back as its own standby.
     if (s.replaced_by.empty() && (current_ || !queue_.empty())) continue;
     if (std::string error; !backend_->restore(int(i), &error)) {
       log(BALLAST_LOG_ERROR, "cannot return the repaired " + s.name + " to the standbys (tried again after " +
                                  "repair_seconds): " + error);
-      s.evicted_ns = t;
+      s.retry_ns = t + int64_t(cfg_.repair_s * 1e9);
       continue;
     }
     s.role = SlotState::standby;
+    s.back = false;
     log(BALLAST_LOG_INFO, s.name + " is repaired: a standby again");
   }
   if (current_) {

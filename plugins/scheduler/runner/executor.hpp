@@ -56,6 +56,7 @@ class Executor {
   void post_straggler(const ballast_straggler_report& r, int64_t ts_ns);
   void post_plan(const ballast_placement_plan& p);
   void post_placement_error(const std::string& message);
+  void post_back(const std::string& node);
 
  private:
   enum class State { starting, running, recovering, paused, finished, escalated, stopped, interrupted };
@@ -72,6 +73,8 @@ class Executor {
     int64_t evicted_ns = 0;
     int64_t activated_ns = 0;  // when it last took an evicted node's place
     std::string replaced_by;   // the standby that took its place since its eviction
+    bool back = false;         // evicted, and node.back said it is heard again since
+    int64_t retry_ns = 0;      // a failed restore is tried again from then
   };
   struct InFlight {
     Action action;
@@ -84,7 +87,7 @@ class Executor {
     std::string detail;
   };
   struct Message {
-    enum Kind { action, fault, plan, plan_error } kind = action;
+    enum Kind { action, fault, plan, plan_error, back } kind = action;
     Action act;
     std::string topic, subject, fault_kind, detector, evidence;
     int rank = -1;

@@ -7,7 +7,8 @@
 //   restart = stop_all (scontrol requeue, wait for PENDING) + launch (release)
 //   replace = the spare the placement plan chose leaves the reservation and
 //             is in the next launch's node list
-//   restore = State=RESUME, and back into the reservation as a spare
+//   restore = State=RESUME, and back into the reservation as a spare, when
+//             the node's agent is heard again (node.back), not on a timer
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
 // back as files there, and the job's state from squeue --json. Liveness is
@@ -36,6 +37,7 @@ class SlurmBackend : public Backend {
   bool launch(std::string* error) override;
   bool evict(int slot, const std::string& reason, std::string* error) override;
   bool restore(int slot, std::string* error) override;
+  bool repaired_when_back() const override { return true; }
   bool signal(int rank, int sig) override;
   void stop_all(double grace_s) override;
   std::vector<RankExit> reap() override;

@@ -132,7 +132,7 @@ TEST_CASE("controller killed while agents publish: nothing lost, nothing applied
   MESSAGE("duplicates dropped by the last controller: " << last_json(w.dir + "/ctl3.out")["cluster.duplicates"]);
 }
 
-TEST_CASE("an agent's link cut: node.silent, then everything delivered once after it returns") {
+TEST_CASE("an agent's link cut: node.silent, then node.back and everything delivered once after it returns") {
   World w("cut-link", 212);
   REQUIRE_MESSAGE(w.netns, "the link-cut case needs network namespaces (root, iproute2)");
   // The cut lasts BALLAST_CLUSTER_CUT_S seconds (30 in the scenario of
@@ -157,7 +157,10 @@ TEST_CASE("an agent's link cut: node.silent, then everything delivered once afte
   check_exactly_once(ingest_counts(w.dir + "/ctl-ingest.journal"), {"n1"}, count);
   // The controller noticed the silence from its own heartbeats (once for
   // the cut; a machine loaded enough to stall the agent may add some).
-  CHECK(bus_count(w.dir + "/ctl-bus.journal", "node.silent", "n1") >= 1);
+  const int silent = bus_count(w.dir + "/ctl-bus.journal", "node.silent", "n1");
+  CHECK(silent >= 1);
+  // Heard again after each silence: node.back once for each.
+  CHECK(bus_count(w.dir + "/ctl-bus.journal", "node.back", "n1") == silent);
   auto n1 = last_json(w.dir + "/n1.out");
   CHECK(n1["cluster.connects"].get<int>() >= 2);
 }

@@ -179,8 +179,8 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
 }  // namespace
 
 TEST_CASE(
-    "node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; a "
-    "crash restarted") {
+    "node fault through the executor: node.silent, the policy's evict, drained, requeued onto the spare, resumed; "
+    "the node resumed in Slurm on node.back; a crash restarted") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
   const std::string certs = c.dir + "/certs";
@@ -215,7 +215,7 @@ TEST_CASE(
           "\", progress = false,\n"
           "    command = { \"python3\", \"" +
           kTrainer +
-          "\", \"--steps\", \"80\", \"--step-seconds\", \"0.1\",\n"
+          "\", \"--steps\", \"120\", \"--step-seconds\", \"0.1\",\n"
           "                \"--checkpoint-every\", \"5\" },\n"
           "    repair_seconds = 3, placement_timeout_seconds = 5,\n"
           "    slurm = { conf = \"" +
@@ -267,12 +267,21 @@ TEST_CASE(
   }));
   CHECK(drained.reason.find("node.silent n1") != std::string::npos);
 
+  // Repaired by event, not by time: n1 stays drained past repair_seconds (3) while its agent is
+  // gone, and is resumed in Slurm once its agent is back (the controller's node.back).
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  CHECK(node(slurm, "n1").drained());
+  a1 = agent("n1");
+  CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
+
   // The job ends by itself, trained to the end; the controller exits with it.
   REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
   REQUIRE(eventually(30, [&] { return read_file(c.dir + "/ctl.out").find("\"state\"") != std::string::npos; }));
   CHECK(ctl.wait() == 0);
-  a2.signal(SIGTERM);
-  a2.wait();
+  for (Proc* a : {&a1, &a2}) {
+    a->signal(SIGTERM);
+    a->wait();
+  }
   const auto report = nlohmann::json::parse(read_file(c.dir + "/ctl.out"), nullptr, false);
   REQUIRE(report.is_object());
   CHECK(report["state"] == "finished");
@@ -307,6 +316,7 @@ TEST_CASE(
   CHECK(ok["restart"] == 1);
   CHECK(ok.size() == 3);
   CHECK(bus_count(c.dir + "/bus.journal", "node.silent", "n1") == 1);
+  CHECK(bus_count(c.dir + "/bus.journal", "node.back", "n1") == 1);
   INFO("replace: " << replace_detail);
   CHECK(replace_detail.find("n1 -> n4") != std::string::npos);
 
@@ -316,12 +326,12 @@ TEST_CASE(
   CHECK(std::atoi(replace_detail.c_str() + at + 10) >= 5);
   const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
   double w = 1.0;
-  for (int n = 1; n <= 80; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
-  CHECK(weights["step"] == 80);
+  for (int n = 1; n <= 120; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == 120);
   CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
 
-  // Repaired after repair_seconds: n1 resumed in Slurm (it went back among the spares, whose
-  // reservation the job deleted at its end).
+  // n1 still resumed in Slurm (it went back among the spares, whose reservation the job deleted
+  // at its end).
   CHECK(!node(slurm, "n1").drained());
   std::vector<std::string> held;
   CHECK(slurm.reservation_nodes("ballast-spares", &held, &error));
