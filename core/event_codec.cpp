@@ -701,21 +701,19 @@ size_t min_encoded_size(const StructDesc& desc) {
   return n > 0 ? n : 1;
 }
 
-// The strings and arrays of an event being decoded, in one arena: a frame of
-// the usual size decodes without a heap allocation before the one copy into
-// its OwnedEvent. What it holds is bounded by the body (the checks below).
+// Where a decoded event's strings and arrays go (decode_frame_into's
+// memory). What it takes is bounded by the body (the checks below).
 struct Arena {
-  alignas(8) unsigned char inline_buf[8192];
-  std::pmr::monotonic_buffer_resource mem{inline_buf, sizeof inline_buf};
+  std::pmr::memory_resource* mem;
 
   const char* keep(const unsigned char* s, size_t n) {
-    auto* p = static_cast<char*>(mem.allocate(n + 1, 1));
+    auto* p = static_cast<char*>(mem->allocate(n + 1, 1));
     if (n > 0) std::memcpy(p, s, n);
     p[n] = '\0';
     return p;
   }
   void* block(size_t bytes) {
-    void* p = mem.allocate(bytes, 8);
+    void* p = mem->allocate(bytes, 8);
     std::memset(p, 0, bytes);
     return p;
   }
@@ -851,6 +849,18 @@ void encode_frame(const ballast_event& event, std::vector<unsigned char>* out) {
 }
 
 int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed, std::string* error) {
+  // A frame of the usual size decodes without a heap allocation before the
+  // one copy into its OwnedEvent.
+  alignas(8) unsigned char inline_buf[8192];
+  std::pmr::monotonic_buffer_resource mem(inline_buf, sizeof inline_buf);
+  ballast_event ev{};
+  const int rc = decode_frame_into(data, size, &mem, &ev, consumed, error);
+  if (rc == BALLAST_OK) *out = OwnedEvent(ev);
+  return rc;
+}
+
+int decode_frame_into(const unsigned char* data, size_t size, std::pmr::memory_resource* memory, ballast_event* out,
+                      size_t* consumed, std::string* error) {
   auto bad = [error](std::string why) {
     if (error != nullptr) *error = std::move(why);
     return BALLAST_EFORMAT;
@@ -881,7 +891,7 @@ int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t
     return bad(msg);
   }
   try {
-    Arena arena;
+    Arena arena{memory};
     BodyReader r{body, body + length, arena};
     r.byte_order();
     ballast_event ev{};
@@ -901,13 +911,14 @@ int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t
     } else {
       const uint64_t n = r.length("payload");
       if (n > 0) {
-        ev.payload = r.p;  // copied by OwnedEvent below, with a NUL after it
+        // Followed by a NUL, not counted (codec_flat.hpp: JSON text reads as a C string).
+        ev.payload = arena.keep(r.p, n);
         ev.payload_size = n;
         r.p += n;
       }
     }
     if (r.remaining() != 0) throw FrameError(std::to_string(r.remaining()) + " unread bytes at the end of the body");
-    *out = OwnedEvent(ev);
+    *out = ev;
   } catch (const std::exception& e) {
     return bad(std::string("malformed frame body: ") + e.what());
   } catch (...) {

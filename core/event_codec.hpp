@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,12 @@ void encode_frame(const ballast_event& event, std::vector<unsigned char>* out);
 // Decode one frame at the start of [data, data+size). On success *consumed is
 // the frame's total size. Errors: BALLAST_EFORMAT with *error saying why.
 int decode_frame(const unsigned char* data, size_t size, OwnedEvent* out, size_t* consumed, std::string* error);
+// The same, without the copy into an OwnedEvent: *out's strings, arrays and
+// payload are allocated from `memory` (and point nowhere else), valid while
+// that memory is. For a caller that decodes many frames and releases them
+// together (the cluster controller's batches).
+int decode_frame_into(const unsigned char* data, size_t size, std::pmr::memory_resource* memory, ballast_event* out,
+                      size_t* consumed, std::string* error);
 
 // The frames' checksum: CRC-32C, the one implementation plugins use too
 // (plugins/common, linked into libballast).

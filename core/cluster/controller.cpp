@@ -301,7 +301,7 @@ void Controller::serve(Conn* conn) {
               Item item{m.number, true, {}, m.body, m.body_size};
               size_t used = 0;
               std::string why;
-              if (decode_frame(m.body, m.body_size, &item.event, &used, &why) != BALLAST_OK) {
+              if (decode_frame_into(m.body, m.body_size, &batch.memory, &item.event, &used, &why) != BALLAST_OK) {
                 bad_frames_.fetch_add(1);
                 item.good = false;
                 host_.log(BALLAST_LOG_WARN, "cluster",
@@ -378,6 +378,7 @@ void Controller::serve(Conn* conn) {
       }
       applied_events_.fetch_add(done - applied, std::memory_order_relaxed);
       batch.items.clear();
+      batch.memory.release();
       {
         std::lock_guard lock(mutex_);
         nodes_[node].applied = done;
@@ -447,7 +448,7 @@ int Controller::apply(const std::string& node, Batch& batch, uint64_t* done) {
   size_t published = 0;
   for (auto& item : batch.items) {
     if (item.good) {
-      const ballast_event& ev = item.event.view();
+      const ballast_event& ev = item.event;
       if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
         host_.log(BALLAST_LOG_WARN, "cluster",
                   "node " + node + ": sequence " + std::to_string(item.seq) + " and later not applied (" +

@@ -36,6 +36,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -115,14 +116,15 @@ class Controller {
 
   struct Item {
     uint64_t seq;
-    bool good;  // a frame that decoded; a bad one is journaled, not published
-    OwnedEvent event;
+    bool good;                   // a frame that decoded; a bad one is journaled, not published
+    ballast_event event;         // decoded into the batch's memory
     const unsigned char* frame;  // in the link's input buffer: valid until its next pump
     size_t frame_size;
   };
   // One connection's batch and the scratch its journaling reuses.
   struct Batch {
     std::vector<Item> items;
+    std::pmr::monotonic_buffer_resource memory;       // the items' events: released with them
     std::vector<std::vector<unsigned char>> wrapped;  // the journal's wrapper payloads
     std::vector<ballast_event> events;
   };
