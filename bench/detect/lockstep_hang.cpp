@@ -48,8 +48,7 @@ std::vector<Collective> collectives(const Scenario& sc, const std::vector<StepTi
     for (const Entry& e : c.ranks) latest = std::max(latest, e.enter);
     c.all_in = latest;
     if (st.hung)
-      for (size_t r = 0; r < n; ++r)
-        c.ranks[r].stop = int(r) == st.hung_rank ? st.stop_s : st.stop_s + after(rng);
+      for (size_t r = 0; r < n; ++r) c.ranks[r].stop = int(r) == st.hung_rank ? st.stop_s : st.stop_s + after(rng);
     out.push_back(std::move(c));
   }
   return out;

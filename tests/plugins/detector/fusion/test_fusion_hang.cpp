@@ -122,9 +122,9 @@ TEST_CASE("a rank hung outside the all-reduce: the fused ranking names its machi
   ballast_host* host = nullptr;
   REQUIRE(ballast_host_create("controller", &host) == BALLAST_OK);
   const std::string hang_config = "{ trace_dir = '" + dir + "', stall_seconds = 0.5, period_seconds = 0.05 }";
-  REQUIRE_MESSAGE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-hang.so", hang_config.c_str()) ==
-                      BALLAST_OK,
-                  ballast_last_error());
+  REQUIRE_MESSAGE(
+      ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-hang.so", hang_config.c_str()) == BALLAST_OK,
+      ballast_last_error());
   REQUIRE(ballast_host_load_plugin(host, BALLAST_PLUGIN_DIR "/ballast-fusion.so", "{}") == BALLAST_OK);
   Seen seen;
   uint64_t id = 0;
