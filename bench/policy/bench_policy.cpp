@@ -21,6 +21,8 @@
 
 #include <lua.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -142,7 +144,9 @@ int main(int argc, char** argv) {
       "bench_policy");
   app.add_option("CALLS", kCalls, "calls per run (default 200000)")->check(CLI::Range(1000, 1000000000));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
-  std::string path = (std::filesystem::temp_directory_path() / "ballast-bench-policy.lua").string();
+  // Named by the process: benches run side by side must not remove each other's script.
+  std::string path =
+      (std::filesystem::temp_directory_path() / ("ballast-bench-policy-" + std::to_string(getpid()) + ".lua")).string();
   std::ofstream(path) << kScript;
   std::unique_ptr<ballast::Policy> policy;
   if (ballast::Policy::load(path, {}, &policy) != BALLAST_OK) {
@@ -190,6 +194,7 @@ int main(int argc, char** argv) {
     options.log_level = BALLAST_LOG_WARN;
     ballast::Host host(options);
     if (host.load_policy(path, {}) != BALLAST_OK || host.start() != BALLAST_OK) {
+      std::filesystem::remove(path);
       std::fprintf(stderr, "bench_policy: %s\n", ballast::last_error());
       return 1;
     }

@@ -94,8 +94,7 @@ TEST_CASE("the cluster counters of a controller and an agent on /metrics, SIGUSR
   write_file(dir + "/ctl.lua", with_metrics(controller_config(controller, certs, dir + "/ctl")));
   Proc ctl = spawn({kBallast, "run", dir + "/ctl.lua", "--json"}, dir + "/ctl.out", dir + "/ctl.err");
   const std::string ctl_url = metrics_url(ctl);
-  write_file(dir + "/n1.lua",
-             with_metrics(agent_config("n1", certs, {controller}, count, 10, 10, dir + "/spool-n1")));
+  write_file(dir + "/n1.lua", with_metrics(agent_config("n1", certs, {controller}, count, 10, 10, dir + "/spool-n1")));
   Proc agent = spawn({kBallast, "run", dir + "/n1.lua", "--json"}, dir + "/n1.out", dir + "/n1.err");
   const std::string agent_url = metrics_url(agent);
 
