@@ -294,6 +294,7 @@ Host::Host(HostOptions options)
 Host::~Host() {
   metrics_.reset();  // no scrape while the plugins go
   stop();
+  if (policy_counters_ != 0) remove_counter_source(policy_counters_);
   // Destroy in reverse order of loading.
   for (auto it = plugins_.rbegin(); it != plugins_.rend(); ++it) {
     Plugin& p = **it;
@@ -397,9 +398,24 @@ nlohmann::json Host::counters() const {
   out["bus.subscriptions"] = s.subscriptions;
   out["bus.topics"] = s.topics;
   if (journal_) out["journal.failed"] = journal_failures_.load();
-  std::lock_guard lock(counters_mutex_);
-  for (auto& [n, v] : counters_) out[n] = v->load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(counters_mutex_);
+    for (auto& [n, v] : counters_) out[n] = v->load(std::memory_order_relaxed);
+  }
+  std::lock_guard lock(sources_mutex_);
+  for (auto& [id, source] : counter_sources_) out.update(source());
   return out;
+}
+
+uint64_t Host::add_counter_source(std::function<nlohmann::json()> source) {
+  std::lock_guard lock(sources_mutex_);
+  counter_sources_.emplace_back(next_source_id_, std::move(source));
+  return next_source_id_++;
+}
+
+void Host::remove_counter_source(uint64_t id) {
+  std::lock_guard lock(sources_mutex_);
+  std::erase_if(counter_sources_, [id](const auto& s) { return s.first == id; });
 }
 
 int Host::load_plugin(const std::string& path, const nlohmann::json& config, bool optional) {
@@ -528,6 +544,11 @@ int Host::load_policy(const std::string& path, const PolicyOptions& options) {
     // and stops after them.
     if (int rc = add_plugin(builtin, config, true); rc != BALLAST_OK) return rc;
     policy_ = plugins_.front().get();
+    void* state = policy_->state;
+    const std::string events = policy_->file.name + ".events";
+    policy_counters_ = add_counter_source([state, events] {
+      return nlohmann::json{{events, policy_plugin_events(state)}};
+    });
   }
   log(BALLAST_LOG_INFO, "host", "loaded policy " + path);
   return BALLAST_OK;

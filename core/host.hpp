@@ -93,7 +93,15 @@ class Host {
   // Every counter on one log line, whatever the log level.
   void log_counters(const std::string& why);
   int64_t counter(const std::string& name) const;  // 0 when unknown
-  nlohmann::json counters() const;                 // every counter, bus ones included
+  // Every counter, bus ones and the sources' below included.
+  nlohmann::json counters() const;
+  // Counters kept where they are counted (the built-in policy plugin's
+  // events, the cluster role's), read by counters() with the others: on
+  // SIGUSR1/2, /metrics and the stop line. `source` returns {name: number}
+  // and may be called from any thread until remove_counter_source(id)
+  // returns. Thread-safe.
+  uint64_t add_counter_source(std::function<nlohmann::json()> source);
+  void remove_counter_source(uint64_t id);
 
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }
@@ -124,6 +132,10 @@ class Host {
   std::atomic<uint64_t> journal_failures_{0};  // appends and the final flush that failed
   mutable std::mutex counters_mutex_;
   std::vector<std::pair<std::string, std::unique_ptr<std::atomic<int64_t>>>> counters_;
+  mutable std::mutex sources_mutex_;  // held while a source is read
+  std::vector<std::pair<uint64_t, std::function<nlohmann::json()>>> counter_sources_;
+  uint64_t next_source_id_ = 1;
+  uint64_t policy_counters_ = 0;  // the policy plugin's source, while it exists
   std::mutex log_mutex_;
   bool started_ = false;
   bool stopped_ = false;

@@ -1,6 +1,6 @@
 // The host's own metrics, for Prometheus (text exposition format 0.0.4) at
 // http://LISTEN/metrics (metrics_http.hpp): every counter of the host (bus,
-// journal, each plugin's, the policy's), and tallies of the events an
+// journal, each plugin's, the policy's, the cluster role's), and tallies of the events an
 // operator alerts on: fault reports by detector and kind, the recovery
 // actions the policy decided, the outcomes the executor reported, policy
 // errors. docs/config.md lists the families.

@@ -7,6 +7,7 @@
 #include <ballast/events.h>
 #include <ballast/status.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -132,6 +133,10 @@ struct PolicyPlugin {
   // reload waiting for a stuck handler gives up when the host stops.
   std::timed_mutex mutex;
   std::unique_ptr<Policy> policy;
+  // Events handled (the counter policy.events), counted here rather than
+  // through host->counter_add on every event; the host reads it
+  // (policy_plugin_events). Written under `mutex` only.
+  std::atomic<uint64_t> events{0};
   std::vector<uint64_t> subscriptions;  // main thread only
   bool started = false;                 // main thread only
   Outbox outbox;
@@ -145,8 +150,8 @@ struct PolicyPlugin {
 
   static int on_event(void* user, const ballast_event* event) {
     auto* p = static_cast<PolicyPlugin*>(user);
-    p->host->counter_add(p->host, "events", 1);
     std::lock_guard<std::timed_mutex> lock(p->mutex);
+    p->events.store(p->events.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     OutboxSink sink(p->host, p->outbox, p->policy->name());
     p->policy->handle(*event, sink);
     return 0;
@@ -282,6 +287,10 @@ const ballast_plugin_descriptor* policy_plugin_descriptor() { return &kDescripto
 
 int policy_plugin_load(void* state, const std::string& path, const PolicyOptions& options) {
   return static_cast<PolicyPlugin*>(state)->load(path, options);
+}
+
+uint64_t policy_plugin_events(const void* state) {
+  return static_cast<const PolicyPlugin*>(state)->events.load(std::memory_order_relaxed);
 }
 
 int policy_plugin_reload(void* state, const std::function<bool()>& give_up) {

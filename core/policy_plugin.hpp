@@ -10,8 +10,9 @@
 //   deadline_ms  wall clock per handler call (default 100)
 //   memory_bytes cap of the Lua state (default 64 MiB)
 //   name         for messages (default: the file's stem)
-// Its counters: policy.events (handler calls), policy.actions (recovery
-// actions decided), policy.errors (calls that failed: policy.error).
+// Its counters: policy.events (handler calls; kept in the plugin, the host
+// reads it with policy_plugin_events), policy.actions (recovery actions
+// decided), policy.errors (calls that failed: policy.error).
 // create() loads the script (an error names the file and the line); start()
 // subscribes queued to a covering set of the script's patterns; what the
 // script publishes goes out through an outbox thread (policy_plugin.cpp says
@@ -23,6 +24,7 @@
 
 #include <ballast/plugin.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -40,5 +42,9 @@ int policy_plugin_load(void* state, const std::string& path, const PolicyOptions
 // While a handler call holds the policy, `give_up` is asked every 100 ms:
 // true abandons the reload (BALLAST_ESTATE), e.g. when the host is stopping.
 int policy_plugin_reload(void* state, const std::function<bool()>& give_up);
+
+// Events the plugin has handled (policy.events). Any thread, while the
+// plugin exists.
+uint64_t policy_plugin_events(const void* state);
 
 }  // namespace ballast

@@ -3,8 +3,8 @@
 // (which the detector was tuned on).
 //
 //   bench_detect_lockstep [--seed N | --fresh] [--per-fault N] [--clean N]
-//                         [--seconds S] [--style exporter|plain] [--config F.lua]
-//                         [--out DIR]
+//                         [--seconds S] [--set classic|partial|all]
+//                         [--style exporter|plain] [--config F.lua] [--out DIR]
 //
 // Each scenario is a job of 8-64 machines x 4 GPUs in lock-step: steps of
 // 3-8 s, 70% compute then 30% communication; checkpoints every 25-40 s;
@@ -17,13 +17,18 @@
 // rates, one evaluation per round); --out DIR also writes each scenario as a
 // CSV that `ballast detect --metrics` reads (labelled series quoted).
 // The same job's per-rank step timings go through the straggler analysis,
-// and both detectors' verdicts through the suspect fusion: the suspects/*
-// lines score each source side by side (use --seconds 300: the straggler
-// analysis reports every 10 steps of 3-8 s).
+// its all-reduces, as each rank's trace ring records them, through the hang
+// analysis, and the three detectors' verdicts through the suspect fusion: the
+// suspects/* lines score each source side by side (use --seconds 300: the
+// straggler analysis reports every 10 steps of 3-8 s). --set picks the
+// faults: classic (the seven of issue 27's item 3, the default), partial
+// (hangs, a late input pipeline, an XID error: faults each detector sees only
+// in part) or all (both).
 #include "detect_command.hpp"
 #include "detector.hpp"
 #include "detector_config.hpp"
 #include "fusion.hpp"
+#include "lockstep_hang.hpp"
 #include "lockstep_job.hpp"
 #include "metrics_csv.hpp"
 #include "online.hpp"
@@ -37,10 +42,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace bench_lockstep;
@@ -114,6 +121,7 @@ std::vector<StragglerReport> run_straggler(const std::vector<StepTimings>& steps
   ballast::straggler::OnlineDetector online(ballast::straggler::OnlineConfig{});
   std::vector<StragglerReport> out;
   for (const StepTimings& st : steps) {
+    if (st.hung) continue;  // no rank finished it: none reported it
     online.add(st.ops.data(), st.ops.size());
     if (auto r = online.poll()) out.push_back({st.end_s, std::move(*r)});
   }
@@ -133,7 +141,13 @@ std::vector<Naming> straggler_namings(const std::vector<StragglerReport>& report
   return out;
 }
 
-// Every verdict of both detectors through the suspect fusion
+std::vector<Naming> hang_namings(const std::vector<HangReport>& reports) {
+  std::vector<Naming> out;
+  for (const auto& r : reports) out.push_back({r.t, machine_name(r.cause.rank / kRanksPerMachine)});
+  return out;
+}
+
+// Every verdict of the chosen detectors through the suspect fusion
 // (plugins/detector/fusion), in time order, as its plugin receives them;
 // ranks are folded into machines by the placement (4 ranks per machine).
 // After each: the ranking's first suspect, and every alerting one.
@@ -141,20 +155,28 @@ struct FusedNamings {
   std::vector<Naming> first, alerting;
 };
 
-FusedNamings fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
-                           const std::vector<StragglerReport>& reports, double threshold, bool with_straggler) {
+struct FusionInputs {
+  const std::vector<Alert>* alerts = nullptr;
+  const std::vector<StragglerReport>* straggler = nullptr;
+  const std::vector<HangReport>* hang = nullptr;
+};
+
+FusedNamings fused_namings(const Scenario& sc, const FusionInputs& in, double threshold) {
   ballast::fusion::Fusion f(ballast::fusion::FusionConfig{});
   std::vector<std::pair<std::string, int32_t>> placement;
   for (int m = 0; m < sc.machines; ++m) placement.emplace_back(machine_name(m), m * kRanksPerMachine);
   f.set_placement(placement);
+  // (time, source, index): the inputs in time order.
+  std::vector<std::tuple<int64_t, int, size_t>> order;
+  for (size_t i = 0; in.alerts && i < in.alerts->size(); ++i) order.emplace_back((*in.alerts)[i].ts_ns, 0, i);
+  for (size_t i = 0; in.straggler && i < in.straggler->size(); ++i)
+    order.emplace_back(std::llround((*in.straggler)[i].t * 1e9), 1, i);
+  for (size_t i = 0; in.hang && i < in.hang->size(); ++i) order.emplace_back(std::llround((*in.hang)[i].t * 1e9), 2, i);
+  std::stable_sort(order.begin(), order.end());
   FusedNamings out;
-  size_t a = 0, r = 0;
-  while (a < alerts.size() || (with_straggler && r < reports.size())) {
-    bool alert_next = a < alerts.size() && (!with_straggler || r >= reports.size() ||
-                                            static_cast<double>(alerts[a].ts_ns) / 1e9 <= reports[r].t);
-    int64_t now = 0;
-    if (alert_next) {
-      const Alert& x = alerts[a++];
+  for (const auto& [now, source, i] : order) {
+    if (source == 0) {
+      const Alert& x = (*in.alerts)[i];
       ballast::fusion::Suspicion s;
       s.detector = "machine";
       s.subject = x.node;
@@ -164,14 +186,27 @@ FusedNamings fused_namings(const Scenario& sc, const std::vector<Alert>& alerts,
       s.confirmed = x.kind == "silent";
       s.confidence = s.confirmed ? 1.0 : std::min(1.0, x.score / (2 * threshold));  // as the machine plugin publishes
       s.since_ns = x.since_ns;
-      s.at_ns = now = x.ts_ns;
+      s.at_ns = x.ts_ns;
       f.add(std::move(s));
-    } else {
-      const StragglerReport& x = reports[r++];
-      now = std::llround(x.t * 1e9);
-      for (size_t i = 0; i < x.result.mw_ranks.size() && i < x.result.by_rank.size(); ++i)
-        f.add_straggler(std::atoi(x.result.by_rank[i].name.c_str()), x.result.kind, x.result.by_rank[i].slowdown,
+    } else if (source == 1) {
+      const StragglerReport& x = (*in.straggler)[i];
+      for (size_t k = 0; k < x.result.mw_ranks.size() && k < x.result.by_rank.size(); ++k)
+        f.add_straggler(std::atoi(x.result.by_rank[k].name.c_str()), x.result.kind, x.result.by_rank[k].slowdown,
                         x.result.slowdown, now, "");
+    } else {
+      const HangReport& x = (*in.hang)[i];
+      ballast::fusion::Suspicion s;  // as the hang plugin publishes (fault.confirmed)
+      s.detector = "hang";
+      s.subject = "rank:" + std::to_string(x.cause.rank);
+      s.rank = x.cause.rank;
+      s.kind = x.cause.kind;
+      s.metric = "collective.progress";
+      s.score = static_cast<double>(now - x.since_ns) / 1e9;
+      s.confidence = 1.0;
+      s.confirmed = true;
+      s.since_ns = x.since_ns;
+      s.at_ns = now;
+      f.add(std::move(s));
     }
     auto ranking = f.ranking(now);
     if (!ranking.empty()) out.first.push_back({static_cast<double>(now) / 1e9, ranking[0].node});
@@ -243,11 +278,15 @@ bool has(int argc, char** argv, const char* name) {
 
 const char* kUsage =
     "usage: bench_detect_lockstep [--seed N | --fresh] [--per-fault N] [--clean N] [--seconds S]\n"
-    "                             [--style exporter|plain] [--config FILE.lua] [--out DIR]\n"
+    "                             [--set classic|partial|all] [--style exporter|plain]\n"
+    "                             [--config FILE.lua] [--out DIR]\n"
     "Generates lock-step job metrics with one planted fault per scenario (or none) and\n"
     "scores the faulty-machine detector: precision, recall, F1, latency, fault-free runs\n"
     "with an alert; then the machine detector, the straggler analysis (on the ranks' step\n"
-    "timings) and their fusion side by side (suspects/*). JSON lines on stdout.\n";
+    "timings), the hang analysis (on the ranks' trace rings) and their fusion side by side\n"
+    "(suspects/*). --set: the seven faults of issue 27 (classic, the default), those each\n"
+    "detector sees only in part (partial: hangs, late input, an XID error), or all. JSON lines\n"
+    "on stdout.\n";
 
 bool load_config(const char* path, DetectorConfig* config) {
   if (!path) return true;
@@ -273,26 +312,41 @@ int main(int argc, char** argv) {
   double seconds = flag(argc, argv, "--seconds") ? std::atof(flag(argc, argv, "--seconds")) : 90;
   std::string style = flag(argc, argv, "--style") ? flag(argc, argv, "--style") : "exporter";
   const char* out_dir = flag(argc, argv, "--out");
+  std::string set = flag(argc, argv, "--set") ? flag(argc, argv, "--set") : "classic";
   if (style != "exporter" && style != "plain") {
     std::fprintf(stderr, "bench_detect_lockstep: --style: expected exporter or plain\n%s", kUsage);
     return 2;
   }
+  if (set != "classic" && set != "partial" && set != "all") {
+    std::fprintf(stderr, "bench_detect_lockstep: --set: expected classic, partial or all\n%s", kUsage);
+    return 2;
+  }
+  std::vector<Fault> faults;
+  if (set != "partial") faults = all_faults();
+  if (set != "classic") faults.insert(faults.end(), partial_faults().begin(), partial_faults().end());
   DetectorConfig config;
   if (!load_config(flag(argc, argv, "--config"), &config)) return 1;
   if (out_dir) mkdir(out_dir, 0755);
-  emit("setup", "seed", static_cast<double>(seed), "", {{"style", style}, {"seconds", seconds}});
+  emit("setup", "seed", static_cast<double>(seed), "", {{"style", style}, {"seconds", seconds}, {"set", set}});
 
   std::mt19937_64 rng(seed);
   std::vector<Scenario> plan;
   int index = 0;
   for (int k = 0; k < per_fault; ++k)
-    for (Fault f : all_faults()) plan.push_back(make_scenario(index++, f, seconds, rng));
+    for (Fault f : faults) plan.push_back(make_scenario(index++, f, seconds, rng));
   for (int k = 0; k < n_clean; ++k) plan.push_back(make_scenario(index++, Fault::none, seconds, rng));
+  for (Scenario& sc : plan) sc.extended = set != "classic";
 
   Tally all;
-  SourceTally by_machine, by_straggler, by_fusion, by_fusion_alerting, by_fusion_machine_only,
-      by_fusion_machine_only_alerting;
-  std::vector<Tally> by_fault(all_faults().size() + 1);
+  // The sources side by side on the same runs: each single detector, the
+  // fusion of all three (named by its ranking's first suspect; by alerting),
+  // and the fusion without the hang analysis; each also per fault.
+  const std::vector<std::string> sources = {"machine_detector", "straggler_analysis", "hang_analysis",
+                                            "fusion",           "fusion_alerting",    "fusion_without_hang"};
+  std::map<std::string, SourceTally> by_source;
+  std::map<std::string, std::map<std::string, SourceTally>> by_fault_source;
+  size_t n_faults = all_faults().size() + partial_faults().size() + 1;
+  std::vector<Tally> by_fault(n_faults);
   std::vector<std::vector<std::string>> metrics_by_fault(by_fault.size());
   for (const Scenario& sc : plan) {
     ballast::machine::MetricsTable table = generate(sc, style == "plain");
@@ -307,16 +361,20 @@ int main(int argc, char** argv) {
     Verdict v = judge(sc, alerts);
     std::vector<Naming> machine_namings;
     for (const Alert& a : alerts) machine_namings.push_back({static_cast<double>(a.ts_ns) / 1e9, a.node});
-    std::vector<StragglerReport> reports = run_straggler(step_timings(sc));
-    std::vector<Naming> straggler = straggler_namings(reports);
-    by_machine.add(sc, machine_namings);
-    by_straggler.add(sc, straggler);
-    FusedNamings fused = fused_namings(sc, alerts, reports, d.config().threshold, true);
-    by_fusion.add(sc, fused.first, fused.alerting);
-    by_fusion_alerting.add(sc, fused.alerting);
-    FusedNamings machine_only = fused_namings(sc, alerts, reports, d.config().threshold, false);
-    by_fusion_machine_only.add(sc, machine_only.first, machine_only.alerting);
-    by_fusion_machine_only_alerting.add(sc, machine_only.alerting);
+    std::vector<StepTimings> steps = step_timings(sc);
+    std::vector<StragglerReport> reports = run_straggler(steps);
+    std::vector<HangReport> hangs = run_hang(sc, steps);
+    double threshold = d.config().threshold;
+    FusedNamings fused = fused_namings(sc, {&alerts, &reports, &hangs}, threshold);
+    FusedNamings without_hang = fused_namings(sc, {&alerts, &reports, nullptr}, threshold);
+    for (auto* tally : {&by_source, &by_fault_source[fault_name(sc.fault)]}) {
+      (*tally)["machine_detector"].add(sc, machine_namings);
+      (*tally)["straggler_analysis"].add(sc, straggler_namings(reports));
+      (*tally)["hang_analysis"].add(sc, hang_namings(hangs));
+      (*tally)["fusion"].add(sc, fused.first, fused.alerting);
+      (*tally)["fusion_alerting"].add(sc, fused.alerting);
+      (*tally)["fusion_without_hang"].add(sc, without_hang.first, without_hang.alerting);
+    }
     size_t fi = static_cast<size_t>(sc.fault);
     for (Tally* t : {&all, &by_fault[fi]}) {
       t->fp += v.false_alerts;
@@ -353,6 +411,10 @@ int main(int argc, char** argv) {
                                         {"slowdown", r.result.slowdown},
                                         {"mw_ranks", ranks}});
     }
+    j["hang_reports"] = nlohmann::json::array();
+    for (const auto& h : hangs)
+      j["hang_reports"].push_back(
+          {{"t_s", std::round((h.t - kEpochS) * 10) / 10}, {"rank", h.cause.rank}, {"kind", h.cause.kind}});
     j["fused_first"] = fused.first.empty() ? "" : fused.first.back().node;
     std::printf("%s\n", j.dump().c_str());
   }
@@ -372,22 +434,25 @@ int main(int argc, char** argv) {
     emit(cs, "latency_p90", percentile(s.latency, 0.9), "s");
   };
   report("detector", all);
-  // The sources side by side on the same runs: each single detector, the
-  // fusion of both (named by its ranking's first suspect; by alerting), and
-  // the fusion of the machine detector alone.
-  for (auto [name, t] : {std::pair<const char*, const SourceTally*>{"machine_detector", &by_machine},
-                         {"straggler_analysis", &by_straggler},
-                         {"fusion", &by_fusion},
-                         {"fusion_alerting", &by_fusion_alerting},
-                         {"fusion_machine_only", &by_fusion_machine_only},
-                         {"fusion_machine_only_alerting", &by_fusion_machine_only_alerting}}) {
-    std::string cs = std::string("suspects/") + name;
-    emit(cs, "faulty_named_first", t->named_first, "runs", {{"of", t->faulty_runs}, {"found", t->found}});
-    emit(cs, "machines_falsely_alerted", t->false_machines, "machines",
-         {{"clean_runs_alerted", t->clean_named}, {"clean", n_clean}});
-    emit(cs, "latency_median", percentile(t->latency, 0.5), "s");
+  for (const std::string& name : sources) {
+    const SourceTally& t = by_source[name];
+    std::string cs = "suspects/" + name;
+    emit(cs, "faulty_named_first", t.named_first, "runs", {{"of", t.faulty_runs}, {"found", t.found}});
+    emit(cs, "machines_falsely_alerted", t.false_machines, "machines",
+         {{"clean_runs_alerted", t.clean_named}, {"clean", n_clean}});
+    emit(cs, "latency_median", percentile(t.latency, 0.5), "s");
   }
-  for (Fault f : all_faults()) {
+  for (Fault f : faults) {
+    nlohmann::json first = nlohmann::json::object(), falsely = nlohmann::json::object();
+    for (const std::string& name : sources) {
+      const SourceTally& t = by_fault_source[fault_name(f)][name];
+      first[name] = t.named_first;
+      falsely[name] = t.false_machines;
+    }
+    emit(std::string("suspects_by_fault/") + fault_name(f), "faulty_named_first", per_fault, "runs",
+         {{"named_first", first}, {"machines_falsely_alerted", falsely}});
+  }
+  for (Fault f : faults) {
     size_t fi = static_cast<size_t>(f);
     std::string top;
     auto& ms = metrics_by_fault[fi];

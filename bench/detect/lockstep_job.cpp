@@ -31,6 +31,21 @@
 //     computing), compute 1.3x longer;
 //   degraded_network: ib0 with bit errors (~200 receive errors/s, ~150
 //     retransmits/s), communication 2.5x longer.
+// - Faults each detector sees only in part (--set partial):
+//   hang_outside: one rank's process stops (a deadlock in its own code)
+//     after its compute, before the all-reduce of the first step after the
+//     onset; every other rank enters it and waits for ever. While hung,
+//     every GPU in the all-reduce runs NCCL's waiting kernel (util 100%,
+//     200 W), the stopped rank's GPU idles; no traffic anywhere;
+//   hang_inside: one rank's process stops 30% into that all-reduce: every
+//     GPU shows the waiting kernel alike, no traffic (a job-wide change);
+//   slow_input: one rank's input pipeline (CPU data loading) is late: its
+//     forward waits for the batch, the job's compute phase is 1.25x longer;
+//     its GPU idles at the start of compute where the others idle at the
+//     end, and its machine's CPUs work 3% more;
+//   gpu_xid: one GPU reports XID 63 (a memory row remapped after an ECC
+//     error; DCGM's XID gauge, exported only in runs with these faults),
+//     with no effect on the steps.
 // - Sampling: every machine once a second, each sample 0-200 ms late (drawn
 //   per sample), each series' sample lost with probability 1%.
 // - Step timings (step_timings(), for the straggler analysis): each GPU is
@@ -40,8 +55,11 @@
 //   step: sequence lengths differ) before the compute phase's end; the slow
 //   or capped GPU's rank computes through the whole, longer, phase; under
 //   CPU contention the machine's ranks start computing late (their input is
-//   late) and end with the phase. Network faults lengthen everyone's
-//   all-reduce alike; a memory leak changes no timing.
+//   late) and end with the phase; under slow_input the late rank's forward
+//   lasts from the phase's start (the trainer's timer counts the wait for
+//   the batch in it). Network faults lengthen everyone's all-reduce alike; a
+//   memory leak or ECC errors change no timing. A hung job's last step is
+//   its hang: no rank finishes it.
 #include "lockstep_job.hpp"
 
 #include <algorithm>
@@ -54,10 +72,10 @@ namespace {
 
 constexpr int kGpus = 4;
 constexpr int kCpus = 4;
-constexpr double kT0 = 1800000000;  // the samples' epoch
-constexpr double kDt = 0.05;        // integration step of the counters
+constexpr double kT0 = kEpochS;
+constexpr double kDt = 0.05;  // integration step of the counters
 
-enum class Phase { compute, comm, idle, checkpoint };
+enum class Phase { compute, comm, idle, checkpoint, hang };
 
 struct Segment {
   double start, end;
@@ -92,6 +110,8 @@ double compute_factor(Fault f) {
       return 1.3;
     case Fault::cpu_contention:
       return 1.15;
+    case Fault::slow_input:
+      return 1.25;
     default:
       return 1;
   }
@@ -147,6 +167,10 @@ Timeline make_timeline(const Scenario& sc, std::mt19937_64& rng) {
       comm *= comm_factor(sc.fault);
     }
     tl.segments.push_back({t, t + comp, Phase::compute});
+    if (is_hang(sc.fault) && after_onset(sc, t)) {
+      tl.segments.push_back({t + comp, sc.seconds + 10, Phase::hang});  // the all-reduce never ends
+      break;
+    }
     tl.segments.push_back({t + comp, t + comp + comm, Phase::comm});
     t += comp + comm;
   }
@@ -164,6 +188,7 @@ struct State {
   double cpu_user, cpu_system;  // fraction of each CPU
   double psi_cpu, psi_memory;
   double mem_available, disk_write;
+  double xid[kGpus];  // the last XID error (0: none)
 };
 
 struct MachineModel {
@@ -188,11 +213,17 @@ State state(const Scenario& sc, const Timeline& tl, const MachineModel& mm, int 
     Phase p = phase;
     if (p == Phase::compute) {
       bool slow_one = faulty && (f == Fault::slow_gpu || f == Fault::gpu_power_cap) && g == sc.faulty_gpu;
-      bool late_start = faulty && f == Fault::cpu_contention;
+      bool late_start = faulty && (f == Fault::cpu_contention || (f == Fault::slow_input && g == sc.faulty_gpu));
       bool busy = slow_one ? true : late_start ? into >= 1 - busy_share : into < busy_share;
       if (!busy) p = Phase::idle;
     }
+    if (p == Phase::hang && faulty && f == Fault::hang_outside && g == sc.faulty_gpu) p = Phase::idle;
     switch (p) {
+      case Phase::hang:  // NCCL's kernel waits for the missing rank
+        s.util[g] = 100;
+        s.power[g] = 200;
+        s.clock[g] = 1980;
+        break;
       case Phase::compute:
         s.util[g] = 95;
         s.power[g] = 650;
@@ -243,6 +274,8 @@ State state(const Scenario& sc, const Timeline& tl, const MachineModel& mm, int 
     s.cpu_user += 0.45;
     s.psi_cpu = 0.3;
   }
+  if (f == Fault::slow_input) s.cpu_user += 0.03;
+  if (f == Fault::gpu_xid) s.xid[sc.faulty_gpu] = 63;
   if (f == Fault::memory_leak) {
     double leaked = 2e9 * (t - (sc.onset_s - kT0));
     s.mem_available -= leaked;
@@ -280,6 +313,14 @@ const char* fault_name(Fault f) {
       return "gpu_power_cap";
     case Fault::degraded_network:
       return "degraded_network";
+    case Fault::hang_outside:
+      return "hang_outside";
+    case Fault::hang_inside:
+      return "hang_inside";
+    case Fault::slow_input:
+      return "slow_input";
+    case Fault::gpu_xid:
+      return "gpu_xid";
   }
   return "?";
 }
@@ -290,6 +331,13 @@ const std::vector<Fault>& all_faults() {
                                        Fault::degraded_network};
   return f;
 }
+
+const std::vector<Fault>& partial_faults() {
+  static const std::vector<Fault> f = {Fault::hang_outside, Fault::hang_inside, Fault::slow_input, Fault::gpu_xid};
+  return f;
+}
+
+bool is_hang(Fault f) { return f == Fault::hang_outside || f == Fault::hang_inside; }
 
 std::string machine_name(int i) {
   char b[16];
@@ -315,7 +363,7 @@ Scenario make_scenario(int index, Fault f, double seconds, std::mt19937_64& rng)
 }
 
 ballast::machine::MetricsTable generate(const Scenario& sc, bool plain) {
-  std::mt19937_64 rng(sc.seed);
+  std::mt19937_64 rng(sc.seed), extra(sc.seed ^ 0xecc0ecc0ecc0ecc0ULL);
   std::uniform_real_distribution<double> u(0, 1);
   std::normal_distribution<double> n(0, 1);
   Timeline tl = make_timeline(sc, rng);
@@ -394,6 +442,10 @@ ballast::machine::MetricsTable generate(const Scenario& sc, bool plain) {
       put("node_pressure_memory_waiting_seconds_total", c.psi_memory);
       put("node_memory_MemAvailable_bytes", noisy(s.mem_available, 0.001));
       put("node_disk_written_bytes_total{device=\"nvme0n1\"}", c.disk_write);
+      // Drawn apart, so that the other series are those of runs without them.
+      for (int g = 0; sc.extended && g < kGpus; ++g)
+        if (u(extra) >= 0.01)
+          t.rows.push_back({ts_ns, static_cast<uint32_t>(m), metric(gpu("DCGM_FI_DEV_XID_ERRORS", g)), s.xid[g]});
     }
   }
   return t;
@@ -410,13 +462,15 @@ std::vector<StepTimings> step_timings(const Scenario& sc) {
   for (size_t i = 0; i + 1 < tl.segments.size(); ++i) {
     const Segment& compute = tl.segments[i];
     const Segment& comm = tl.segments[i + 1];
-    if (compute.phase != Phase::compute || comm.phase != Phase::comm) continue;
-    if (compute.start < 0 || comm.end > sc.seconds) continue;
+    bool hung = comm.phase == Phase::hang;
+    if (compute.phase != Phase::compute || (comm.phase != Phase::comm && !hung)) continue;
+    if (compute.start < 0 || (hung ? compute.end : comm.end) > sc.seconds) continue;
     bool after = after_onset(sc, compute.start);
     double len = compute.end - compute.start;
     double busy_share = 1 / (after ? compute_factor(sc.fault) : 1);
     StepTimings st;
-    st.end_s = kT0 + comm.end;
+    st.end_s = kT0 + (hung ? compute.end : comm.end);
+    st.hung = hung;
     for (int r = 0; r < sc.machines * kRanksPerMachine; ++r) {
       int machine = r / kRanksPerMachine, g = r % kRanksPerMachine;
       bool faulty = after && machine == sc.faulty;
@@ -426,13 +480,28 @@ std::vector<StepTimings> step_timings(const Scenario& sc) {
       auto op = [&](const char* type, double s, double d, int32_t mb) {
         st.ops.push_back(ballast_op_timing{r, 0, r, step, type, kT0 + s, d, 0, -1, mb, -1});
       };
-      op("forward-compute", start, busy / 3, 0);
-      op("backward-compute", start + busy / 3, busy * 2 / 3, 0);
-      op("separate-grads-all-reduce", start + busy, comm.end - opt - (start + busy), -1);
+      // The late input's wait is counted in the forward.
+      double wait = faulty && sc.fault == Fault::slow_input && g == sc.faulty_gpu ? len - busy : 0;
+      op("forward-compute", start, wait + busy / 3, 0);
+      op("backward-compute", start + wait + busy / 3, busy * 2 / 3, 0);
+      double enter = start + wait + busy;
+      if (hung) {
+        bool stopped = faulty && g == sc.faulty_gpu;
+        if (stopped) {
+          st.hung_rank = r;
+          // Outside: it stops where it would have entered; inside: 30% into
+          // the all-reduce (which starts once the last rank entered).
+          st.stop_s = kT0 + (sc.fault == Fault::hang_outside ? enter : compute.end + 0.3 * len * 3 / 7);
+        }
+        if (!(stopped && sc.fault == Fault::hang_outside)) op("separate-grads-all-reduce", enter, NAN, -1);
+        continue;
+      }
+      op("separate-grads-all-reduce", enter, comm.end - opt - enter, -1);
       op("optimizer", comm.end - opt, opt, -1);
     }
     out.push_back(std::move(st));
     ++step;
+    if (hung) break;
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 namespace ballast::cli {
 
@@ -116,6 +117,14 @@ void add_run(CLI::App& app) {
       return;
     }
     Host* h = host.get();
+    // The role's counters with the host's: on SIGUSR1/2, /metrics and the stop line.
+    struct RoleCounters {
+      Host* host;
+      uint64_t id;
+      ~RoleCounters() {
+        if (id != 0) host->remove_counter_source(id);
+      }
+    } role_counters{h, role ? h->add_counter_source([r = role.get()] { return r->counters(); }) : 0};
     bool role_failed = false;
     JobWatch watch;
     if (has_job) watch.attach(*h);
@@ -142,8 +151,8 @@ void add_run(CLI::App& app) {
       return;
     }
     if (role) role->stop();
-    nlohmann::json counters = host->counters();
-    if (role) counters.update(role->counters());
+    const nlohmann::json counters = host->counters();
+    if (role_counters.id != 0) h->remove_counter_source(std::exchange(role_counters.id, 0));
     role.reset();
     host.reset();  // destroy plugins in reverse order before reporting
     if (role_failed) set_exit_code(1);

@@ -251,8 +251,12 @@ def train(args, job, heartbeat):
     if heartbeat:
         heartbeat.close(done=True)
     print(f"rank {rank}: done at step {step}; loss {first_loss} -> {loss_value[0]}", flush=True)
-    dist.destroy_process_group()
-    return 0
+    # PyTorch 1.13: dropping the DDP model joins gloo's worker threads while
+    # holding the GIL, and a worker still releasing the comm hook's Python
+    # callback waits for the GIL, so the rank never exits (seen on a loaded
+    # machine). Training is over and reported: leave without the teardown.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,30 @@ class PyTorchLaunchTest(unittest.TestCase):
         self.assertIn("ballast launch stopped this job", text)
 
 
+class LaunchTeardownTest(unittest.TestCase):
+    """No PyTorch needed: a rank whose heartbeat says done but that never
+    exits (PyTorch 1.13's process group destructor can deadlock so) is
+    killed after --exit-grace, and the job counts as finished."""
+
+    def test_teardown_hang_is_killed_after_the_grace(self):
+        script = ("import os, time, ballast\n"
+                  "rank = int(os.environ['RANK'])\n"
+                  "ballast.Heartbeat(rank=rank, world=int(os.environ['WORLD_SIZE'])).close(done=True)\n"
+                  "while rank == 1:\n"
+                  "    time.sleep(60)\n")
+        folder = tempfile.mkdtemp(prefix="launch-teardown-")
+        env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
+        env.pop("LD_PRELOAD", None)
+        t0 = time.monotonic()
+        r = subprocess.run([BALLAST, "launch", "-n", "2", "--exit-grace", "1", "--trace-dir",
+                            os.path.join(folder, "traces"), "--", "/usr/bin/python3", "-c", script],
+                           env=env, capture_output=True, text=True, timeout=60)
+        out = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, out)
+        self.assertRegex(out, r"rank 1 \(pid \d+\) said done \d+ s ago but has not exited: killed", out)
+        self.assertLess(time.monotonic() - t0, 30, out)
+
+
 @unittest.skipUnless(HAVE_TORCH, "python3-torch (with gloo) is not installed: tools/install-deps installs it")
 class PyTorchStragglerTest(unittest.TestCase):
     """The ranks' step reports, received as the executor receives them (the

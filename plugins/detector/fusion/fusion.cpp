@@ -25,6 +25,7 @@ std::string Fusion::node_of(const Suspicion& s) const {
                                [](int32_t r, const auto& p) { return r < p.first; });
     if (it != placement_.begin()) return (it - 1)->second;
   }
+  if (!s.node.empty()) return s.node;
   if (config_.ranks_per_node > 0) return "rank-group:" + std::to_string(rank / config_.ranks_per_node);
   return "rank:" + std::to_string(rank);
 }

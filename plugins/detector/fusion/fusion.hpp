@@ -11,8 +11,9 @@
 // detector's strongest current weight counts, and the detectors combine as
 // independent witnesses: score = 1 - prod(1 - w). A suspect is "alerting"
 // at score >= `min_score`. Ranks are folded into their node through the
-// last placement.plan (or `ranks_per_node` names "rank-group:K"), else the
-// suspect stays "rank:N".
+// last placement.plan, else the machine the reporter named as the event's
+// source (the hang analysis: the host of the rank's trace ring), else
+// `ranks_per_node` names "rank-group:K", else the suspect stays "rank:N".
 //
 // Not thread-safe: one owner (the plugin serialises with a mutex).
 #pragma once
@@ -38,6 +39,7 @@ struct Suspicion {
   std::string detector;  // "machine", "hang", "straggler", ...
   std::string subject;   // node name, or "rank:N"
   int32_t rank = -1;
+  std::string node;  // a rank's machine as the reporter knew it (the event's source.node), or ""
   std::string kind, metric;
   double score = 0, confidence = 0;
   bool confirmed = false;

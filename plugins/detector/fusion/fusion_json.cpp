@@ -54,9 +54,10 @@ bool feed_event(const nlohmann::json& ev, Fusion* f, std::string* error) {
   if (topic.rfind("fault.", 0) == 0 || topic == "node.silent") {
     Suspicion s;
     s.detector = text(p, "detector");
-    if (s.detector.empty()) {
-      auto src = ev.find("source");
-      if (src != ev.end() && src->is_object()) s.detector = text(*src, "plugin");
+    auto src = ev.find("source");
+    if (src != ev.end() && src->is_object()) {
+      if (s.detector.empty()) s.detector = text(*src, "plugin");
+      s.node = text(*src, "node");
     }
     if (s.detector.empty()) s.detector = "unknown";
     s.subject = text(p, "subject");

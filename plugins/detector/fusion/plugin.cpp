@@ -66,6 +66,7 @@ int on_event(void* user, const ballast_event* ev) {
       x.detector = r->detector ? r->detector : str(ev->source.plugin);
       x.subject = str(r->subject);
       x.rank = r->rank;
+      x.node = str(ev->source.node);
       x.kind = str(r->kind);
       x.metric = str(r->metric);
       x.score = std::isfinite(r->score) ? r->score : 0;

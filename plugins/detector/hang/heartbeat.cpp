@@ -126,6 +126,7 @@ bool parse_heartbeat(const std::string& text, Heartbeat* out, std::string* err) 
     return false;
   }
   h.state = probe(h.pid, host.c_str());
+  h.host = host;
   *out = std::move(h);
   return true;
 }

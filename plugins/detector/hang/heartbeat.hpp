@@ -17,6 +17,7 @@ struct Heartbeat {
   std::string path;
   int rank = -1, world = 0;
   int32_t pid = 0;
+  std::string host;                      // the writer's machine
   uint64_t beat = 0;                     // progress marks so far
   int64_t step = 0;                      // the step in progress
   std::string phase;                     // what it does, "-" between phases

@@ -128,6 +128,7 @@ std::string ended_words(int status) {
 struct LaunchArgs {
   int n = 0, port = 0;
   double stall_s = 10;
+  double exit_grace_s = 30;
   bool json = false;
   std::string dir;
   int command = 0;  // argv index of the command after --
@@ -144,6 +145,9 @@ int parse_args(int argc, char** argv, LaunchArgs* a) {
   app.add_option("-n,--nproc", a->n, "ranks to start")->required()->check(CLI::Range(1, 4096));
   app.add_option("--trace-dir", a->dir, "folder of the trace rings (default: a new one in /dev/shm)");
   app.add_option("--stall", a->stall_s, "seconds without progress that make a hang (default 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--exit-grace", a->exit_grace_s,
+                 "seconds a rank whose heartbeat says done may take to exit before it is killed (default 30)")
       ->check(CLI::PositiveNumber);
   app.add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
   app.add_flag("--json", a->json, "print the verdict as one JSON object");
@@ -233,7 +237,34 @@ struct WatchEnd {
   int running = 0;
   int failed_rank = -1;
   std::string why;
+  std::vector<int> killed_after_done;  // ranks that said done, then did not exit
 };
+
+// A rank whose heartbeat says done but that does not exit within the grace
+// hangs in its teardown (a process group's destructor, NCCL's communicator
+// destroy): its work is over, so it is killed and counted as finished.
+// Returns a warning line per rank killed.
+std::vector<std::string> stop_lingering_ranks(const LaunchArgs& a, const std::vector<Heartbeat>& beats,
+                                              const std::vector<pid_t>& pids, const std::vector<int>& codes,
+                                              std::vector<double>& done_at, double now_s, WatchEnd* end) {
+  std::vector<std::string> warnings;
+  for (const Heartbeat& b : beats) {
+    if (!b.done || b.rank < 0 || b.rank >= a.n || codes[size_t(b.rank)] != -1) continue;
+    double& since_s = done_at[size_t(b.rank)];
+    if (since_s < 0) since_s = now_s;
+    if (now_s - since_s < a.exit_grace_s ||
+        std::find(end->killed_after_done.begin(), end->killed_after_done.end(), b.rank) != end->killed_after_done.end())
+      continue;
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "rank %d (pid %d) said done %.0f s ago but has not exited: killed (a hang in its teardown)", b.rank,
+                  int(pids[size_t(b.rank)]), now_s - since_s);
+    warnings.push_back(line);
+    end->killed_after_done.push_back(b.rank);
+    kill(-pids[size_t(b.rank)], SIGKILL);
+  }
+  return warnings;
+}
 
 // Watch the ranks until they are all done, one fails, or the traces (or
 // heartbeats) stop moving for stall_s while an operation is in flight.
@@ -248,6 +279,7 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
   // On a terminal, until the verdict: ranks running, time, collectives and
   // their rate, the last progress (erased before any other message).
   util::ProgressLine progress(stderr, "ballast launch", false, a.json);
+  std::vector<double> done_at(size_t(a.n), -1.0);
   while (end.running > 0 && !g_stop_signal) {
     // Of the ranks that failed since the last look, the one killed by a
     // signal: the others most likely exited on the error its death caused.
@@ -257,7 +289,9 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
       if (waitpid(pids[size_t(r)], &st, WNOHANG) != pids[size_t(r)]) continue;
       codes[size_t(r)] = st;
       --end.running;
-      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      const bool ok =
+          (WIFEXITED(st) && WEXITSTATUS(st) == 0) ||
+          std::find(end.killed_after_done.begin(), end.killed_after_done.end(), r) != end.killed_after_done.end();
       const bool first_signal = end.failed_rank >= 0 && WIFSIGNALED(st) && !WIFSIGNALED(codes[size_t(end.failed_rank)]);
       if (!ok && (end.failed_rank < 0 || first_signal)) {
         end.failed_rank = r;
@@ -273,7 +307,11 @@ WatchEnd watch(const LaunchArgs& a, const std::vector<pid_t>& pids, std::vector<
       const auto rings = read_dir(a.dir, &errors);
       // Ranks that write no trace ring (no Ballast comm plugin) may still
       // say how far they are through heartbeat files.
-      const auto beats = rings.empty() ? read_heartbeats(a.dir, &errors) : std::vector<Heartbeat>{};
+      const auto beats = read_heartbeats(a.dir, &errors);
+      for (const auto& w : stop_lingering_ranks(a, beats, pids, codes, done_at, since(t0), &end)) {
+        progress.clear();
+        std::fprintf(stderr, "ballast launch: warning: %s\n", w.c_str());
+      }
       if (!rings.empty() || !beats.empty()) {
         if (warned && !watched) {
           progress.clear();

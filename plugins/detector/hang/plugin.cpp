@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <new>
 #include <set>
@@ -63,9 +65,13 @@ int on_job_state(void* user, const ballast_event* ev) {
 }
 
 // evidence: the verdict's JSON, or that with more (the ranks' stacks).
-void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric, const std::string& evidence_json = "") {
+// hosts: each rank's machine (its ring's or heartbeat's host), published as
+// the event's source.node so that the suspect fusion folds the rank into it.
+void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric, const std::map<int, std::string>& hosts,
+             const std::string& evidence_json = "") {
   const int64_t now = wall_now();
   for (const auto& c : v.causes) {
+    const auto host = hosts.find(c.rank);
     const std::string subject = "rank:" + std::to_string(c.rank);
     const std::string evidence = evidence_json.empty() ? v.to_json() : evidence_json;
     ballast_fault_report f{};
@@ -86,6 +92,7 @@ void publish(State* s, const Verdict& v, int64_t since_ns, const char* metric, c
     e.schema = BALLAST_SCHEMA_FAULT_REPORT;
     e.topic = "fault.confirmed";
     e.source.rank = c.rank;
+    e.source.node = host != hosts.end() && !host->second.empty() ? host->second.c_str() : nullptr;
     e.payload = &f;
     e.payload_size = sizeof f;
     s->host->publish(s->host, &e);
@@ -111,7 +118,9 @@ void on_heartbeats(State* s, const std::vector<Heartbeat>& beats, int64_t now) {
   evidence["stacks"] = nlohmann::json::object();
   for (const auto& [rank, stack] : collect_stacks(s->dir, beats, 1000))
     evidence["stacks"][std::to_string(rank)] = stack;
-  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat", evidence.dump());
+  std::map<int, std::string> hosts;
+  for (const auto& b : beats) hosts[b.rank] = b.host;
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "heartbeat", hosts, evidence.dump());
 }
 
 void on_tick(void* user) {
@@ -135,7 +144,10 @@ void on_tick(void* user) {
   if (!stalled && !any_failed(rings)) return;
   const Verdict v = analyze(rings, Options{});
   if (v.verdict == "healthy" || v.causes.empty() || !s->reported.insert({v.comm_id, v.seq}).second) return;
-  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "collective.progress");
+  std::map<int, std::string> hosts;
+  for (const auto& r : rings)
+    hosts[r.header.rank] = std::string(r.header.host, strnlen(r.header.host, sizeof r.header.host));
+  publish(s, v, v.last_progress_ns ? v.last_progress_ns : s->last_change_ns, "collective.progress", hosts);
 }
 
 int create(const ballast_host_api* host, void** state) {

@@ -103,11 +103,19 @@ std::map<int32_t, std::string> activity_of(const std::vector<int32_t>& pids, std
       out[pid] = "gone";
     else if (st == 'T' || st == 't')
       out[pid] = "stopped";
-    else if (ticks > ticks0)
-      out[pid] = "busy (" + std::to_string((ticks - ticks0) * 1000 / uint64_t(hz)) + " ms of CPU" + last + ")";
     else {
-      const std::string w = wchan(pid);
-      out[pid] = "sleeping (no CPU" + last + (w.empty() ? "" : ", waiting in the kernel at " + w) + ")";
+      // Busy from a quarter of the window on: an endless loop takes a whole
+      // core on an idle host and still a good share on a loaded one, while a
+      // sleeping process's helper threads (a communication library's poll
+      // loop, a heartbeat writer) are charged a clock tick now and then.
+      const uint64_t cpu_ms = (ticks - ticks0) * 1000 / uint64_t(hz);
+      const std::string cpu = cpu_ms == 0 ? "no CPU" : std::to_string(cpu_ms) + " ms of CPU";
+      if (cpu_ms * 4 >= uint64_t(ms)) {
+        out[pid] = "busy (" + cpu + last + ")";
+      } else {
+        const std::string w = wchan(pid);
+        out[pid] = "sleeping (" + cpu + last + (w.empty() ? "" : ", waiting in the kernel at " + w) + ")";
+      }
     }
   }
   return out;

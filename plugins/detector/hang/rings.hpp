@@ -47,7 +47,8 @@ ProcState probe(int32_t pid, const char* host);
 
 // What the writers of rings that run on this host do over `window` (it
 // sleeps that long, once): "busy (N ms of CPU in the last M ms)" when their
-// CPU time grew, "sleeping (no CPU ...)", "stopped" or "gone"; keyed by pid.
+// CPU time was at least a quarter of the window, else "sleeping (no CPU ...)"
+// or "sleeping (N ms of CPU ...)", "stopped" or "gone"; keyed by pid.
 std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window);
 // The same for processes of this host by pid; a sleeping one's evidence
 // says where it waits in the kernel (/proc/PID/wchan) when known.

@@ -408,6 +408,7 @@ void Executor::loop() {
       }
     }
     for (const auto& e : backend_->reap()) handle_exit(e);
+    stop_lingering_ranks();
     std::deque<Message> msgs;
     {
       std::lock_guard<std::mutex> lock(inbox_mu_);
@@ -616,6 +617,7 @@ void Executor::handle_report(const Report& r) {
     rs.error_step = r.step;
   } else if (r.type == "done") {
     rs.done = true;
+    rs.done_ns = now();
   }
 }
 
@@ -644,10 +646,30 @@ void Executor::publish_fault(int rank, const std::string& kind, const std::strin
   host_->publish(host_, &e);
 }
 
+// A rank that reported done but does not exit hangs in its teardown (a
+// process group's destructor joining threads that wait for the
+// interpreter's lock, NCCL's communicator destroy): training is over, so it
+// is killed and counted as finished rather than holding the job forever.
+void Executor::stop_lingering_ranks() {
+  const int64_t t = now();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    RankState& rs = ranks_[r];
+    if (!rs.done || !rs.running || rs.killed_after_done || t - rs.done_ns < int64_t(cfg_.exit_grace_s * 1e9)) continue;
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "rank %zu reported done %.0f s ago but has not exited: killed (a hang in its teardown)", r,
+                  double(t - rs.done_ns) / 1e9);
+    log(BALLAST_LOG_WARN, text);
+    rs.killed_after_done = true;
+    host_->counter_add(host_, "ranks_killed_after_done", 1);
+    backend_->signal(int(r), SIGKILL);
+  }
+}
+
 void Executor::handle_exit(const RankExit& e) {
   RankState& rs = ranks_[size_t(e.rank)];
   rs.running = false;
-  const bool clean = WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
+  const bool clean = (WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) || rs.killed_after_done;
   if (clean) {
     bool all = true;
     for (const auto& r : ranks_) all = all && !r.running;

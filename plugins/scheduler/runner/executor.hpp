@@ -62,6 +62,8 @@ class Executor {
   enum class State { starting, running, recovering, paused, finished, escalated, stopped, interrupted };
   struct RankState {
     bool hello = false, done = false, running = false;
+    int64_t done_ns = 0;             // when it reported done
+    bool killed_after_done = false;  // it did not exit within exit_grace_s
     int64_t last_step = 0;
     double last_end_s = 0;  // wall clock end of its last step
     std::string error_kind, error_message;
@@ -99,6 +101,7 @@ class Executor {
   void loop();
   void handle_report(const Report& r);
   void handle_exit(const RankExit& e);
+  void stop_lingering_ranks();
   void handle_message(Message& m);
   void on_fault(const Message& m);
   void fire_injections();

@@ -131,6 +131,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
                                 "netns",
                                 "stop_grace_seconds",
                                 "hello_timeout_seconds",
+                                "exit_grace_seconds",
                                 "checkpoint_timeout_seconds",
                                 "pause_seconds",
                                 "unhandled_seconds",
@@ -189,6 +190,7 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
   c.progress = flag(job, "progress", true);
   c.stop_grace_s = number(job, "stop_grace_seconds", c.stop_grace_s, 0, 600);
   c.hello_timeout_s = number(job, "hello_timeout_seconds", c.hello_timeout_s, 0.1, 86400);
+  c.exit_grace_s = number(job, "exit_grace_seconds", c.exit_grace_s, 0.1, 86400);
   c.checkpoint_timeout_s = number(job, "checkpoint_timeout_seconds", c.checkpoint_timeout_s, 0.1, 86400);
   c.pause_s = number(job, "pause_seconds", c.pause_s, 0, 86400);
   c.unhandled_s = number(job, "unhandled_seconds", c.unhandled_s, 0.1, 86400);

@@ -45,6 +45,7 @@ struct JobConfig {
   NetnsMode netns = NetnsMode::off;  // a network namespace per slot (local backend)
   double stop_grace_s = 3;
   double hello_timeout_s = 60;       // a restarted job must be back within this
+  double exit_grace_s = 30;          // a rank that reported done must exit within this
   double checkpoint_timeout_s = 60;  // checkpoint_now must be answered within this
   double pause_s = 30;               // pause without args.seconds
   double unhandled_s = 120;          // a failed job no action came for is escalated after this

@@ -133,6 +133,32 @@ TEST_CASE("without a placement, ranks stay ranks or fold by ranks_per_node; subj
   CHECK(r[0].node == "rank-group:1");  // the strong suspect is never the one dropped
 }
 
+TEST_CASE("a rank folds into the machine its reporter named, unless a placement says otherwise") {
+  Suspicion hung = report("hang", "rank:9", 1, true, kSec, 9);
+  hung.node = "gpu003";  // the event's source.node: the host of the rank's trace ring
+  Fusion by_source(FusionConfig{});
+  by_source.add(hung);
+  by_source.add(report("machine", "gpu003", 0.6, false, kSec));
+  auto r = by_source.ranking(kSec);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].node == "gpu003");
+  CHECK(r[0].evidence.size() == 2);
+  Fusion placed(FusionConfig{});
+  placed.set_placement({{"gpu001", 0}, {"gpu002", 8}});
+  placed.add(hung);
+  CHECK(placed.ranking(kSec)[0].node == "gpu002");
+  // From recorded events: the fault report's source.node.
+  Fusion replayed(FusionConfig{});
+  std::string error;
+  REQUIRE(feed_event(nlohmann::json::parse("{\"topic\":\"fault.confirmed\",\"ts\":1,\"source\":{\"node\":\"gpu004\","
+                                           "\"plugin\":\"hang\"},\"payload\":{\"subject\":\"rank:3\",\"rank\":3,"
+                                           "\"kind\":\"stuck\",\"confidence\":1,\"stage\":1}}"),
+                     &replayed, &error));
+  REQUIRE(replayed.ranking(kSec).size() == 1);
+  CHECK(replayed.ranking(kSec)[0].node == "gpu004");
+  CHECK(replayed.ranking(kSec)[0].evidence[0].from.detector == "hang");
+}
+
 TEST_CASE("ballast suspects replays recorded events into one ranked list") {
   std::string events = write_file(
       "events.jsonl",

@@ -176,7 +176,7 @@ TEST_CASE("the verdict from heartbeats names the rank that stopped making progre
     REQUIRE(v.causes.size() == 1);
     CHECK(v.causes[0].rank == 2);
     CHECK(v.causes[0].kind == "not_joined");
-    CHECK(v.causes[0].evidence.find("sleeping (no CPU") != std::string::npos);
+    CHECK(v.causes[0].evidence.find("sleeping (") != std::string::npos);
     CHECK(v.causes[0].evidence.find("forward-compute") != std::string::npos);
     CHECK(v.op == "separate-grads-all-reduce");
   }

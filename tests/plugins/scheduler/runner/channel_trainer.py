@@ -16,6 +16,7 @@ step_s = arg("--step-seconds", 0.05)
 every = arg("--checkpoint-every", 5)
 exit_code_at = arg("--exit-at", -1)   # exit 3 at that step without an error report
 # --exit-before-hello-on-restart: every attempt after the first exits 4 before its hello
+linger_rank = arg("--linger-after-done", -1)  # that rank reports done, then never exits (a teardown hang)
 rank = int(os.environ.get("RANK", "0"))
 ckdir = os.environ.get("BALLAST_CHECKPOINT_DIR", ".")
 sock_path = os.environ.get("BALLAST_JOB_SOCKET")
@@ -99,3 +100,5 @@ if rank == 0:
     with open(os.path.join(os.environ.get("BALLAST_JOB_DIR", "."), "final-weights.json"), "w") as f:
         json.dump({"step": step, "w": w}, f)
 send({"type": "done", "rank": rank, "step": step})
+while rank == linger_rank:
+    time.sleep(60)

@@ -126,6 +126,17 @@ TEST_CASE("a job runs to its end and says so") {
   ballast_host_stop(job.host);
 }
 
+TEST_CASE("a rank that reports done but never exits is killed after exit_grace_seconds; the job finishes") {
+  Job job("linger",
+          "'--steps', '8', '--step-seconds', '0.02', '--linger-after-done', '1'}, ranks = 2, standby = 0, "
+          "exit_grace_seconds = 0.5",
+          "", false);
+  REQUIRE(job.events.wait_state("finished", 30));
+  CHECK(job.final_weight() == reference_weight(8));
+  CHECK(job.events.topic("fault.confirmed").empty());
+  ballast_host_stop(job.host);
+}
+
 TEST_CASE("a crash is reported at once, restarted from the last checkpoint, and ends with the same weights") {
   Job job("crash",
           "'--steps', '40', '--step-seconds', '0.03', '--checkpoint-every', '5'}, ranks = 4, keep_checkpoints = 2",
