@@ -162,6 +162,8 @@ std::string render_counters(const nlohmann::json& counters, const std::string& n
       {"cluster.bad_frames", "ballast_cluster_bad_frames_total", "counter", "Controller: frames that did not decode"},
       {"cluster.node_silent", "ballast_cluster_node_silent_total", "counter",
        "Controller: agents gone silent past silent_after_ms (node.silent)"},
+      {"cluster.node_back", "ballast_cluster_node_back_total", "counter",
+       "Controller: silent agents heard again (node.back)"},
       {"cluster.actions_sent", "ballast_cluster_actions_sent_total", "counter", "Controller: actions sent to agents"},
       {"cluster.actions_fenced_off", "ballast_cluster_actions_fenced_off_total", "counter",
        "Controller: actions refused by the etcd fence (no longer the leader)"},
