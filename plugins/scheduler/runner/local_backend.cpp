@@ -42,8 +42,22 @@ std::string cgroup_v2_root() {
   return "";
 }
 
-// The cgroups of runs whose process is gone (killed by SIGKILL): their
-// processes died with it (PR_SET_PDEATHSIG), the empty folders are removed.
+// Remove the cgroup folder of a run that is gone. Its ranks were sent
+// SIGKILL with it (PR_SET_PDEATHSIG), but a large process takes a moment to
+// exit and stays in the folder until then (rmdir: EBUSY); what is still
+// there (a rank's own children) is killed, and the removal retried for up
+// to 3 s.
+void remove_dead_cgroup(const std::string& dir) {
+  if (FILE* f = std::fopen((dir + "/cgroup.procs").c_str(), "r")) {
+    for (int pid = 0; std::fscanf(f, "%d", &pid) == 1;)
+      if (pid > 0) kill(pid, SIGKILL);
+    std::fclose(f);
+  }
+  for (int i = 0; i < 150 && rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// The cgroups of runs whose process is gone (killed by SIGKILL).
 void remove_stale_cgroups(const std::string& root) {
   DIR* d = opendir(root.c_str());
   if (!d) return;
@@ -58,10 +72,10 @@ void remove_stale_cgroups(const std::string& root) {
   for (const auto& dir : stale) {
     if (DIR* sd = opendir(dir.c_str())) {
       while (dirent* e = readdir(sd))
-        if (std::strncmp(e->d_name, "slot", 4) == 0) rmdir((dir + "/" + e->d_name).c_str());
+        if (std::strncmp(e->d_name, "slot", 4) == 0) remove_dead_cgroup(dir + "/" + e->d_name);
       closedir(sd);
     }
-    rmdir(dir.c_str());
+    remove_dead_cgroup(dir);
   }
 }
 
