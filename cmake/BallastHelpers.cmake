@@ -37,12 +37,15 @@ function(ballast_add_plugin name)
   install(TARGETS ${target} LIBRARY DESTINATION "${BALLAST_PLUGIN_INSTALL_DIR}")
 endfunction()
 
-# ballast_add_test(NAME SOURCES src... [LIBRARIES lib...] [LABELS l...] [TIMEOUT s])
+# ballast_add_test(NAME SOURCES src... [LIBRARIES lib...] [LABELS l...] [TIMEOUT s] [COST s])
 # A doctest executable (main() comes from ballast_doctest_main: never define
 # DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN in a test) registered with ctest. Exit code 77 means skipped
-# (a test that needs a GPU or a kernel feature this machine lacks).
+# (a test that needs a GPU or a kernel feature this machine lacks). COST, for
+# the tests that run longest: about the seconds one takes in the asan preset;
+# ctest starts them first when it has no timing history of its own (a fresh
+# CI machine), so that none is left running alone at the end.
 function(ballast_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBRARIES;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT;COST" "SOURCES;LIBRARIES;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ballast_doctest_main ${T_LIBRARIES})
   target_compile_definitions(${name} PRIVATE
@@ -64,6 +67,9 @@ function(ballast_add_test name)
     WORKING_DIRECTORY "${PROJECT_BINARY_DIR}/tests" ENVIRONMENT "TMPDIR=${scratch}")
   if(T_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+  if(T_COST)
+    set_tests_properties(${name} PROPERTIES COST ${T_COST})
   endif()
 endfunction()
 
