@@ -167,6 +167,12 @@ int EtcdLeadership::record_action(const std::string& node, uint64_t id, const st
   return fenced({{prefix() + "actions/" + name, j.dump()}}, {});
 }
 
+int EtcdLeadership::record_own_action(uint64_t id, const std::string& record_json) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  return fenced({{prefix() + "actions/" + name, record_json}}, {});
+}
+
 int EtcdLeadership::forget_action(uint64_t id) {
   char name[32];
   std::snprintf(name, sizeof name, "%020" PRIu64, id);

@@ -45,6 +45,7 @@ class EtcdLeadership : public Leadership {
   uint64_t epoch() const override { return static_cast<uint64_t>(revision_.load()); }
   int record_action(const std::string& node, uint64_t id, const std::string& action_json) override;
   int forget_action(uint64_t id) override;
+  int record_own_action(uint64_t id, const std::string& record_json) override;
   int commit_cursors(const std::map<std::string, uint64_t>& cursors) override;
   std::map<std::string, uint64_t> cursors() const override;
   std::vector<LoggedAction> logged_actions() const override;
