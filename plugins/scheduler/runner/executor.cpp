@@ -815,6 +815,9 @@ void Executor::on_fault(const Message& m) {
                               "itself; not a new fault");
     return;
   }
+  // A node silent since after the last restart is a new fault too (a second
+  // node lost after a first one's replace).
+  if (m.topic == "node.silent") last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
   if (m.topic == "fault.confirmed") {
     last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
     // The kind alone: which rank of a job that fails the same way each time
