@@ -2,8 +2,9 @@
 // /ballast/<job>/leader on a lease of lease_s seconds (kept alive every
 // lease_s/3); the winner leads until its lease lapses. Everything the leader
 // does that must not happen twice is a transaction conditional on its leader
-// key's create revision (fencing): actions (/ballast/<job>/actions/<id>),
-// applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
+// key's create revision (fencing): actions (/ballast/<job>/actions/<id>: an
+// agent's, and the records of what plugins of this process do outside it,
+// plugin.h's fence_action), applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
 // transactions fail, so it cannot act. A new leader reads both prefixes when
 // its term begins. Agents do not talk to etcd.
 // Thread-safety: every member is thread-safe.
