@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -259,6 +260,11 @@ struct HostApiTable {
   }
   static const char* last_error_fn(const ballast_host_api*) { return last_error(); }
   static const char* node_name(const ballast_host_api* api) { return api ? self(api)->host->node_.c_str() : ""; }
+  static int fence_action(const ballast_host_api* api, const char* kind, const char* record_json) {
+    if (api == nullptr) return fail(BALLAST_EINVAL, "fence_action: null api");
+    auto* p = self(api);
+    return p->host->fence_action(p->file.name, kind, record_json);
+  }
 
   static ballast_host_api make() {
     ballast_host_api a{};
@@ -276,6 +282,7 @@ struct HostApiTable {
     a.set_error = set_error;
     a.last_error = last_error_fn;
     a.node_name = node_name;
+    a.fence_action = fence_action;
     return a;
   }
 };
@@ -380,6 +387,38 @@ void Host::counter_add(const std::string& name, int64_t delta) {
       return;
     }
   counters_.emplace_back(name, std::make_unique<std::atomic<int64_t>>(delta));
+}
+
+void Host::set_action_fence(ActionFence fence) {
+  std::unique_lock lock(fence_mutex_);
+  fence_ = std::move(fence);
+}
+
+int Host::fence_action(const std::string& plugin, const char* kind, const char* record_json) {
+  constexpr size_t kMaxKind = 64, kMaxRecord = 64 * 1024;
+  auto refuse = [&](int rc) {
+    counter_add("fence.refused", 1);
+    return rc;
+  };
+  if (kind == nullptr || record_json == nullptr)
+    return refuse(fail(BALLAST_EINVAL, "fence_action: null kind or record"));
+  const std::string k = kind;
+  const bool kind_ok = !k.empty() && k.size() <= kMaxKind && std::all_of(k.begin(), k.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+  });
+  if (!kind_ok)
+    return refuse(fail(BALLAST_EINVAL, "fence_action: kind '" + k.substr(0, kMaxKind) + "' is not [a-z0-9_.-]{1,64}"));
+  const size_t size = std::strlen(record_json);
+  if (size > kMaxRecord)
+    return refuse(
+        fail(BALLAST_EINVAL, "fence_action " + k + ": record of " + std::to_string(size) + " bytes, above 64 KiB"));
+  nlohmann::json record = nlohmann::json::parse(record_json, record_json + size, nullptr, false);
+  if (!record.is_object()) return refuse(fail(BALLAST_EINVAL, "fence_action " + k + ": record is not a JSON object"));
+  std::shared_lock lock(fence_mutex_);
+  const int rc = fence_ ? fence_(plugin, k, record) : BALLAST_OK;
+  if (rc != BALLAST_OK) return refuse(rc);
+  counter_add("fence.allowed", 1);
+  return BALLAST_OK;
 }
 
 int64_t Host::counter(const std::string& name) const {

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,18 @@ class Host {
   uint64_t add_counter_source(std::function<nlohmann::json()> source);
   void remove_counter_source(uint64_t id);
 
+  // The fence of plugin.h's fence_action: asked, for `plugin`, whether this
+  // process may carry out an action of `kind` described by `record` (a JSON
+  // object), which it records. Without one (the default) every action may
+  // run. The cluster controller with etcd installs one (leader.hpp); an empty
+  // function removes it, after the calls in flight return. Thread-safe.
+  using ActionFence =
+      std::function<int(const std::string& plugin, const std::string& kind, const nlohmann::json& record)>;
+  void set_action_fence(ActionFence fence);
+  // fence_action for `plugin`: validates, asks the fence, counts
+  // fence.allowed / fence.refused. Thread-safe.
+  int fence_action(const std::string& plugin, const char* kind, const char* record_json);
+
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }
   size_t plugin_count() const;
@@ -135,7 +148,9 @@ class Host {
   mutable std::mutex sources_mutex_;  // held while a source is read
   std::vector<std::pair<uint64_t, std::function<nlohmann::json()>>> counter_sources_;
   uint64_t next_source_id_ = 1;
-  uint64_t policy_counters_ = 0;  // the policy plugin's source, while it exists
+  uint64_t policy_counters_ = 0;           // the policy plugin's source, while it exists
+  mutable std::shared_mutex fence_mutex_;  // held shared while the fence runs
+  ActionFence fence_;
   std::mutex log_mutex_;
   bool started_ = false;
   bool stopped_ = false;

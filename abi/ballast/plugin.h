@@ -115,9 +115,36 @@ struct ballast_host_api {
    * node this host runs as: the config's `node`, else the machine's host
    * name. Lives until destroy(). */
   const char* (*node_name)(const ballast_host_api* api);
+
+  /* Optional (ABI 1.2; read it only when
+   * BALLAST_COVERS(api->size, ballast_host_api, fence_action)). Call it
+   * before carrying out an action whose effects reach outside this process
+   * (a resource manager's drain, resume, requeue, submit, cancel): the host
+   * records the action, and says whether this process may carry it out.
+   * `kind` names the action ("drain", "requeue", ...; [a-z0-9_.-], at most
+   * 64 bytes); `record_json` is a JSON object describing it (what, on
+   * which node or job, why; at most 64 KiB), kept in the host's action log.
+   * Returns:
+   *   BALLAST_OK       act. A host without high availability always answers
+   *                    so (an embedded host, an agent, a controller without
+   *                    `cluster.etcd`): nothing is recorded then.
+   *   BALLAST_EFENCED  do not act: this process is not, or is no longer, the
+   *                    leader of its controllers (with etcd, the record was
+   *                    not written, in a transaction conditional on this
+   *                    controller's leadership; a successor may be acting).
+   *   another status   do not act now: the record could not be written (etcd
+   *                    unreachable: BALLAST_EIO; a bad argument:
+   *                    BALLAST_EINVAL); trying again later may succeed.
+   * On any status but BALLAST_OK the message says why (last_error). A refusal
+   * is counted by the host (counter `fence.refused`, `fence.allowed` for the
+   * others). May block for an etcd round trip (a few ms; seconds when etcd is
+   * slow): not from an inline handler. Fencing bounds, it does not close, the
+   * window of a leader deposed between the record and its action: call it
+   * right before acting, once per action. */
+  int (*fence_action)(const ballast_host_api* api, const char* kind, const char* record_json);
 };
-/* The v1 minimum: everything up to and including last_error; node_name may
- * be left out (a 1.0 host). */
+/* The v1 minimum: everything up to and including last_error; node_name (1.1)
+ * and fence_action (1.2) may be left out (an older host). */
 #define BALLAST_HOST_API_V1_SIZE BALLAST_SIZE_TO(ballast_host_api, last_error)
 
 /* An interface a plugin offers, for listing without creating the plugin. */

@@ -17,7 +17,7 @@ extern "C" {
 /* The major version is part of the entry symbol's name (ballast_plugin_v1);
  * the minor version grows when structs grow at their end. */
 #define BALLAST_ABI_MAJOR 1
-#define BALLAST_ABI_MINOR 1
+#define BALLAST_ABI_MINOR 2
 
 /* Sizes (the one rule for every struct and table that starts with a uint32_t
  * size): a struct only grows at its end, and each has a v1 minimum size,
@@ -51,7 +51,8 @@ enum ballast_status {
   BALLAST_EFORMAT = -11,   /* malformed input: a frame, a file, a descriptor */
   BALLAST_ENOSYS = -12,    /* optional function not provided */
   BALLAST_EINTERNAL = -13, /* a bug: an invariant did not hold */
-  BALLAST_EPLUGIN = -14    /* a plugin callback failed */
+  BALLAST_EPLUGIN = -14,   /* a plugin callback failed */
+  BALLAST_EFENCED = -15    /* 1.2: this process may not act: it is not, or no longer, the leader */
 };
 
 /* The short, stable name of a status code ("BALLAST_EINVAL"); never NULL.
@@ -88,6 +89,8 @@ static inline const char* ballast_status_name(int status) {
       return "BALLAST_EINTERNAL";
     case BALLAST_EPLUGIN:
       return "BALLAST_EPLUGIN";
+    case BALLAST_EFENCED:
+      return "BALLAST_EFENCED";
     default:
       return "BALLAST_E(unknown)";
   }

@@ -607,8 +607,7 @@ int Controller::on_action(void* user, const ballast_event* event) {
   std::unique_lock lock(self->mutex_);
   auto it = self->nodes_.find(node);
   if (it == self->nodes_.end()) return 0;  // not an agent's node: the executor's business
-  uint64_t epoch = self->leadership_ ? self->leadership_->epoch() : self->epoch_;
-  uint64_t id = (epoch << 24) | ((self->action_counter_.fetch_add(1) + 1) & 0xffffff);
+  const uint64_t id = self->next_action_id();
   std::vector<unsigned char> frame;
   encode_frame(*event, &frame);
   lock.unlock();
@@ -640,6 +639,38 @@ int Controller::on_action(void* user, const ballast_event* event) {
   m.actions.emplace_back(id, std::move(frame));
   if (m.conn) m.conn->wake();
   return 0;
+}
+
+// Ids grow across restarts and terms: the epoch (start time, or the term's
+// revision) above a counter.
+uint64_t Controller::next_action_id() {
+  const uint64_t epoch = leadership_ ? leadership_->epoch() : epoch_;
+  return (epoch << 24) | ((action_counter_.fetch_add(1) + 1) & 0xffffff);
+}
+
+int Controller::fence_action(const std::string& plugin, const std::string& kind, const nlohmann::json& record) {
+  if (!leadership_) return BALLAST_OK;
+  const std::string what = kind + " (" + plugin + ")";
+  auto refused = [&](int rc) {
+    const std::string why = last_error();
+    return fail(rc == BALLAST_ESTATE ? BALLAST_EFENCED : rc, what + " fenced off: " + why);
+  };
+  if (!leadership_->is_leader())
+    return fail(BALLAST_EFENCED, what + " fenced off: " + host_.node() + " is not the leader");
+  // As for an agent's action (on_action): what this bus published before it
+  // is committed first.
+  std::map<std::string, uint64_t> published;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [name, n] : nodes_)
+      if (n.published > 0) published[name] = n.published;
+  }
+  if (!published.empty())
+    if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc);
+  const nlohmann::json j = {
+      {"node", host_.node()}, {"plugin", plugin}, {"kind", kind}, {"record", record}, {"term", leadership_->epoch()}};
+  if (int rc = leadership_->record_own_action(next_action_id(), j.dump()); rc != BALLAST_OK) return refused(rc);
+  return BALLAST_OK;
 }
 
 uint64_t Controller::applied(const std::string& node) const {

@@ -67,6 +67,12 @@ class Leadership {
   virtual int record_action(const std::string& node, uint64_t id, const std::string& action_json) = 0;
   // The agent carried it out: drop it from the log (only while leading).
   virtual int forget_action(uint64_t id) = 0;
+  // Record an action this controller's own process carries out (a plugin's
+  // fence_action, plugin.h: {"node","plugin","kind","record","term"}) under
+  // the same log and ids, only while this controller leads. BALLAST_ESTATE
+  // when deposed: the action must not run. Kept: such records are the log
+  // of what the leaders did outside their process.
+  virtual int record_own_action(uint64_t id, const std::string& record_json) = 0;
   // Record, in one transaction fenced on this term, that each node's events
   // up to its sequence are applied (at most kMaxCursorsPerCommit nodes).
   // BALLAST_ESTATE when deposed: they must not be published or acknowledged.
@@ -96,6 +102,11 @@ class Controller {
   nlohmann::json counters() const;
   // The node's last applied sequence (0 = none).
   uint64_t applied(const std::string& node) const;
+  // plugin.h's fence_action with a Leadership: after the cursors of every
+  // event this bus published are committed (as for an agent's action), the
+  // record goes to the action log in a transaction fenced on this term.
+  // BALLAST_EFENCED when this controller does not lead (or no longer does).
+  int fence_action(const std::string& plugin, const std::string& kind, const nlohmann::json& record);
 
   struct Conn;
 
@@ -139,6 +150,7 @@ class Controller {
   static int on_action(void* user, const ballast_event* event);
   void reap(bool all);
   void take_over();
+  uint64_t next_action_id();
 
   Host& host_;
   ControllerOptions options_;

@@ -94,14 +94,20 @@ void EtcdLeadership::campaign_loop() {
                             std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10), j["event"].dump()});
       }
     }
+    size_t pending = 0;
+    {
+      std::lock_guard lock(mutex_);
+      pending = actions_.size();
+    }
     revision_.store(rev);
     elected_at_ms_.store(wall_ms());
     terms_.fetch_add(1);
     leader_.store(true);
     host_.log(BALLAST_LOG_INFO, "cluster",
               options_.name + " is the leader (revision " + std::to_string(rev) + "): read " +
-                  std::to_string(cursor_kvs.size()) + " cursor(s) and " + std::to_string(action_kvs.size()) +
-                  " pending action(s)");
+                  std::to_string(cursor_kvs.size()) + " cursor(s), " + std::to_string(pending) +
+                  " pending action(s) and " + std::to_string(action_kvs.size() - pending) +
+                  " record(s) of earlier leaders' own actions");
     // The cursors this term starts from: what the earlier terms applied.
     nlohmann::json cursors = nlohmann::json::object();
     {
@@ -165,6 +171,12 @@ int EtcdLeadership::record_action(const std::string& node, uint64_t id, const st
   std::snprintf(name, sizeof name, "%020" PRIu64, id);
   nlohmann::json j = {{"node", node}, {"event", nlohmann::json::parse(action_json, nullptr, false)}};
   return fenced({{prefix() + "actions/" + name, j.dump()}}, {});
+}
+
+int EtcdLeadership::record_own_action(uint64_t id, const std::string& record_json) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  return fenced({{prefix() + "actions/" + name, record_json}}, {});
 }
 
 int EtcdLeadership::forget_action(uint64_t id) {

@@ -2,8 +2,9 @@
 // /ballast/<job>/leader on a lease of lease_s seconds (kept alive every
 // lease_s/3); the winner leads until its lease lapses. Everything the leader
 // does that must not happen twice is a transaction conditional on its leader
-// key's create revision (fencing): actions (/ballast/<job>/actions/<id>),
-// applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
+// key's create revision (fencing): actions (/ballast/<job>/actions/<id>: an
+// agent's, and the records of what plugins of this process do outside it,
+// plugin.h's fence_action), applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
 // transactions fail, so it cannot act. A new leader reads both prefixes when
 // its term begins. Agents do not talk to etcd.
 // Thread-safety: every member is thread-safe.
@@ -45,6 +46,7 @@ class EtcdLeadership : public Leadership {
   uint64_t epoch() const override { return static_cast<uint64_t>(revision_.load()); }
   int record_action(const std::string& node, uint64_t id, const std::string& action_json) override;
   int forget_action(uint64_t id) override;
+  int record_own_action(uint64_t id, const std::string& record_json) override;
   int commit_cursors(const std::map<std::string, uint64_t>& cursors) override;
   std::map<std::string, uint64_t> cursors() const override;
   std::vector<LoggedAction> logged_actions() const override;

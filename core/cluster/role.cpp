@@ -7,6 +7,7 @@
 #include "host.hpp"
 #include "leader.hpp"
 
+#include <atomic>
 #include <filesystem>
 
 namespace fs = std::filesystem;
@@ -102,6 +103,24 @@ class ControllerRole : public Role {
   EtcdOptions etcd;
   std::unique_ptr<EtcdLeadership> leadership;
   std::unique_ptr<Controller> controller;
+  std::atomic<Controller*> serving{nullptr};  // the controller, once started
+  ~ControllerRole() override {
+    // A candidate's plugins may not act once its role is gone.
+    if (leadership)
+      host->set_action_fence([name = etcd.name](const std::string&, const std::string& kind, const nlohmann::json&) {
+        return fail(BALLAST_EFENCED, kind + " fenced off: the controller role of " + name + " has stopped");
+      });
+  }
+  // With etcd, the plugins' fence_action (plugin.h): recorded and allowed
+  // only while this candidate leads.
+  void install_fence() {
+    host->set_action_fence([this](const std::string& plugin, const std::string& kind, const nlohmann::json& record) {
+      Controller* c = serving.load();
+      if (c == nullptr)
+        return fail(BALLAST_EFENCED, kind + " (" + plugin + ") fenced off: " + etcd.name + " has not begun to lead");
+      return c->fence_action(plugin, kind, record);
+    });
+  }
   int start() override {
     if (leadership) {
       // A candidate: the controller serves only while it leads, and
@@ -109,7 +128,9 @@ class ControllerRole : public Role {
       if (int rc = leadership->start(); rc != BALLAST_OK) return rc;
     }
     if (int rc = Controller::create(*host, options, leadership.get(), &controller); rc != BALLAST_OK) return rc;
-    return controller->start();
+    if (int rc = controller->start(); rc != BALLAST_OK) return rc;
+    serving.store(controller.get());
+    return BALLAST_OK;
   }
   void stop() override {
     if (controller) controller->stop();
@@ -180,6 +201,7 @@ int Role::from_config(const nlohmann::json& config, const std::string& base_dir,
     if (e.endpoint.empty()) return fail(BALLAST_EINVAL, "config field 'cluster.etcd.endpoint': required");
     e.value = o.listen;
     TRY(EtcdLeadership::create(host, e, &c->leadership));
+    c->install_fence();
   }
   *out = std::move(c);
   return BALLAST_OK;

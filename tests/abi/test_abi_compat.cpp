@@ -86,6 +86,10 @@ TEST_CASE("a plugin built against a struct one field shorter or longer than toda
     CHECK(host.counter(name + ".subscribed") == 1);
     // A 1.0 plugin has no node_name to read; a later one reads the host's node.
     CHECK(host.counter(name + ".node_named") == (variant == "shorter" ? 0 : 1));
+    // A 1.2 plugin asks to act; a host without a fence always lets it.
+    CHECK(host.counter(name + ".fence_ok") == (variant == "shorter" ? 0 : 1));
+    CHECK(host.counter(name + ".fence_fenced") == 0);
+    CHECK(host.counter("fence.allowed") == (variant == "shorter" ? 0 : 1));
     REQUIRE(delivered);
 
     const char* detector = variant == "shorter" ? nullptr : "compat";
@@ -125,6 +129,45 @@ TEST_CASE("a plugin built against a struct one field shorter or longer than toda
     REQUIRE(decode_frame(frame.data(), frame.size(), &back, &used, &error) == BALLAST_OK);
     CHECK(event_to_json(back.view())["payload"] == event_to_json(ev)["payload"]);
   }
+}
+
+TEST_CASE("fence_action: a plugin is told BALLAST_EFENCED when the host's fence refuses, and the host counts it") {
+  HostOptions options;
+  options.log_level = BALLAST_LOG_ERROR;
+  Host host(options);
+  std::vector<std::string> asked;
+  bool leading = false;
+  host.set_action_fence([&](const std::string& plugin, const std::string& kind, const nlohmann::json& record) {
+    asked.push_back(plugin + " " + kind + " " + record.dump());
+    return leading ? BALLAST_OK : fail(BALLAST_EFENCED, "not the leader");
+  });
+  REQUIRE(host.load_plugin(std::string(COMPAT_PLUGIN_DIR) + "/compat-longer.so", nlohmann::json::object()) ==
+          BALLAST_OK);
+  REQUIRE(host.start() == BALLAST_OK);
+  host.stop();
+  CHECK(host.counter("compat-longer.fence_fenced") == 1);
+  CHECK(host.counter("compat-longer.fence_ok") == 0);
+  CHECK(host.counter("fence.refused") == 1);
+  CHECK(host.counter("fence.allowed") == 0);
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0] == R"(compat-longer compat.act {"node":"node7","why":"test"})");
+
+  // The same host once it leads; and what the host refuses before asking the fence.
+  leading = true;
+  CHECK(host.fence_action("p", "drain", R"({"node":"n1"})") == BALLAST_OK);
+  CHECK(host.counter("fence.allowed") == 1);
+  CHECK(host.fence_action("p", "Drain!", "{}") == BALLAST_EINVAL);
+  CHECK(std::string(last_error()).find("kind 'Drain!'") != std::string::npos);
+  CHECK(host.fence_action("p", "drain", "[1]") == BALLAST_EINVAL);
+  CHECK(std::string(last_error()).find("not a JSON object") != std::string::npos);
+  CHECK(host.fence_action("p", "drain", std::string(70000, ' ').c_str()) == BALLAST_EINVAL);
+  CHECK(host.fence_action("p", nullptr, "{}") == BALLAST_EINVAL);
+  CHECK(host.counter("fence.refused") == 5);
+  CHECK(asked.size() == 2);
+  // Removed: every action may run again.
+  leading = false;
+  host.set_action_fence({});
+  CHECK(host.fence_action("p", "drain", "{}") == BALLAST_OK);
 }
 
 TEST_CASE("a struct shorter than its v1 size is still refused, with the reason") {

@@ -32,5 +32,8 @@ TEST_CASE("the descriptor's required prefix ends after destroy, before the optio
 TEST_CASE("status names are stable and total") {
   CHECK(std::string(ballast_status_name(BALLAST_OK)) == "BALLAST_OK");
   CHECK(std::string(ballast_status_name(BALLAST_EVERSION)) == "BALLAST_EVERSION");
+  CHECK(std::string(ballast_status_name(BALLAST_EFENCED)) == "BALLAST_EFENCED");
+  CHECK(BALLAST_EPLUGIN == -14);  // the values are ABI: a new one is appended
+  CHECK(BALLAST_EFENCED == -15);
   CHECK(std::string(ballast_status_name(-999)) == "BALLAST_E(unknown)");
 }

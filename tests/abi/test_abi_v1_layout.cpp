@@ -251,7 +251,7 @@ TEST_CASE("v1.0 layout of ballast_straggler_report") {
 }
 
 TEST_CASE("v1.0 layout of ballast_host_api") {
-  CHECK(sizeof(ballast_host_api) == 104);
+  CHECK(sizeof(ballast_host_api) == 112);
   FIELD(ballast_host_api, size, 0);
   FIELD(ballast_host_api, abi_minor, 4);
   FIELD(ballast_host_api, publish, 8);
@@ -265,7 +265,8 @@ TEST_CASE("v1.0 layout of ballast_host_api") {
   FIELD(ballast_host_api, now_ns, 72);
   FIELD(ballast_host_api, set_error, 80);
   FIELD(ballast_host_api, last_error, 88);
-  FIELD(ballast_host_api, node_name, 96);  // 1.1, appended
+  FIELD(ballast_host_api, node_name, 96);      // 1.1, appended
+  FIELD(ballast_host_api, fence_action, 104);  // 1.2, appended
 }
 
 TEST_CASE("v1.0 layout of ballast_interface_info") {

@@ -5,8 +5,13 @@
 // backend (slurm_backend.hpp) runs the job as one requeueable batch job.
 #pragma once
 
+#include <ballast/status.h>
+
+#include <nlohmann/json.hpp>
+
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,10 +34,23 @@ struct RankExit {
   int status = 0;  // wait status: WIFEXITED / WIFSIGNALED
 };
 
+// Asked before a command with effects outside this process (plugin.h's
+// fence_action): kind ("slurm.drain", ...) and what it is about. BALLAST_OK
+// to act; otherwise the command is not run and *why says why.
+using Fence = std::function<int(const std::string& kind, const nlohmann::json& record, std::string* why)>;
+
 // Every call comes from the executor's one supervising thread.
 class Backend {
  public:
   virtual ~Backend() = default;
+  // The fence a backend whose commands reach outside this process asks
+  // first (the Slurm backend); the local backend's ranks are this process's
+  // children and it asks nothing.
+  void set_fence(Fence fence) { fence_ = std::move(fence); }
+  // Whether the last command refused by the fence was refused because this
+  // controller does not lead (BALLAST_EFENCED), and no command was allowed
+  // since.
+  bool fenced_off() const { return fenced_off_; }
   // "local", "slurm", ...
   virtual const char* name() const = 0;
   // Make `slots` slots ready (the job's and the standbys); job_dir is the
@@ -107,6 +125,25 @@ class Backend {
   }
   // Remove what prepare made. Called once, after stop_all.
   virtual void release() = 0;
+
+ protected:
+  // Ask the fence (when there is one) before a command with effects; false
+  // with *error naming `kind` when refused.
+  bool may(const std::string& kind, const nlohmann::json& record, std::string* error);
+
+ private:
+  Fence fence_;
+  bool fenced_off_ = false;
 };
+
+inline bool Backend::may(const std::string& kind, const nlohmann::json& record, std::string* error) {
+  if (!fence_) return true;
+  std::string why;
+  const int rc = fence_(kind, record, &why);
+  fenced_off_ = rc == BALLAST_EFENCED;
+  if (rc == BALLAST_OK) return true;
+  *error = kind + " not carried out: " + why;
+  return false;
+}
 
 }  // namespace ballast::runner

@@ -137,6 +137,23 @@ Executor::Executor(const ballast_host_api* host, JobConfig config, std::unique_p
       queue_(RetryPolicy{cfg_.action_tries, cfg_.backoff_s}),
       loop_rule_(cfg_.restart_loop_limit) {
   fired_.assign(cfg_.injections.size(), false);
+  backend_->set_fence([this](const std::string& kind, const nlohmann::json& record, std::string* why) {
+    return fence(kind, record, why);
+  });
+}
+
+// plugin.h's fence_action. A host older than ABI 1.2 has no high
+// availability: the action may run. A refusal is counted and logged once
+// (while waiting to lead, the asks of each second are not).
+int Executor::fence(const std::string& kind, const nlohmann::json& record, std::string* why) {
+  if (!BALLAST_COVERS(host_->size, ballast_host_api, fence_action)) return BALLAST_OK;
+  const int rc = host_->fence_action(host_, kind.c_str(), record.dump().c_str());
+  if (rc == BALLAST_OK) return rc;
+  *why = std::string(ballast_status_name(rc)) + ": " + host_->last_error(host_);
+  if (waiting_to_lead_) return rc;
+  host_->counter_add(host_, "fenced_off", 1);
+  log(BALLAST_LOG_WARN, kind + " " + record.dump() + " not carried out: " + *why);
+  return rc;
 }
 
 Executor::~Executor() {
@@ -233,11 +250,45 @@ bool Executor::start(std::string* error) {
   first_start_ns_ = now();
   std::string why;
   if (!start_attempt(Checkpoint{}, &why)) {
-    *error = why;
-    return false;
+    if (!backend_->fenced_off()) {
+      *error = why;
+      return false;
+    }
+    // A controller candidate that does not lead (yet): the job starts when it does.
+    waiting_to_lead_ = true;
+    next_lead_try_ns_ = now() + kLeadRetryNs;
+    set_state(State::starting, "waiting to lead: " + why);
   }
   thread_ = std::thread([this] { loop(); });
   return true;
+}
+
+// While waiting to lead: the first start tried again, once a second.
+void Executor::try_to_lead() {
+  if (now() < next_lead_try_ns_) return;
+  attempt_ = -1;
+  std::string why;
+  if (start_attempt(Checkpoint{}, &why)) {
+    waiting_to_lead_ = false;
+    log(BALLAST_LOG_INFO, "this controller leads: the job is started");
+    return;
+  }
+  if (backend_->fenced_off()) {
+    next_lead_try_ns_ = now() + kLeadRetryNs;
+    return;
+  }
+  waiting_to_lead_ = false;
+  end_job(State::escalated, "the job did not start: " + why);
+}
+
+// Refused by the fence after the job was started: another controller leads
+// and the job is its own. Nothing more is done to it from here (what this
+// executor would still ask, stopping the ranks and cancelling the job, is
+// refused too).
+void Executor::stand_down() {
+  if (current_) finish("fenced", "this controller no longer leads");
+  queue_.clear();
+  end_job(State::stopped, "this controller no longer leads: the job is left to the one that does");
 }
 
 void Executor::stop() {
@@ -414,10 +465,17 @@ void Executor::loop() {
       std::lock_guard<std::mutex> lock(inbox_mu_);
       msgs.swap(inbox_);
     }
+    // While waiting to lead the job is not this controller's: what comes is not acted on.
+    if (waiting_to_lead_) {
+      try_to_lead();
+      continue;
+    }
     for (auto& m : msgs) handle_message(m);
+    if (!ended_ && backend_->fenced_off()) stand_down();
     if (ended_) continue;
     fire_injections();
     advance();
+    if (!ended_ && backend_->fenced_off()) stand_down();
     sample_metrics();
     show_progress(false);
   }
@@ -757,6 +815,9 @@ void Executor::on_fault(const Message& m) {
                               "itself; not a new fault");
     return;
   }
+  // A node silent since after the last restart is a new fault too (a second
+  // node lost after a first one's replace).
+  if (m.topic == "node.silent") last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
   if (m.topic == "fault.confirmed") {
     last_fresh_fault_ns_ = std::max(last_fresh_fault_ns_, m.detected_ns);
     // The kind alone: which rank of a job that fails the same way each time
@@ -1178,8 +1239,10 @@ void Executor::begin_replace(int failed, const Action& act) {
   return;
 }
 
-void Executor::finish(const std::string& outcome, const std::string& detail) {
+void Executor::finish(const std::string& given, const std::string& detail) {
   if (!current_) return;
+  // Refused by the fence: not done, and not to be tried again (stand_down).
+  const std::string outcome = given == "failed" && backend_->fenced_off() ? "fenced" : given;
   InFlight f = std::move(*current_);
   current_.reset();
   const std::string full = f.detail.empty() ? detail : f.detail + (detail.empty() ? "" : "; " + detail);
@@ -1204,7 +1267,7 @@ void Executor::finish(const std::string& outcome, const std::string& detail) {
   log(outcome == "ok" ? BALLAST_LOG_INFO : BALLAST_LOG_WARN, "action " + std::to_string(f.action.id) + " " +
                                                                  f.action.name + ": " + outcome +
                                                                  (full.empty() ? "" : " (" + full + ")"));
-  if (outcome != "failed" || ended_) return;
+  if (outcome != "failed" || ended_ || backend_->fenced_off()) return;
   Action a = f.action;
   if (queue_.retry(a, now())) {
     log(BALLAST_LOG_WARN, "action " + std::to_string(a.id) + " " + a.name + " will be tried again after a back-off");

@@ -99,6 +99,9 @@ class Executor {
   };
 
   void loop();
+  int fence(const std::string& kind, const nlohmann::json& record, std::string* why);
+  void try_to_lead();
+  void stand_down();
   void handle_report(const Report& r);
   void handle_exit(const RankExit& e);
   void stop_lingering_ranks();
@@ -180,6 +183,9 @@ class Executor {
   std::string placement_error_;
   bool plan_answered_ = false;
   bool tty_ = false;
+  bool waiting_to_lead_ = false;  // the first start was fenced off: tried again until this controller leads
+  int64_t next_lead_try_ns_ = 0;
+  static constexpr int64_t kLeadRetryNs = 1000000000;
   Summary final_;
   bool summarised_ = false;
 };

@@ -105,8 +105,7 @@ bool SlurmBackend::choose_nodes(int standby, std::string* error) {
         return false;
       }
     if (held.empty()) {
-      if (!slurm_.hold_spares(cfg_.reservation, cfg_.spares, error)) return false;
-      made_reservation_ = true;
+      hold_spares_ = true;  // by the first launch, which asks the fence
     } else if (held != cfg_.spares) {
       *error = "job.slurm.reservation: " + cfg_.reservation + " exists and holds " + slurm::join(held) +
                ", not the spares " + slurm::join(cfg_.spares);
@@ -235,9 +234,19 @@ bool SlurmBackend::launch(std::string* error) {
   pending_slots_.clear();
   seen_running_ = false;
   next_state_ns_ = 0;
-  bool ok = write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error) &&
-            slurm_.unreserve(cfg_.reservation, nodes, error);  // a spare taking a node's place
-  if (ok && job_ == 0) {
+  const bool submit = job_ == 0;
+  nlohmann::json record = {{"job", job_name_}, {"run", run_}, {"nodes", nodes}, {"exclude", exclude}};
+  if (!submit) record["slurm_job"] = job_;
+  if (submit && hold_spares_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
+  bool ok = may(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
+            write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error);
+  if (ok && submit && hold_spares_) {
+    ok = slurm_.hold_spares(cfg_.reservation, cfg_.spares, error);
+    made_reservation_ = ok;
+    hold_spares_ = !ok;
+  }
+  ok = ok && slurm_.unreserve(cfg_.reservation, nodes, error);  // a spare taking a node's place
+  if (ok && submit) {
     std::vector<std::string> args = {"-J",
                                      job_name_,
                                      "--requeue",
@@ -262,15 +271,37 @@ bool SlurmBackend::launch(std::string* error) {
   if (!ok) {
     if (!stop_error_.empty()) *error += " (after: " + stop_error_ + ")";
     ranks_.clear();
+    if (submit) {  // no job in Slurm ran this run: its folder goes, the next start reuses its number
+      std::error_code ec;
+      fs::remove_all(run_dir(), ec);
+      --run_;
+    }
   }
   return ok;
+}
+
+// A controller that took over from another finds the job the other
+// submitted still in Slurm: it does not submit a second one.
+bool SlurmBackend::not_submitted(std::string* error) {
+  std::string out;
+  if (!slurm_.run({"squeue", "-h", "--name=" + job_name_, "-o", "%i %T"}, &out, error)) return false;
+  if (out.find_first_not_of(" \n") == std::string::npos) return true;
+  *error = "Slurm already has a job named " + job_name_ + " (" + out.substr(0, out.find('\n')) +
+           "), submitted by an earlier controller: taking over a running job is not supported; cancel it "
+           "(scancel --name=" +
+           job_name_ + ") or name this job otherwise";
+  return false;
 }
 
 bool SlurmBackend::evict(int slot, const std::string& reason, std::string* error) {
   // Slurm keeps the reason as one line.
   std::string why = reason;
   std::replace(why.begin(), why.end(), '\n', ' ');
-  if (!slurm_.drain(names_[size_t(slot)], why.substr(0, 256), error)) return false;
+  why = why.substr(0, 256);
+  const nlohmann::json record = {
+      {"job", job_name_}, {"slurm_job", job_}, {"node", names_[size_t(slot)]}, {"reason", why}};
+  if (!may("slurm.drain", record, error)) return false;
+  if (!slurm_.drain(names_[size_t(slot)], why, error)) return false;
   drained_.insert(slot);
   return true;
 }
@@ -279,6 +310,8 @@ bool SlurmBackend::restore(int slot, std::string* error) {
   const std::string& node = names_[size_t(slot)];
   std::vector<slurm::NodeInfo> all;
   if (!slurm_.nodes(&all, error)) return false;
+  const nlohmann::json record = {{"job", job_name_}, {"node", node}, {"reservation", cfg_.reservation}};
+  if (!may("slurm.resume", record, error)) return false;
   for (const auto& n : all)
     if (n.name == node && n.drained() && !slurm_.resume(node, error)) return false;  // a person may have resumed it
   if (!slurm_.reserve(cfg_.reservation, node, error)) return false;
@@ -299,10 +332,13 @@ bool SlurmBackend::signal(int rank, int sig) {
   if (it == ranks_.end() || it->second.pid <= 0 || job_ == 0) return false;
   // Through Slurm to the rank's node: a step beside the job's that signals the rank's group.
   std::string error;
-  return slurm_.run(
-      {"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", names_[size_t(it->second.slot)],
-       "kill", "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
-      nullptr, &error);
+  const std::string& node = names_[size_t(it->second.slot)];
+  if (!may("slurm.signal", {{"job", job_name_}, {"slurm_job", job_}, {"node", node}, {"rank", rank}, {"signal", sig}},
+           &error))
+    return false;
+  return slurm_.run({"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", node, "kill",
+                     "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
+                    nullptr, &error);
 }
 
 void SlurmBackend::stop_all(double) {
@@ -311,7 +347,9 @@ void SlurmBackend::stop_all(double) {
   stop_error_.clear();
   slurm::JobInfo info;
   const bool ran = job_ != 0 && !ranks_.empty() && !(slurm_.job(job_, &info, &stop_error_) && info.state == "PENDING");
-  if (ran && !slurm_.requeue(job_, &stop_error_)) {
+  if (ran && !may("slurm.requeue", {{"job", job_name_}, {"slurm_job", job_}}, &stop_error_)) {
+    // Not this controller's to stop any more.
+  } else if (ran && !slurm_.requeue(job_, &stop_error_)) {
     std::string ignored;
     slurm_.run({"scancel", "--signal=KILL", "--full", std::to_string(job_)}, nullptr, &ignored);
   }
@@ -369,6 +407,10 @@ pid_t SlurmBackend::pid(int rank) const {
 
 void SlurmBackend::release() {
   std::string ignored;
+  if (job_ == 0 && !made_reservation_) return;
+  nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}};
+  if (made_reservation_) record["reservation"] = cfg_.reservation;
+  if (!may("slurm.cancel", record, &ignored)) return;
   if (job_ != 0) slurm_.cancel(job_, &ignored);
   if (made_reservation_) slurm_.delete_reservation(cfg_.reservation, &ignored);
 }

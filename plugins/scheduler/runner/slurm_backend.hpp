@@ -9,6 +9,12 @@
 //             is in the next launch's node list
 //   restore = State=RESUME, and back into the reservation as a spare, when
 //             the node's agent is heard again (node.back), not on a timer
+// Every operation whose commands change Slurm's state (submit with the
+// spares' reservation, release, requeue, drain, resume, signal, cancel) asks
+// the fence first (Backend::may: plugin.h's fence_action), and runs none of
+// its commands when refused. A job of the same name already in Slurm at the
+// first launch (an earlier leader's) is not submitted again: taking over a
+// running job is not supported.
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
 // back as files there, and the job's state from squeue --json. Liveness is
@@ -57,6 +63,7 @@ class SlurmBackend : public Backend {
     pid_t pid = -1;  // on its node, once its script wrote it
   };
   bool choose_nodes(int standby, std::string* error);
+  bool not_submitted(std::string* error);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
   void read_pids();
 
@@ -67,6 +74,7 @@ class SlurmBackend : public Backend {
   std::string dir_;                 // <job folder>/slurm
   std::vector<std::string> names_;  // slot -> node
   std::set<int> drained_;           // slots this job drained
+  bool hold_spares_ = false;        // the spares' reservation is to be made at the first launch
   bool made_reservation_ = false;
   long job_ = 0;
   int run_ = -1;                    // the run folder of the current attempt

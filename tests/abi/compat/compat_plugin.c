@@ -1,9 +1,11 @@
 /* A plugin built against headers of another 1.x minor (tests/abi/CMakeLists.txt
  * makes them): ballast_fault_report one field shorter than today's (no
  * detector) or one field longer (an appended `extra`), ballast_host_api
- * without node_name (1.0) or with one function more. At start it publishes
- * one fault.confirmed report of its own struct's size and subscribes with
- * options of its own size; what the host accepted goes to its counters. */
+ * without node_name and fence_action (1.0) or with one function more. At
+ * start it publishes one fault.confirmed report of its own struct's size,
+ * subscribes with options of its own size and, when the host's table has it
+ * (1.2), asks fence_action whether it may act; what the host answered goes
+ * to its counters. */
 #include <ballast/events.h>
 #include <ballast/plugin.h>
 
@@ -70,6 +72,17 @@ static int compat_start(void* state) {
   o.delivery = BALLAST_DELIVER_QUEUED;
   rc = c->host->subscribe(c->host, "compat.*", &o, on_event, c, &c->subscription);
   c->host->counter_add(c->host, rc == BALLAST_OK ? "subscribed" : "subscribe_refused", 1);
+#ifndef COMPAT_SHORTER
+  if (BALLAST_COVERS(c->host->size, ballast_host_api, fence_action)) {
+    rc = c->host->fence_action(c->host, "compat.act", "{\"node\":\"node7\",\"why\":\"test\"}");
+    c->host->counter_add(c->host,
+                         rc == BALLAST_OK        ? "fence_ok"
+                         : rc == BALLAST_EFENCED ? "fence_fenced"
+                                                 : "fence_error",
+                         1);
+    if (rc != BALLAST_OK) c->host->log(c->host, BALLAST_LOG_WARN, c->host->last_error(c->host));
+  }
+#endif
   return BALLAST_OK;
 }
 

@@ -286,6 +286,11 @@ TEST_CASE(
   REQUIRE(report.is_object());
   CHECK(report["state"] == "finished");
   CHECK(report["attempts"] == 3);
+  // Without etcd the host's fence lets every Slurm operation run: each asked (submit, drain,
+  // requeue, release, signal, resume, cancel), none refused.
+  CHECK(report["counters"].value("fence.allowed", 0) >= 7);
+  CHECK(report["counters"].value("fence.refused", 0) == 0);
+  CHECK(report["counters"].value("runner.fenced_off", 0) == 0);
 
   // Slurm's view: one batch job; its second run on n2 and the spare n4, never on n1; the crash's
   // restart (rank 1 killed through `srun kill`) its third, on the same nodes.
@@ -336,4 +341,145 @@ TEST_CASE(
   std::vector<std::string> held;
   CHECK(slurm.reservation_nodes("ballast-spares", &held, &error));
   CHECK(held.empty());
+}
+
+namespace {
+
+// etcdctl against the test's etcd; its stdout.
+std::string etcdctl(const std::string& dir, const std::string& endpoint, const std::string& args) {
+  const std::string out = dir + "/etcdctl.out";
+  sh("ETCDCTL_API=3 etcdctl --endpoints=" + endpoint + " " + args + " >" + out + " 2>&1");
+  return read_file(out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "with etcd, the leader's executor acts on Slurm and a deposed leader's does not: its drain refused by the fence, "
+    "the node not drained, the job neither requeued nor cancelled") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
+  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
+                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
+  struct Down {
+    std::string d;
+    ~Down() { sh(engines() + "/etcd-down " + d); }
+  } down{etcd_dir};
+  const std::string certs = c.dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
+  const std::string job_key = "test" + std::to_string(getpid());  // controller_config's etcd.job: c2 campaigns too
+  auto tls_for = [&](const std::string& who) {
+    return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
+           who + ".key\" }";
+  };
+  write_file(c.dir + "/policy.lua",
+             "ballast.on(\"node.silent\", function(ev)\n"
+             "  local node = (ev.payload or {}).subject or ev.source.node\n"
+             "  return {action = \"evict\", subject = node, reason = \"node.silent \" .. tostring(node)}\n"
+             "end)\n");
+  const std::string job_dir = c.dir + "/job";
+  write_file(c.dir + "/c1.lua",
+             "return { node = \"c1\", role = \"controller\", journal = \"" + c.dir +
+                 "/c1-bus.journal\",\n"
+                 "  plugins = { \"runner\", \"scheduler\" },\n"
+                 "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" +
+                 job_dir +
+                 "\", progress = false,\n"
+                 "    command = { \"python3\", \"" +
+                 kTrainer +
+                 "\", \"--steps\", \"100000\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
+                 "    placement_timeout_seconds = 5,\n"
+                 "    slurm = { conf = \"" +
+                 c.conf +
+                 "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" }, reservation = \"ballast-spares\" } },\n"
+                 "  policy = { script = \"" +
+                 c.dir +
+                 "/policy.lua\", fallback = \"escalate\" },\n"
+                 "  cluster = { listen = \"" +
+                 listen + "\", " + tls_for("controller") + ",\n    etcd = { endpoint = \"" + etcd + "\", job = \"" +
+                 job_key +
+                 "\", lease_s = 3 },\n"
+                 "    ingest_journal = \"" +
+                 c.dir + "/c1-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
+  auto agent = [&](const std::string& node) {
+    write_file(c.dir + "/" + node + ".lua",
+               "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { \"" + listen +
+                   "\" }, " + tls_for(node) + ",\n    spool = { dir = \"" + c.dir + "/spool-" + node +
+                   "\" }, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
+    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out",
+                 c.dir + "/" + node + ".err");
+  };
+  Proc c1 = spawn({kBallast, "run", c.dir + "/c1.lua", "--json"}, c.dir + "/c1.out", c.dir + "/c1.err");
+  Proc a1 = agent("n1"), a2 = agent("n2");
+  Slurm slurm(c.conf);
+  auto connected = [&](const std::string& node) {
+    return read_file(c.dir + "/c1.err").find("node " + node + " connected") != std::string::npos;
+  };
+  // The leader acts: it submits the job (after waiting to lead), drains n1 when n1's agent dies and
+  // requeues the job onto n2 and the spare n4, each recorded in etcd first.
+  const bool up = eventually(30, [&] {
+    return connected("n1") && connected("n2") && !read_file(job_dir + "/checkpoints/step-00000005.safetensors").empty();
+  });
+  INFO("c1: " << read_file(c.dir + "/c1.err"));
+  REQUIRE(up);
+  CHECK(read_file(c.dir + "/c1.err").find("this controller leads: the job is started") != std::string::npos);
+  a1.signal(SIGKILL);
+  a1.wait();
+  REQUIRE(eventually(30, [&] { return node(slurm, "n1").drained(); }));
+  REQUIRE(eventually(30, [&] {
+    return read_file(job_dir + "/slurm/job.out").find("ballast: run 1, restart 1, nodes n[2,4]") != std::string::npos;
+  }));
+  // The replace done (every rank up again): a node silent from now on is a new fault.
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c1.err").find("replace: ok") != std::string::npos; }));
+  const std::string records = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only");
+  INFO("etcd: " << records);
+  for (const char* kind : {"slurm.submit", "slurm.drain", "slurm.requeue", "slurm.release"})
+    CHECK(records.find(std::string("\"kind\":\"") + kind + "\"") != std::string::npos);
+  CHECK(records.find("\"node\":\"n1\",\"reason\"") != std::string::npos);  // the drain of n1
+
+  // Deposed: another candidate waits; c1's leader key goes (as when its lease lapses), so c2 leads
+  // while c1 still believes it does. Then n2's agent dies: c1's policy evicts n2, and the drain's
+  // record is refused by etcd's fenced transaction.
+  write_file(c.dir + "/c2.lua",
+             controller_config("127.0.0.1:" + std::to_string(c.port + 90), certs, c.dir + "/c2", etcd, 3));
+  Proc c2 = spawn({kBallast, "run", c.dir + "/c2.lua"}, c.dir + "/c2.out", c.dir + "/c2.err");
+  REQUIRE(eventually(20, [&] { return read_file(c.dir + "/c2.err").find("campaigning") != std::string::npos; }));
+  const std::string first =
+      etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/leader --sort-by=CREATE --order=ASCEND --keys-only");
+  const std::string c1_key = first.substr(0, first.find('\n'));
+  REQUIRE(!c1_key.empty());
+  etcdctl(c.dir, etcd, "del " + c1_key);
+  REQUIRE(eventually(20, [&] { return read_file(c.dir + "/c2.err").find("is the leader") != std::string::npos; }));
+  a2.signal(SIGKILL);
+  a2.wait();
+  std::string error;
+  // c1 stands down: its job state `stopped`, and it exits.
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c1.out").find("\"state\"") != std::string::npos; }));
+  CHECK(c1.wait() == 1);
+  const std::string log = read_file(c.dir + "/c1.err");
+  CHECK(log.find("slurm.drain") != std::string::npos);
+  CHECK(log.find("not carried out: BALLAST_EFENCED") != std::string::npos);
+  // Slurm's view, a while later: n2 not drained, the job still running its second run on n[2,4]
+  // (not requeued, not cancelled by the deposed controller's exit).
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  CHECK_FALSE(node(slurm, "n2").drained());
+  std::string squeue;
+  REQUIRE(slurm.run({"squeue", "-h", "-o", "%i %T %N"}, &squeue, &error));
+  INFO("squeue: " << squeue);
+  CHECK(squeue.find("RUNNING n[2,4]") != std::string::npos);
+  const std::string out = read_file(job_dir + "/slurm/job.out");
+  CHECK(out.find("run 2") == std::string::npos);
+  CHECK(out.find("restart 2") == std::string::npos);
+  const std::string after = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only");
+  CHECK(after.find("\"node\":\"n2\",\"reason\"") == std::string::npos);  // no drain of n2 recorded
+  const auto report = nlohmann::json::parse(read_file(c.dir + "/c1.out"), nullptr, false);
+  REQUIRE(report.is_object());
+  CHECK(report["state"] == "stopped");
+  CHECK(report["counters"].value("fence.refused", 0) >= 1);
+  CHECK(report["counters"].value("runner.fenced_off", 0) >= 1);
+  CHECK(report["counters"].value("fence.allowed", 0) >= 4);
+  c2.signal(SIGTERM);
+  c2.wait();
 }
