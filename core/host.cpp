@@ -500,7 +500,10 @@ int Host::open_journal(const std::string& path) {
   // Grouped: one write per burst of events, not per event.
   if (int rc = journal->open(path, JournalWriter::Mode::grouped); rc != BALLAST_OK) return rc;
   journal_ = std::move(journal);
-  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
+  // Inline: each publisher encodes its own events into the writer's buffer
+  // (no copy into a queue, no single dispatcher encoding every event); the
+  // writer thread does the I/O.
+  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_INLINE, 0, 0};
   return bus_.subscribe("*", &opts, journal_handler, this, "journal", &journal_subscription_);
 }
 
@@ -726,8 +729,8 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is still queued (the journal). The policy, stopped above,
-  // skips what is queued for it.
+  // Deliver what is still queued (what its handlers publish is journaled as
+  // it is published). The policy, stopped above, skips what is queued for it.
   bus_.shutdown();
   if (journal_ && journal_->flush(true) != BALLAST_OK) journal_failed(last_error());
 }

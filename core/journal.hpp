@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 
 namespace ballast {
@@ -15,11 +16,12 @@ namespace ballast {
 class JournalWriter {
  public:
   // direct: append() writes its frame before it returns. grouped: append()
-  // hands the frame to the writer's own thread, which writes everything
-  // handed over since its last write in one write (group commit: one write
-  // per burst, not per event); flush() waits until it is written. What is
+  // hands the frame over, and everything handed over since the last write
+  // is written in one write (group commit: one write per burst, not per
+  // event), by the writer's own thread or, once 256 KiB wait, by the
+  // appender that finds them; flush() waits until it is written. What is
   // handed over and not yet written is in memory only, like an event in a
-  // bus queue; at most 64 MiB of it, then append() waits.
+  // bus queue; at most 8 MiB of it, then append() waits.
   enum class Mode { direct, grouped };
   JournalWriter() = default;
   ~JournalWriter();
@@ -39,6 +41,7 @@ class JournalWriter {
  private:
   struct Impl;
   int write_all(const unsigned char* data, size_t size);
+  void write_pending(std::unique_lock<std::mutex>& lock);
   void writer_loop();
   Impl* impl_ = nullptr;
 };
