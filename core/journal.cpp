@@ -130,12 +130,21 @@ int JournalWriter::append_batch(const ballast_event* events, size_t count) {
       return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frames.size() - start) +
                                       " bytes is above the frame limit");
   }
+  return hand_over(frames.data(), frames.size());
+}
+
+int JournalWriter::append_frames(const unsigned char* frames, size_t size) {
+  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
+  return hand_over(frames, size);
+}
+
+int JournalWriter::hand_over(const unsigned char* frames, size_t size) {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  if (impl_->mode == Mode::direct) return write_all(frames.data(), frames.size());
+  if (impl_->mode == Mode::direct) return write_all(frames, size);
   impl_->written.wait(lock, [&] { return impl_->handed - impl_->done < kGroupLimit || impl_->status != BALLAST_OK; });
   if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
-  impl_->pending.insert(impl_->pending.end(), frames.begin(), frames.end());
-  impl_->handed += frames.size();
+  impl_->pending.insert(impl_->pending.end(), frames, frames + size);
+  impl_->handed += size;
   if (!impl_->writing && impl_->pending.size() >= kWriteInPlace) {
     write_pending(lock);  // a failure is the writer's status, returned by the later calls
   } else if (impl_->writer_idle) {

@@ -34,6 +34,9 @@ class JournalWriter {
   // Append `count` events in one write (a batch that arrived together): all
   // are checked and encoded first, so a bad one writes none. Thread-safe.
   int append_batch(const ballast_event* events, size_t count);
+  // Append frames already encoded (`size` bytes of whole frames, as
+  // decode_frame read them): written as they are. Thread-safe.
+  int append_frames(const unsigned char* frames, size_t size);
   // Everything appended written to the OS (fdatasync too when durable is true).
   int flush(bool durable = false);
   void close();
@@ -41,6 +44,7 @@ class JournalWriter {
  private:
   struct Impl;
   int write_all(const unsigned char* data, size_t size);
+  int hand_over(const unsigned char* frames, size_t size);
   void write_pending(std::unique_lock<std::mutex>& lock);
   void writer_loop();
   Impl* impl_ = nullptr;
