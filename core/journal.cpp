@@ -29,18 +29,13 @@ struct JournalWriter::Impl {
   std::condition_variable work, written;
   std::vector<unsigned char> pending;  // handed over, not yet written
   std::vector<unsigned char> spare;    // the bytes being written (its capacity kept for the next write)
-  uint64_t handed = 0, done = 0;       // bytes handed over / written, in all (direct: done only)
+  uint64_t handed = 0, done = 0;       // bytes handed over / written, in all
   bool writing = false;                // a thread is writing `spare`: one write at a time keeps the order
   bool writer_idle = false;            // the writer thread waits on `work`
   bool quit = false;
   int status = BALLAST_OK;  // the first failed write, returned by every later call
   std::string message;
   std::thread writer;
-  // One fdatasync at a time; a flush whose bytes an fdatasync begun after
-  // they were written covers returns without one of its own (group commit
-  // of the syncs of many threads).
-  std::mutex sync_mu;
-  uint64_t synced = 0;  // under sync_mu: `done` as it was when the last fdatasync began
 };
 
 JournalWriter::~JournalWriter() { close(); }
@@ -145,11 +140,7 @@ int JournalWriter::append_frames(const unsigned char* frames, size_t size) {
 
 int JournalWriter::hand_over(const unsigned char* frames, size_t size) {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  if (impl_->mode == Mode::direct) {
-    const int rc = write_all(frames, size);
-    if (rc == BALLAST_OK) impl_->done += size;
-    return rc;
-  }
+  if (impl_->mode == Mode::direct) return write_all(frames, size);
   impl_->written.wait(lock, [&] { return impl_->handed - impl_->done < kGroupLimit || impl_->status != BALLAST_OK; });
   if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
   impl_->pending.insert(impl_->pending.end(), frames, frames + size);
@@ -165,28 +156,16 @@ int JournalWriter::hand_over(const unsigned char* frames, size_t size) {
 
 int JournalWriter::flush(bool durable) {
   if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: flush before open");
-  uint64_t upto = 0;
-  {
+  if (impl_->mode == Mode::grouped) {
     std::unique_lock<std::mutex> lock(impl_->mu);
-    if (impl_->mode == Mode::grouped) {
-      const uint64_t handed = impl_->handed;
-      if (!impl_->writing && !impl_->pending.empty()) write_pending(lock);
-      impl_->written.wait(lock, [&] { return impl_->done >= handed; });
-      if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
-    }
-    upto = impl_->done;
+    const uint64_t upto = impl_->handed;
+    if (!impl_->writing && !impl_->pending.empty()) write_pending(lock);
+    impl_->written.wait(lock, [&] { return impl_->done >= upto; });
+    if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
   }
   // Frames go straight to the OS (no user-space buffer): only durability is left.
-  if (!durable) return BALLAST_OK;
-  std::lock_guard<std::mutex> sync(impl_->sync_mu);
-  if (impl_->synced >= upto && upto > 0) return BALLAST_OK;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    upto = impl_->done;
-  }
-  if (::fdatasync(impl_->fd) != 0)
+  if (durable && ::fdatasync(impl_->fd) != 0)
     return fail(BALLAST_EIO, impl_->path + ": fdatasync failed: " + std::strerror(errno));
-  impl_->synced = upto;
   return BALLAST_OK;
 }
 

@@ -37,8 +37,7 @@ class JournalWriter {
   // Append frames already encoded (`size` bytes of whole frames, as
   // decode_frame read them): written as they are. Thread-safe.
   int append_frames(const unsigned char* frames, size_t size);
-  // Everything appended written to the OS (fdatasync too when durable is
-  // true; one fdatasync serves every thread whose writes came before it).
+  // Everything appended written to the OS (fdatasync too when durable is true).
   int flush(bool durable = false);
   void close();
 

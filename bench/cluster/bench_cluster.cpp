@@ -4,8 +4,8 @@
 //   ingest      events/s one controller applies from emulated agents flooding
 //               metric batches (20 samples each), durable (fdatasync per
 //               batch) and not, and the controller's CPU seconds per 100k
-//               events; then the same agents offering 100k events/s: p50/p99
-//               latency from when a send was due to its acknowledgement
+//               events; then the same agents offering 10k and 100k events/s:
+//               p50/p99 latency from when a send was due to its acknowledgement
 //   nodes       1,000 emulated nodes at 1 Hz: the controller's CPU and memory
 //   agent       one real agent (collector at 1 Hz, hang-ring watcher, start-up
 //               plugin, cluster link): resident memory and CPU share
@@ -342,13 +342,14 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   struct Figures {
     std::vector<double> rates, p50s, p99s, cpus, cpu_per_100k, switches_per_1k, emulator_cpus, others, loads;
   };
-  // Flooded (256 unacknowledged events per node: the capacity), then at
-  // 100k events/s offered (1,000 per node and second: the latency at the target).
-  const double offered_hz = 100000.0 / nodes;
+  // Flooded (256 unacknowledged events per node: the capacity), durable or
+  // not; then offered at a fixed rate, not durable: 10k events/s (the
+  // issue's 10,000 nodes at 1 Hz, from fewer connections) and 100k.
+  const double offered_hz[4] = {0, 0, 10000.0 / nodes, 100000.0 / nodes};
   Figures figures[4];
   for (int run = 0; run < g_runs; ++run) {
     for (int mode = 0; mode < 4; ++mode) {
-      const bool durable = mode % 2 == 1, offered = mode >= 2;
+      const bool durable = mode == 1;
       Figures& f = figures[mode];
       std::string d = dir + "/ingest-" + std::to_string(mode) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
@@ -365,7 +366,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
       double cpu0 = cpu_s(c.proc.pid), self0 = cpu_s(getpid()), cs0 = context_switches(c.proc.pid),
              busy0 = machine_busy_s(), t0 = now_s();
       double end = t0 + seconds;
-      const double hz = offered ? offered_hz : 0;
+      const double hz = offered_hz[mode];
       std::thread other([&] { emu.drive(1, 2, end, 256, hz); });
       emu.drive(0, 2, end, 256, hz);
       other.join();
@@ -387,8 +388,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
   }
   for (int mode = 0; mode < 4; ++mode) {
     const Figures& f = figures[mode];
-    const char* name =
-        std::array{"ingest", "ingest_durable", "ingest_offered_100k", "ingest_durable_offered_100k"}[mode];
+    const char* name = std::array{"ingest", "ingest_durable", "ingest_offered_10k", "ingest_offered_100k"}[mode];
     emit_runs(name, "events_per_s", f.rates, "events/s");
     emit(name, "samples_per_s", median(f.rates) * 20, "samples/s");
     emit(name, "target_ratio", median(f.rates) / 100000.0, "x of 100k events/s");

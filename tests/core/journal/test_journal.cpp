@@ -115,7 +115,7 @@ TEST_CASE("journal round trip, appended across two writers") {
   CHECK(r.offsets == offs);
 }
 
-TEST_CASE("journal appends from several threads interleave whole frames, their syncs grouped") {
+TEST_CASE("journal appends from several threads interleave whole frames, flushed as they go") {
   TempFile f("threads");
   JournalWriter w;
   REQUIRE(w.open(f.path.string()) == BALLAST_OK);
