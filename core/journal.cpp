@@ -98,7 +98,7 @@ void JournalWriter::write_pending(std::unique_lock<std::mutex>& lock) {
 }
 
 // The writer thread writes what appenders leave behind; under load the
-// appenders write most of it themselves (append_batch), so that a writer
+// appenders write most of it themselves (hand_over), so that a writer
 // thread that gets a small share of the CPU (one thread among many busy
 // ones) does not hold everyone back.
 void JournalWriter::writer_loop() {
