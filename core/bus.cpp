@@ -132,6 +132,18 @@ inline void futex_wait(std::atomic<uint32_t>& word, uint32_t seen) {
 inline void futex_wake_one(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
+inline void futex_wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// Publishers blocked on a full queue sleep on its space_epoch (a futex, not
+// std::atomic::wait, whose spin of sched_yield calls took the CPU from the
+// dispatcher they wait for: with many blocked publishers the queue stayed
+// full). Bump the epoch, then wake them all.
+inline void wake_space_waiters(Sub& s) {
+  s.space_epoch.fetch_add(1, std::memory_order_release);
+  futex_wake_all(s.space_epoch);
+}
 
 inline uint64_t load8(const char* p) {
   uint64_t w;
@@ -225,10 +237,11 @@ struct Dispatcher {
     s.busy.store(false, std::memory_order_release);
     if (n > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (s.space_waiters.load(std::memory_order_relaxed) > 0) {
-        s.space_epoch.fetch_add(1, std::memory_order_release);
-        s.space_epoch.notify_all();
-      }
+      // Blocked publishers are woken once the queue is half empty, so that
+      // each wake-up finds room for many events, not one wake per drain. A
+      // queue above half still holds events: this dispatcher drains it again.
+      if (s.space_waiters.load(std::memory_order_relaxed) > 0 && s.ring->size() <= s.ring->capacity() / 2)
+        wake_space_waiters(s);
     }
     return n;
   }
@@ -476,7 +489,7 @@ struct Bus::Impl {
         // Parked while blocked: no handler runs here, so writers in handlers
         // (whose dispatcher we may be waiting for) need not wait for us.
         rcu::park();
-        s.space_epoch.wait(epoch, std::memory_order_acquire);
+        futex_wait(s.space_epoch, epoch);
         rcu::unpark();
       }
       s.space_waiters.fetch_sub(1, std::memory_order_relaxed);
@@ -627,8 +640,7 @@ int Bus::unsubscribe(uint64_t id) {
   }
   if (s->queued) {
     // Publishers blocked on its full queue give up (and count the drop).
-    s->space_epoch.fetch_add(1, std::memory_order_release);
-    s->space_epoch.notify_all();
+    wake_space_waiters(*s);
     s->dispatcher->wake();
   }
   // No inline call of the handler is running or can start after this...

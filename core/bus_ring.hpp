@@ -135,6 +135,11 @@ class Ring {
     return s.seq.load(std::memory_order_acquire) == h + 1 ? &s : nullptr;
   }
   void pop() { head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  // Any thread: positions claimed and not yet consumed (a moment's view).
+  uint64_t size() const {
+    const uint64_t h = head_.load(std::memory_order_acquire);  // first: the tail read after it is not behind it
+    return tail_.load(std::memory_order_acquire) - h;
+  }
   // Any thread: whether no claimed position is left unconsumed.
   bool empty() const { return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire); }
 

@@ -534,18 +534,36 @@ int Host::start_plugin(Plugin& p) {
   return BALLAST_OK;
 }
 
+namespace {
+
+// The frame an event on this thread's stack was decoded from, while
+// publish_decoded() publishes it: journal_handler() matches the event by
+// address (inline delivery hands the publisher's own event).
+struct DecodedFrame {
+  const ballast_event* event = nullptr;
+  const unsigned char* frame = nullptr;
+  size_t size = 0;
+};
+thread_local DecodedFrame t_decoded;
+
+}  // namespace
+
 int Host::open_journal(const std::string& path) {
   auto journal = std::make_unique<JournalWriter>();
   // Grouped: one write per burst of events, not per event.
   if (int rc = journal->open(path, JournalWriter::Mode::grouped); rc != BALLAST_OK) return rc;
   journal_ = std::move(journal);
-  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_QUEUED, 0, 0};
+  // Inline: each publisher encodes its own events into the writer's buffer
+  // (no copy into a queue, no single dispatcher encoding every event); the
+  // writer thread does the I/O.
+  ballast_subscribe_options opts{sizeof opts, BALLAST_DELIVER_INLINE, 0, 0};
   return bus_.subscribe("*", &opts, journal_handler, this, "journal", &journal_subscription_);
 }
 
 int Host::journal_handler(void* user, const ballast_event* event) {
   auto* host = static_cast<Host*>(user);
-  int rc = host->journal_->append(*event);
+  int rc = event == t_decoded.event ? host->journal_->append_frames(t_decoded.frame, t_decoded.size)
+                                    : host->journal_->append(*event);
   if (rc != BALLAST_OK) host->journal_failed(last_error());
   return rc;
 }
@@ -609,16 +627,28 @@ int Host::reload_policy() {
 // ---- events -----------------------------------------------------------------
 
 int Host::publish(const ballast_event& event, const char* publisher) {
+  return publish_decoded(event, publisher, nullptr, 0);
+}
+
+int Host::publish_decoded(const ballast_event& event, const char* publisher, const unsigned char* frame, size_t size) {
   if (event.topic == nullptr) return fail(BALLAST_EINVAL, "publish: event without a topic");
   if (event.size < BALLAST_EVENT_V1_SIZE)
     return fail(BALLAST_EINVAL,
                 "publish: event size " + std::to_string(event.size) + " is smaller than ballast_event v1");
   ballast_event ev = event;  // a few words on the stack; the payload is not copied
   ev.size = sizeof ev;
+  // The frame is the published event only when nothing below changes it.
+  const bool same = frame != nullptr && ev.ts_ns != 0 && ev.source.node != nullptr && ev.source.plugin != nullptr &&
+                    publisher != nullptr && std::strcmp(ev.source.plugin, publisher) == 0;
   if (ev.ts_ns == 0) ev.ts_ns = wall_ns();
   if (ev.source.node == nullptr) ev.source.node = node_.c_str();
   ev.source.plugin = publisher;
-  return bus_.publish(ev);
+  if (!same) return bus_.publish(ev);
+  const DecodedFrame outer = t_decoded;  // a handler may publish from inside this publish
+  t_decoded = {&ev, frame, size};
+  const int rc = bus_.publish(ev);
+  t_decoded = outer;
+  return rc;
 }
 
 int Host::publish_json(const std::string& topic, const std::string& json, const char* publisher) {
@@ -765,8 +795,8 @@ void Host::stop() {
     for (uint64_t id : subs) bus_.unsubscribe(id);
     log(BALLAST_LOG_INFO, "host", "stopped plugin " + p.file.name);
   }
-  // Deliver what is still queued (the journal). The policy, stopped above,
-  // skips what is queued for it.
+  // Deliver what is still queued (what its handlers publish is journaled as
+  // it is published). The policy, stopped above, skips what is queued for it.
   bus_.shutdown();
   if (journal_ && journal_->flush(true) != BALLAST_OK) journal_failed(last_error());
 }

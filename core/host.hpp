@@ -80,6 +80,10 @@ class Host {
 
   // Publish as `publisher` (filled into source.plugin); ts 0 = now.
   int publish(const ballast_event& event, const char* publisher);
+  // Publish an event decoded from `frame` (event_codec.hpp; `size` bytes, one
+  // whole frame): the journal writes the frame's bytes instead of encoding
+  // the event again, when publishing changes nothing the frame holds.
+  int publish_decoded(const ballast_event& event, const char* publisher, const unsigned char* frame, size_t size);
   int publish_json(const std::string& topic, const std::string& json, const char* publisher);
   int subscribe(const char* pattern, const ballast_subscribe_options* options, ballast_handler handler, void* user,
                 const char* owner, uint64_t* id);

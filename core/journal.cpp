@@ -17,7 +17,8 @@ namespace ballast {
 
 // ---- writer -------------------------------------------------------------------
 
-constexpr size_t kGroupLimit = 64u << 20;  // bytes handed over and not yet written, at most
+constexpr size_t kGroupLimit = 8u << 20;      // bytes handed over and not yet written, at most
+constexpr size_t kWriteInPlace = 256u << 10;  // an appender finding this much waiting writes it itself
 
 struct JournalWriter::Impl {
   int fd = -1;
@@ -27,9 +28,12 @@ struct JournalWriter::Impl {
   // grouped only
   std::condition_variable work, written;
   std::vector<unsigned char> pending;  // handed over, not yet written
+  std::vector<unsigned char> spare;    // the bytes being written (its capacity kept for the next write)
   uint64_t handed = 0, done = 0;       // bytes handed over / written, in all
+  bool writing = false;                // a thread is writing `spare`: one write at a time keeps the order
+  bool writer_idle = false;            // the writer thread waits on `work`
   bool quit = false;
-  int status = BALLAST_OK;  // the writer's first failure, returned by every later call
+  int status = BALLAST_OK;  // the first failed write, returned by every later call
   std::string message;
   std::thread writer;
 };
@@ -71,24 +75,43 @@ int JournalWriter::write_all(const unsigned char* data, size_t size) {
   return BALLAST_OK;
 }
 
+// Grouped: write everything handed over so far in one write, the lock
+// released meanwhile. Called with the lock held, no write running and
+// something pending.
+void JournalWriter::write_pending(std::unique_lock<std::mutex>& lock) {
+  impl_->writing = true;
+  impl_->spare.swap(impl_->pending);
+  const int before = impl_->status;
+  lock.unlock();
+  const int rc = before == BALLAST_OK ? write_all(impl_->spare.data(), impl_->spare.size()) : before;
+  const std::string why = rc == BALLAST_OK ? "" : last_error();
+  lock.lock();
+  if (rc != BALLAST_OK && impl_->status == BALLAST_OK) {
+    impl_->status = rc;
+    impl_->message = why;
+  }
+  impl_->done += impl_->spare.size();
+  impl_->spare.clear();
+  impl_->writing = false;
+  impl_->written.notify_all();
+  if (impl_->writer_idle) impl_->work.notify_one();  // what was handed over meanwhile, or quit
+}
+
+// The writer thread writes what appenders leave behind; under load the
+// appenders write most of it themselves (hand_over), so that a writer
+// thread that gets a small share of the CPU (one thread among many busy
+// ones) does not hold everyone back.
 void JournalWriter::writer_loop() {
-  std::vector<unsigned char> batch;
   std::unique_lock<std::mutex> lock(impl_->mu);
   for (;;) {
-    impl_->work.wait(lock, [&] { return impl_->quit || !impl_->pending.empty(); });
-    if (impl_->pending.empty()) return;  // quit, and everything written
-    batch.swap(impl_->pending);
-    lock.unlock();
-    const int rc = impl_->status == BALLAST_OK ? write_all(batch.data(), batch.size()) : impl_->status;
-    const std::string why = rc == BALLAST_OK ? "" : last_error();
-    lock.lock();
-    if (rc != BALLAST_OK && impl_->status == BALLAST_OK) {
-      impl_->status = rc;
-      impl_->message = why;
+    if (!impl_->pending.empty() && !impl_->writing) {
+      write_pending(lock);
+      continue;
     }
-    impl_->done += batch.size();
-    batch.clear();
-    impl_->written.notify_all();
+    if (impl_->quit && impl_->pending.empty() && !impl_->writing) return;
+    impl_->writer_idle = true;
+    impl_->work.wait(lock);
+    impl_->writer_idle = false;
   }
 }
 
@@ -107,13 +130,27 @@ int JournalWriter::append_batch(const ballast_event* events, size_t count) {
       return fail(BALLAST_EINVAL, impl_->path + ": event of " + std::to_string(frames.size() - start) +
                                       " bytes is above the frame limit");
   }
+  return hand_over(frames.data(), frames.size());
+}
+
+int JournalWriter::append_frames(const unsigned char* frames, size_t size) {
+  if (impl_ == nullptr) return fail(BALLAST_ESTATE, "journal: append before open");
+  return hand_over(frames, size);
+}
+
+int JournalWriter::hand_over(const unsigned char* frames, size_t size) {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  if (impl_->mode == Mode::direct) return write_all(frames.data(), frames.size());
+  if (impl_->mode == Mode::direct) return write_all(frames, size);
   impl_->written.wait(lock, [&] { return impl_->handed - impl_->done < kGroupLimit || impl_->status != BALLAST_OK; });
   if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
-  impl_->pending.insert(impl_->pending.end(), frames.begin(), frames.end());
-  impl_->handed += frames.size();
-  impl_->work.notify_one();
+  impl_->pending.insert(impl_->pending.end(), frames, frames + size);
+  impl_->handed += size;
+  if (!impl_->writing && impl_->pending.size() >= kWriteInPlace) {
+    write_pending(lock);  // a failure is the writer's status, returned by the later calls
+  } else if (impl_->writer_idle) {
+    impl_->writer_idle = false;  // one wake-up, not one per append until it runs
+    impl_->work.notify_one();
+  }
   return BALLAST_OK;
 }
 
@@ -122,6 +159,7 @@ int JournalWriter::flush(bool durable) {
   if (impl_->mode == Mode::grouped) {
     std::unique_lock<std::mutex> lock(impl_->mu);
     const uint64_t upto = impl_->handed;
+    if (!impl_->writing && !impl_->pending.empty()) write_pending(lock);
     impl_->written.wait(lock, [&] { return impl_->done >= upto; });
     if (impl_->status != BALLAST_OK) return fail(impl_->status, impl_->message);
   }

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 
 namespace ballast {
@@ -15,11 +16,12 @@ namespace ballast {
 class JournalWriter {
  public:
   // direct: append() writes its frame before it returns. grouped: append()
-  // hands the frame to the writer's own thread, which writes everything
-  // handed over since its last write in one write (group commit: one write
-  // per burst, not per event); flush() waits until it is written. What is
+  // hands the frame over, and everything handed over since the last write
+  // is written in one write (group commit: one write per burst, not per
+  // event), by the writer's own thread or, once 256 KiB wait, by the
+  // appender that finds them; flush() waits until it is written. What is
   // handed over and not yet written is in memory only, like an event in a
-  // bus queue; at most 64 MiB of it, then append() waits.
+  // bus queue; at most 8 MiB of it, then append() waits.
   enum class Mode { direct, grouped };
   JournalWriter() = default;
   ~JournalWriter();
@@ -32,6 +34,9 @@ class JournalWriter {
   // Append `count` events in one write (a batch that arrived together): all
   // are checked and encoded first, so a bad one writes none. Thread-safe.
   int append_batch(const ballast_event* events, size_t count);
+  // Append frames already encoded (`size` bytes of whole frames, as
+  // decode_frame read them): written as they are. Thread-safe.
+  int append_frames(const unsigned char* frames, size_t size);
   // Everything appended written to the OS (fdatasync too when durable is true).
   int flush(bool durable = false);
   void close();
@@ -39,6 +44,8 @@ class JournalWriter {
  private:
   struct Impl;
   int write_all(const unsigned char* data, size_t size);
+  int hand_over(const unsigned char* frames, size_t size);
+  void write_pending(std::unique_lock<std::mutex>& lock);
   void writer_loop();
   Impl* impl_ = nullptr;
 };

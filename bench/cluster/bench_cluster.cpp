@@ -3,7 +3,9 @@
 // tools/engines. One JSON object per line; each figure the median of --runs.
 //   ingest      events/s one controller applies from emulated agents flooding
 //               metric batches (20 samples each), durable (fdatasync per
-//               batch) and not; p50/p99 latency from send to acknowledgement
+//               batch) and not, and the controller's CPU seconds per 100k
+//               events; then the same agents offering 10k and 100k events/s:
+//               p50/p99 latency from when a send was due to its acknowledgement
 //   nodes       1,000 emulated nodes at 1 Hz: the controller's CPU and memory
 //   agent       one real agent (collector at 1 Hz, hang-ring watcher, start-up
 //               plugin, cluster link): resident memory and CPU share
@@ -36,11 +38,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 using namespace cluster_test;
@@ -51,6 +56,7 @@ namespace {
 
 int g_runs = 3;
 bool g_quick = false;
+std::string g_controller_exe = BALLAST_EXE;  // the ingest case's controller (--controller-exe)
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 double wall_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
@@ -65,6 +71,14 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The median of the runs, and their lowest and highest as metric_min / metric_max.
+void emit_runs(const char* c, const std::string& metric, const std::vector<double>& v, const char* unit) {
+  emit(c, metric.c_str(), median(v), unit);
+  if (v.size() < 2) return;
+  emit(c, (metric + "_min").c_str(), *std::min_element(v.begin(), v.end()), unit);
+  emit(c, (metric + "_max").c_str(), *std::max_element(v.begin(), v.end()), unit);
 }
 
 double percentile(std::vector<double>& v, double p) {
@@ -90,6 +104,20 @@ double cpu_s(pid_t pid) {
     }
   }
   return (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Context switches (voluntary and not) of all of a process's threads alive now.
+double context_switches(pid_t pid) {
+  double n = 0;
+  std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& t :
+       std::filesystem::directory_iterator(tasks, std::filesystem::directory_options::skip_permission_denied)) {
+    std::ifstream in(t.path() / "status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0 || line.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
+        n += std::stod(line.substr(line.find(':') + 1));
+  }
+  return n;
 }
 
 double rss_bytes(pid_t pid) {
@@ -152,7 +180,7 @@ Controller start_controller(const std::string& dir, const std::string& certs, in
   text.replace(text.find("heartbeat_ms = 250, silent_after_ms = 2000"), 42,
                "heartbeat_ms = 1000, silent_after_ms = 30000");
   write_file(cfg, text);
-  Controller c{spawn({BALLAST_EXE, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
+  Controller c{spawn({g_controller_exe, "run", cfg}, dir + "/ctl.out", dir + "/ctl.err"), dir};
   // Ready when it accepts TCP connections (a loaded machine can take seconds).
   eventually(30, [&] {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -232,12 +260,13 @@ struct Emulator {
         Node& n = nodes[i];
         if (hb) n.link->send(MsgType::heartbeat, 0);
         if (rate_hz > 0) {
-          if (t >= n.next_send) {
+          // The nodes' phases spread over one period. Every send that is due
+          // goes, timed from when it was due (a late send counts its delay).
+          if (n.next_send == 0) n.next_send = t + (1.0 / rate_hz) * (static_cast<double>(i % 100) / 100.0);
+          while (t >= n.next_send) {
             n.link->send(MsgType::event, ++n.seq, n.frame.data(), n.frame.size());
-            n.in_flight.emplace_back(n.seq, t);
-            n.next_send =
-                (n.next_send == 0 ? t + (1.0 / rate_hz) * (static_cast<double>(i % 100) / 100.0) : n.next_send) +
-                1.0 / rate_hz;
+            n.in_flight.emplace_back(n.seq, n.next_send);
+            n.next_send += 1.0 / rate_hz;
           }
         } else {
           while (n.seq - n.acked < static_cast<uint64_t>(window) && n.link->queued_bytes() < (256u << 10)) {
@@ -250,7 +279,7 @@ struct Emulator {
       for (size_t i : idx)
         fds.push_back(
             {nodes[i].link->fd(), static_cast<short>(POLLIN | (nodes[i].link->queued_bytes() ? POLLOUT : 0)), 0});
-      poll(fds.data(), fds.size(), rate_hz > 0 ? 5 : 1);
+      poll(fds.data(), fds.size(), rate_hz > 0 ? std::clamp(static_cast<int>(1000 / rate_hz), 1, 5) : 1);
       std::vector<double> lat;
       for (size_t k = 0; k < idx.size(); ++k) {
         Node& n = nodes[idx[k]];
@@ -289,15 +318,43 @@ std::vector<std::string> emu_names(int n) {
 int g_port = 0;
 int next_port() { return g_port++; }
 
+// CPU seconds the whole machine spent busy (all cores), from /proc/stat.
+double machine_busy_s() {
+  std::istringstream in(read_file("/proc/stat"));
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double load_average() {
+  double load = 0;
+  std::sscanf(read_file("/proc/loadavg").c_str(), "%lf", &load);
+  return load;
+}
+
+// The controller's own CPU time per 100k events is the figure that does not
+// depend on what else runs on the machine; events/s does (other processes
+// take their share of the cores). Runs alternate not durable / durable.
 void bench_ingest(const std::string& dir, const std::string& certs) {
   const int nodes = g_quick ? 20 : 100;
   const double seconds = g_quick ? 2 : 5;
-  for (bool durable : {false, true}) {
-    std::vector<double> rates, p50s, p99s, cpus, emulator_cpus, per_cpu_s;
-    for (int run = 0; run < g_runs; ++run) {
-      std::string d = dir + "/ingest-" + std::to_string(durable) + "-" + std::to_string(run);
+  struct Figures {
+    std::vector<double> rates, p50s, p99s, cpus, cpu_per_100k, switches_per_1k, emulator_cpus, others, loads;
+  };
+  // Flooded (256 unacknowledged events per node: the capacity), durable or
+  // not; then offered at a fixed rate, not durable: 10k events/s (the
+  // issue's 10,000 nodes at 1 Hz, from fewer connections) and 100k.
+  const double offered_hz[4] = {0, 0, 10000.0 / nodes, 100000.0 / nodes};
+  Figures figures[4];
+  for (int run = 0; run < g_runs; ++run) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool durable = mode == 1;
+      Figures& f = figures[mode];
+      std::string d = dir + "/ingest-" + std::to_string(mode) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
       int port = next_port();
+      f.loads.push_back(load_average());
       Controller c = start_controller(d, certs, port, durable);
       Emulator emu;
       std::string error;
@@ -306,32 +363,47 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
         c.stop();
         return;
       }
-      double cpu0 = cpu_s(c.proc.pid), self0 = cpu_s(getpid()), t0 = now_s();
+      double cpu0 = cpu_s(c.proc.pid), self0 = cpu_s(getpid()), cs0 = context_switches(c.proc.pid),
+             busy0 = machine_busy_s(), t0 = now_s();
       double end = t0 + seconds;
-      std::thread other([&] { emu.drive(1, 2, end, 256, 0); });
-      emu.drive(0, 2, end, 256, 0);
+      const double hz = offered_hz[mode];
+      std::thread other([&] { emu.drive(1, 2, end, 256, hz); });
+      emu.drive(0, 2, end, 256, hz);
       other.join();
       double elapsed = now_s() - t0;
-      rates.push_back(static_cast<double>(emu.acked_total.load()) / elapsed);
-      cpus.push_back((cpu_s(c.proc.pid) - cpu0) / elapsed);
-      per_cpu_s.push_back(cpus.back() > 0 ? rates.back() / cpus.back() : 0);
-      emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
-      p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
-      p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
+      double events = static_cast<double>(emu.acked_total.load());
+      double cpu = cpu_s(c.proc.pid) - cpu0;
+      f.rates.push_back(events / elapsed);
+      f.cpus.push_back(cpu / elapsed);
+      f.cpu_per_100k.push_back(events > 0 ? cpu / events * 1e5 : 0);
+      f.switches_per_1k.push_back(events > 0 ? (context_switches(c.proc.pid) - cs0) / events * 1e3 : 0);
+      f.emulator_cpus.push_back((cpu_s(getpid()) - self0) / elapsed);
+      f.others.push_back(std::max(0.0, (machine_busy_s() - busy0) / elapsed - f.cpus.back() - f.emulator_cpus.back()));
+      f.p50s.push_back(percentile(emu.latencies, 0.5) * 1e3);
+      f.p99s.push_back(percentile(emu.latencies, 0.99) * 1e3);
       emu.nodes.clear();
       c.stop();
       sh("rm -f " + d + "/ctl-ingest.journal " + d + "/ctl-bus.journal");
     }
-    std::string name = durable ? "ingest_durable" : "ingest";
-    emit(name.c_str(), "events_per_s", median(rates), "events/s");
-    emit(name.c_str(), "samples_per_s", median(rates) * 20, "samples/s");
-    emit(name.c_str(), "target_ratio", median(rates) / 100000.0, "x of 100k events/s");
-    emit(name.c_str(), "latency_p50", median(p50s), "ms");
-    emit(name.c_str(), "latency_p99", median(p99s), "ms");
-    emit(name.c_str(), "controller_cpu", median(cpus), "cores");
-    emit(name.c_str(), "events_per_controller_cpu_s", median(per_cpu_s), "events/CPU-s");
-    emit(name.c_str(), "emulator_cpu", median(emulator_cpus), "cores");
-    emit(name.c_str(), "emulated_nodes", nodes, "nodes");
+  }
+  for (int mode = 0; mode < 4; ++mode) {
+    const Figures& f = figures[mode];
+    const char* name = std::array{"ingest", "ingest_durable", "ingest_offered_10k", "ingest_offered_100k"}[mode];
+    emit_runs(name, "events_per_s", f.rates, "events/s");
+    emit(name, "samples_per_s", median(f.rates) * 20, "samples/s");
+    emit(name, "target_ratio", median(f.rates) / 100000.0, "x of 100k events/s");
+    emit_runs(name, "controller_cpu_s_per_100k_events", f.cpu_per_100k, "CPU-s");
+    emit(name, "events_per_controller_cpu_s", median(f.cpu_per_100k) > 0 ? 1e5 / median(f.cpu_per_100k) : 0,
+         "events/CPU-s");
+    emit_runs(name, "latency_p50", f.p50s, "ms");
+    emit_runs(name, "latency_p99", f.p99s, "ms");
+    emit(name, "controller_cpu", median(f.cpus), "cores");
+    emit(name, "controller_context_switches_per_1k_events", median(f.switches_per_1k), "switches");
+    emit(name, "emulator_cpu", median(f.emulator_cpus), "cores");
+    emit_runs(name, "other_processes_cpu", f.others, "cores");
+    emit_runs(name, "load_average_1min_at_run_start", f.loads, "runnable");
+    emit(name, "emulated_nodes", nodes, "nodes");
+    emit(name, "runs", static_cast<double>(f.rates.size()), "runs");
   }
 }
 
@@ -706,6 +778,8 @@ int main(int argc, char** argv) {
       "bench_cluster");
   app.add_flag("--quick", g_quick, "one short run of each case");
   app.add_option("--runs", g_runs, "runs per case (the median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--controller-exe", g_controller_exe,
+                 "the ballast binary the ingest case runs as its controller (to compare builds)");
   app.add_option("--only", only, "one case")
       ->check(CLI::IsMember({"codec", "ingest", "nodes", "agent", "failover", "slurm"}));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
@@ -721,9 +795,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The machine is shared: its load says how much of the 2 cores the run had.
-  double load = 0;
-  std::sscanf(read_file("/proc/loadavg").c_str(), "%lf", &load);
-  emit("machine", "load_average_1min_at_start", load, "runnable");
+  emit("machine", "load_average_1min_at_start", load_average(), "runnable");
   emit("machine", "cores", static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)), "cores");
   if (only.empty() || only == "codec") bench_codec();
   if (only.empty() || only == "ingest") bench_ingest(dir, certs);

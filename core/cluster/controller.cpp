@@ -298,10 +298,10 @@ void Controller::serve(Conn* conn) {
                           "node " + node + ": sequence " + std::to_string(m.number) + " follows " +
                               std::to_string(pending) + " (the agent lost its spool?)");
               }
-              Item item{m.number, true, {}, m.body, m.body_size};
-              size_t used = 0;
+              Item item{m.number, true, {}, m.body, m.body_size, 0};
               std::string why;
-              if (decode_frame_into(m.body, m.body_size, &batch.memory, &item.event, &used, &why) != BALLAST_OK) {
+              if (decode_frame_into(m.body, m.body_size, &batch.memory, &item.event, &item.decoded_size, &why) !=
+                  BALLAST_OK) {
                 bad_frames_.fetch_add(1);
                 item.good = false;
                 host_.log(BALLAST_LOG_WARN, "cluster",
@@ -449,7 +449,8 @@ int Controller::apply(const std::string& node, Batch& batch, uint64_t* done) {
   for (auto& item : batch.items) {
     if (item.good) {
       const ballast_event& ev = item.event;
-      if (host_.publish(ev, ev.source.plugin ? ev.source.plugin : "cluster") != BALLAST_OK) {
+      if (host_.publish_decoded(ev, ev.source.plugin ? ev.source.plugin : "cluster", item.frame, item.decoded_size) !=
+          BALLAST_OK) {
         host_.log(BALLAST_LOG_WARN, "cluster",
                   "node " + node + ": sequence " + std::to_string(item.seq) + " and later not applied (" +
                       last_error() + "); the agent resends them");

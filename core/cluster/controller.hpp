@@ -131,6 +131,7 @@ class Controller {
     ballast_event event;         // decoded into the batch's memory
     const unsigned char* frame;  // in the link's input buffer: valid until its next pump
     size_t frame_size;
+    size_t decoded_size;  // the bytes of the frame the event was decoded from
   };
   // One connection's batch and the scratch its journaling reuses.
   struct Batch {

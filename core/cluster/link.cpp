@@ -66,6 +66,11 @@ int TlsConfig::load(const TlsFiles& files, bool server, std::unique_ptr<TlsConfi
   if (!cfg->ctx_) return fail(BALLAST_EIO, "TLS context: " + openssl_errors());
   SSL_CTX_set_min_proto_version(cfg->ctx_, TLS1_2_VERSION);
   SSL_CTX_set_mode(cfg->ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // Read ahead: one read() takes what the socket holds (up to 64 KiB), not a
+  // record header and then its body. pump() reads until OpenSSL wants more
+  // from the socket, so nothing whole stays buffered while it polls.
+  SSL_CTX_set_read_ahead(cfg->ctx_, 1);
+  SSL_CTX_set_default_read_buffer_len(cfg->ctx_, 64u << 10);
   if (SSL_CTX_use_certificate_chain_file(cfg->ctx_, files.cert.c_str()) != 1)
     return fail(BALLAST_EIO, "cluster.tls.cert " + files.cert + ": " + openssl_errors());
   if (SSL_CTX_use_PrivateKey_file(cfg->ctx_, files.key.c_str(), SSL_FILETYPE_PEM) != 1)

@@ -118,6 +118,9 @@ TEST_CASE("controller killed while agents publish: nothing lost, nothing applied
   a2.signal(SIGTERM);
   CHECK(a1.wait() == 0);
   CHECK(a2.wait() == 0);
+  // Everything can be in before the last controller is up (the second had it
+  // all): SIGTERM it once it handles signals, or it dies of it (143).
+  CHECK(eventually(20, [&] { return read_file(w.dir + "/ctl3.err").find("running on node") != std::string::npos; }));
   ctl.signal(SIGTERM);
   CHECK(ctl.wait() == 0);
   INFO(read_file(w.dir + "/n1.err"));

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -226,6 +227,58 @@ TEST_CASE("a config builds the host; the journal records the events") {
   REQUIRE(topics.size() == 2);
   CHECK(topics[0] == "fault.suspected");
   CHECK(topics[1] == "hello.seen");
+}
+
+TEST_CASE("publish_decoded: the journal takes the frame, unless publishing changed the event") {
+  std::string journal = write_file("decoded.journal", "");
+  fs::remove(journal);
+  Host host;
+  REQUIRE(host.open_journal(journal) == BALLAST_OK);
+  REQUIRE(host.start() == BALLAST_OK);
+  const char* payload = R"({"subject":"gpu3"})";
+  auto event = [&](int64_t ts, const char* node, const char* plugin) {
+    ballast_event ev{};
+    ev.size = sizeof ev;
+    ev.schema = BALLAST_SCHEMA_JSON;
+    ev.topic = "fault.suspected";
+    ev.ts_ns = ts;
+    ev.source.node = node;
+    ev.source.rank = 2;
+    ev.source.plugin = plugin;
+    ev.payload = payload;
+    ev.payload_size = std::strlen(payload);
+    return ev;
+  };
+  // As an agent sent them: the frame is the event the bus sees.
+  std::vector<unsigned char> as_sent;
+  encode_frame(event(111, "n7", "collect"), &as_sent);
+  CHECK(host.publish_decoded(event(111, "n7", "collect"), "collect", as_sent.data(), as_sent.size()) == BALLAST_OK);
+  // Publishing fills in the time and the node, and names the publisher: the
+  // journal must hold what was published, not the frame.
+  std::vector<unsigned char> stale;
+  encode_frame(event(0, nullptr, "collect"), &stale);
+  CHECK(host.publish_decoded(event(0, nullptr, "collect"), "collect", stale.data(), stale.size()) == BALLAST_OK);
+  CHECK(host.publish_decoded(event(222, "n7", "collect"), "cluster", as_sent.data(), as_sent.size()) == BALLAST_OK);
+  host.stop();
+  std::vector<nlohmann::json> got;
+  REQUIRE(read_journal(
+              journal, JournalMode::refuse_bad,
+              [&](const OwnedEvent& ev, uint64_t) { got.push_back(event_to_json(ev.view())); },
+              [](const JournalProblem&) {}) == BALLAST_OK);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0]["ts_ns"] == 111);
+  CHECK(got[0]["source"]["node"] == "n7");
+  CHECK(got[0]["source"]["plugin"] == "collect");
+  CHECK(got[0]["payload"]["subject"] == "gpu3");
+  CHECK(got[1]["ts_ns"] != 0);
+  CHECK(got[1]["source"]["node"] == host.node());
+  CHECK(got[2]["ts_ns"] == 222);
+  CHECK(got[2]["source"]["plugin"] == "cluster");
+  // The first is the frame as it came, byte for byte.
+  std::ifstream in(journal, std::ios::binary);
+  std::vector<unsigned char> head(as_sent.size());
+  in.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head.size()));
+  CHECK(head == as_sent);
 }
 
 TEST_CASE("config errors name the field") {

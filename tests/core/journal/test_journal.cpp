@@ -115,7 +115,7 @@ TEST_CASE("journal round trip, appended across two writers") {
   CHECK(r.offsets == offs);
 }
 
-TEST_CASE("journal appends from several threads interleave whole frames") {
+TEST_CASE("journal appends from several threads interleave whole frames, flushed as they go") {
   TempFile f("threads");
   JournalWriter w;
   REQUIRE(w.open(f.path.string()) == BALLAST_OK);
@@ -125,6 +125,7 @@ TEST_CASE("journal appends from several threads interleave whole frames") {
       for (int i = 0; i < 500; ++i) {
         ballast_metric_batch b;
         CHECK(w.append(metric(t * 1000 + i, &b)) == BALLAST_OK);
+        if (i % 50 == 49) CHECK(w.flush(true) == BALLAST_OK);
       }
     });
   }
