@@ -1,7 +1,7 @@
 // The Slurm backend: the job is one batch job (sbatch --requeue) on the
 // job's nodes; each attempt after the first is the same job requeued and
 // released onto exactly the nodes of the attempt (ReqNodeList), away from the
-// drained ones (ExcNodeList), at once (StartTime=now+1: the next second). A slot is a Slurm
+// drained ones (ExcNodeList), at once (StartTime=now). A slot is a Slurm
 // node: the job's nodes first, then the warm spares held in a reservation.
 //   evict   = scontrol update NodeName=X State=DRAIN Reason=<the fault>
 //   restart = stop_all (scontrol requeue, wait for PENDING) + launch (release)

@@ -69,12 +69,8 @@ bool Slurm::requeue(long job, std::string* error) {
 
 bool Slurm::release(long job, const std::vector<std::string>& nodelist, const std::vector<std::string>& exclude,
                     std::string* error) {
-  // Not before the next second: a slurmd refuses a batch job whose
-  // credential was made in the second its requeue revoked the last one
-  // ("Job 1 already killed, do not launch batch job"; Slurm compares whole
-  // seconds), and the job then fails instead of starting.
   return run({"scontrol", "update", "JobId=" + std::to_string(job), "ExcNodeList=" + join(exclude),
-              "ReqNodeList=" + join(nodelist), "StartTime=now+1"},
+              "ReqNodeList=" + join(nodelist), "StartTime=now"},
              nullptr, error);
 }
 

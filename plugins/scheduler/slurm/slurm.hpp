@@ -6,7 +6,7 @@
 // the caller decides from Ballast's heartbeats and asks this class to act.
 //   evict   = drain(node, reason)
 //   restart = requeue_excluding(job, nodes): requeue, wait until PENDING,
-//             then ExcNodeList + StartTime=now+1 (a requeued job otherwise
+//             then ExcNodeList + StartTime=now (a requeued job otherwise
 //             waits ~120 s; an update sent before PENDING is overwritten)
 //   replace = hold_spares(reservation, nodes) beforehand, then
 //             requeue_onto(job, reservation, nodelist): the spares leave the
