@@ -57,7 +57,7 @@ std::string bytes(std::initializer_list<int> b) {
 
 }  // namespace
 
-TEST_CASE("utf8: every sequence of 1 to 3 bytes, and every 4-byte one starting 0xF0 to 0xFF, agree with the definition") {
+TEST_CASE("utf8: every 1- to 3-byte sequence, and 4-byte ones for every lead 0xF0-0xFF, agree with the definition") {
   char b[4];
   for (size_t n = 1; n <= 3; ++n) {
     for (uint32_t v = 0; v < (1u << (8 * n)); ++v) {
