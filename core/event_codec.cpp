@@ -4,6 +4,7 @@
 #include "codec_schema.hpp"
 #include "json_depth.hpp"
 #include "topic.hpp"
+#include "utf8.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -136,20 +137,10 @@ bool schema_from_name(std::string_view name, uint32_t* schema) {
 std::string utf8(const char* p, size_t n) {
   std::string out;
   out.reserve(n);
-  const auto* s = reinterpret_cast<const unsigned char*>(p);
+  const char* why = nullptr;
   for (size_t i = 0; i < n;) {
-    const unsigned char c = s[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) ok = (s[i + k] & 0xC0) == 0x80;
-    if (ok && len > 1) {
-      // No overlong forms, surrogates or code points above U+10FFFF.
-      uint32_t cp = c & (0x7F >> len);
-      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
-      static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    }
-    if (ok) {
+    size_t len = static_cast<unsigned char>(p[i]) < 0x80 ? 1 : util::utf8_sequence(p + i, p + n, &why);
+    if (len > 0) {
       out.append(p + i, len);
       i += len;
     } else {

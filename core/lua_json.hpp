@@ -11,12 +11,15 @@
 // JSON -> Lua (JsonTape): the text is parsed first, in C++, into a flat tape
 // (no Lua call, so no longjmp can cross the parser); push() then builds the
 // tables from the tape in a protected call. null becomes ballast.null. The
-// parser is a small strict RFC 8259 one (nesting limited to 64 levels):
-// this runs once per event, and a general-purpose parser cost more than the
-// Lua call itself (nlohmann's SAX parser building the tables directly made
-// a 5-field JSON event's call 1.8x slower, RapidJSON's SAX reader filling
-// this tape 1.17x: docs/benchmarks.md, policy). Nor can a parser call Lua
-// from its callbacks: a Lua error would longjmp across its C++ frames.
+// parser is a small strict RFC 8259 one (nesting limited to 64 levels,
+// strings valid UTF-8 up to U+10FFFF, an error naming the line and the
+// column in bytes): this runs once per event, and a general-purpose parser
+// cost more than the Lua call itself (nlohmann's SAX parser building the
+// tables directly made a 5-field JSON event's call 1.8x slower, RapidJSON's
+// SAX reader filling this tape 1.17x; checking UTF-8 as strings are scanned
+// cost nothing measurable: docs/benchmarks.md, policy). Nor can a parser
+// call Lua from its callbacks: a Lua error would longjmp across its C++
+// frames.
 #pragma once
 
 #include <lua.hpp>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <sstream>
 #include <thread>
 
@@ -69,6 +70,17 @@ bool Slurm::requeue(long job, std::string* error) {
 
 bool Slurm::release(long job, const std::vector<std::string>& nodelist, const std::vector<std::string>& exclude,
                     std::string* error) {
+  // The next launch credential must be dated after the second in which the
+  // requeue revoked the last one, or slurmd refuses it and the job ends
+  // FAILED ("Job credential revoked"). A requeue sets submit_time to its
+  // own time (slurmctld's clock): wait until that second is over, then let
+  // the job start now. (A StartTime in the future would wait for Slurm's
+  // periodic scheduling pass, up to a minute.)
+  JobInfo info;
+  if (!this->job(job, &info, error)) return false;
+  const auto until = std::chrono::system_clock::from_time_t(std::time_t(info.submit_time + 1));
+  const auto longest = std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  std::this_thread::sleep_until(std::min(until, longest));
   return run({"scontrol", "update", "JobId=" + std::to_string(job), "ExcNodeList=" + join(exclude),
               "ReqNodeList=" + join(nodelist), "StartTime=now"},
              nullptr, error);
@@ -143,6 +155,7 @@ bool Slurm::job(long id, JobInfo* out, std::string* error) {
     out->nodes = job.value("nodes", "");
     out->restarts = job.value("restart_cnt", 0);
     out->reason = job.value("state_reason", "");
+    out->submit_time = job.value("submit_time", 0LL);
     return true;
   }
   *error = "squeue --json: no job " + std::to_string(id);

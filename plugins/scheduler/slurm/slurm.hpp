@@ -6,8 +6,10 @@
 // the caller decides from Ballast's heartbeats and asks this class to act.
 //   evict   = drain(node, reason)
 //   restart = requeue_excluding(job, nodes): requeue, wait until PENDING,
-//             then ExcNodeList + StartTime=now (a requeued job otherwise
-//             waits ~120 s; an update sent before PENDING is overwritten)
+//             then, once the requeue's second is over, ExcNodeList +
+//             StartTime=now (a requeued job otherwise waits ~120 s; an update
+//             sent before PENDING is overwritten; a job started within the
+//             requeue's second fails: its credential counts as revoked)
 //   replace = hold_spares(reservation, nodes) beforehand, then
 //             requeue_onto(job, reservation, nodelist): the spares leave the
 //             reservation and the job is pinned (ReqNodeList) to the
@@ -27,6 +29,7 @@ struct JobInfo {
   std::string nodes;  // hostlist, "" while pending
   int restarts = 0;
   std::string reason;
+  long long submit_time = 0;  // Unix seconds, slurmctld's clock; a requeue sets it to its own time
 };
 
 struct NodeInfo {
@@ -48,7 +51,8 @@ class Slurm {
   // The two halves of a requeue: requeue(job) kills the run and waits until
   // the job is PENDING again (Slurm holds it ~120 s); release(job, nodelist,
   // exclude) pins it to exactly `nodelist` ("" = Slurm's choice) away from
-  // `exclude` and lets it start now.
+  // `exclude` and lets it start now, waiting first (at most a second
+  // normally) until the requeue's second is over.
   bool requeue(long job, std::string* error);
   bool release(long job, const std::vector<std::string>& nodelist, const std::vector<std::string>& exclude,
                std::string* error);

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 using namespace cluster_test;
 using ballast::slurm::JobInfo;
@@ -57,11 +58,25 @@ int checkpoint(const std::string& dir) {
   return s.empty() ? 0 : std::atoi(s.c_str());
 }
 
+// Waits until the job is in `state`, or in an end state it cannot leave.
 JobInfo wait_job(Slurm& slurm, long id, const std::string& state, double timeout_s) {
   JobInfo info;
   std::string error;
-  eventually(timeout_s, [&] { return slurm.job(id, &info, &error) && info.state == state; });
+  eventually(timeout_s, [&] {
+    return slurm.job(id, &info, &error) &&
+           (info.state == state || info.state == "COMPLETED" || info.state == "FAILED" || info.state == "CANCELLED" ||
+            info.state == "NODE_FAIL" || info.state == "TIMEOUT");
+  });
   return info;
+}
+
+// What slurmctld said about the job, for a failure's message.
+std::string ctld_log(const Cluster& c) {
+  std::istringstream in(read_file(c.dir + "/log/slurmctld.log"));
+  std::string out;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("JobId=") != std::string::npos) out += line + "\n";
+  return out;
 }
 
 NodeInfo node(Slurm& slurm, const std::string& name) {
@@ -89,6 +104,7 @@ TEST_CASE("node fault on Slurm: drained, requeued without it, resumed from the c
                    &error),
       error);
   JobInfo info = wait_job(slurm, job, "RUNNING", 15);
+  INFO("slurmctld: " << ctld_log(c));
   REQUIRE(info.state == "RUNNING");
   std::vector<std::string> nodes;
   REQUIRE(slurm.expand(info.nodes, &nodes, &error));

@@ -309,3 +309,74 @@ TEST_CASE("JSON payloads: escapes, unicode, numbers, and malformed text") {
     CHECK(echo.r.logs[0].second.find("line 1, column") != std::string::npos);
   }
 }
+
+TEST_CASE("JSON payloads: strings are valid UTF-8, raw or escaped, up to U+10FFFF") {
+  Echo echo;
+  // Each boundary of the encoding, raw and as a \u escape (a pair above U+FFFF).
+  const std::pair<const char*, const char*> edges[] = {
+      {"\x7F", "\\u007f"},
+      {"\xC2\x80", "\\u0080"},
+      {"\xDF\xBF", "\\u07FF"},
+      {"\xE0\xA0\x80", "\\u0800"},
+      {"\xED\x9F\xBF", "\\ud7ff"},  // just below the surrogates
+      {"\xEE\x80\x80", "\\ue000"},  // just above
+      {"\xEF\xBF\xBF", "\\uffff"},
+      {"\xF0\x90\x80\x80", "\\ud800\\udc00"},
+      {"\xF4\x8F\xBF\xBF", "\\udbff\\udfff"},  // U+10FFFF, the largest 4-byte form allowed
+  };
+  for (const auto& [raw, escaped] : edges) {
+    INFO(escaped);
+    std::string text = std::string(R"({"raw": "a)") + raw + R"(b", "esc": "a)" + escaped + R"(b", ")" + raw +
+                       R"(": "after\n)" + raw + "\"}";
+    json p = echo.payload(json_event("custom.json", text));
+    CHECK(echo.r.logs.empty());
+    const std::string expected = std::string("a") + raw + "b";
+    CHECK(p["raw"] == expected);
+    CHECK(p["esc"] == expected);
+    CHECK(p[raw] == std::string("after\n") + raw);
+  }
+}
+
+TEST_CASE("JSON payloads: invalid UTF-8 and unpaired surrogate escapes are refused where they start") {
+  Echo echo;
+  struct Bad {
+    std::string text;
+    const char* why;
+    int column;
+  };
+  const Bad bad[] = {
+      {"\"ab\x80\"", "a continuation byte without a lead byte", 4},
+      {"\"ab\xC3\xA9\xBF\"", "a continuation byte without a lead byte", 6},
+      {"\"\xC0\xAF\"", "an overlong form", 2},          // '/' in two bytes
+      {"\"\xC1\xBF\"", "an overlong form", 2},          // U+007F in two bytes
+      {"\"\xE0\x9F\xBF\"", "an overlong form", 2},      // U+07FF in three
+      {"\"\xF0\x8F\xBF\xBF\"", "an overlong form", 2},  // U+FFFF in four
+      {"\"x\xED\xA0\x80\"", "a surrogate", 3},          // U+D800
+      {"\"x\xED\xBF\xBF\"", "a surrogate", 3},          // U+DFFF
+      {"\"\xF4\x90\x80\x80\"", "above U+10FFFF", 2},    // U+110000
+      {"\"\xF5\x80\x80\x80\"", "above U+10FFFF", 2},
+      {"\"\xF8\x88\x80\x80\x80\"", "never used in UTF-8", 2},
+      {"\"\xFF\"", "never used in UTF-8", 2},
+      {"\"\xC3\"", "a truncated sequence", 2},  // cut by the closing quote
+      {"\"\xE2\x82\"", "a truncated sequence", 2},
+      {"\"\xF0\x9F\x98 \"", "a truncated sequence", 2},
+      {"\"\xE2\x82", "a truncated sequence", 2},                  // cut by the end of the text
+      {"{\"k\xC3\": 1}", "a truncated sequence", 4},              // in a key
+      {"[\"ok\", \"\\n\xC3\x28\"]", "a truncated sequence", 11},  // after an escape
+      {"\"\\ud800\"", "unpaired surrogate", 8},
+      {"\"\\udc00\"", "unpaired surrogate", 8},
+      {"\"\\ud800\\u0041\"", "unpaired surrogate", 14},
+      {"\"\\ud800\\ud800\"", "unpaired surrogate", 14},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.text);
+    json p = echo.payload(json_event("custom.json", b.text));
+    REQUIRE(echo.r.logs.size() == 1);
+    const std::string& warning = echo.r.logs[0].second;
+    INFO(warning);
+    CHECK(warning.find("not valid JSON") != std::string::npos);
+    CHECK(warning.find(b.why) != std::string::npos);
+    CHECK(warning.find("line 1, column " + std::to_string(b.column)) != std::string::npos);
+    CHECK(p.is_string());  // delivered as text
+  }
+}
