@@ -139,6 +139,11 @@ std::string last_json(const std::string& journal, const std::string& topic) {
   return last;
 }
 
+std::string tls_table(const std::string& certs, const std::string& who) {
+  return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
+         who + ".key\" }";
+}
+
 std::string agent_config(const std::string& node, const std::string& certs, const std::vector<std::string>& controllers,
                          uint64_t count, int batch, int period_ms, const std::string& spool) {
   std::string list;
@@ -151,9 +156,9 @@ std::string agent_config(const std::string& node, const std::string& certs, cons
          "  cluster = { controller = { " +
          list +
          "},\n"
-         "    tls = { ca = \"" +
-         certs + "/ca.crt\", cert = \"" + certs + "/" + node + ".crt\", key = \"" + certs + "/" + node +
-         ".key\" },\n"
+         "    " +
+         tls_table(certs, node) +
+         ",\n"
          "    spool = { dir = \"" +
          spool + "\" }, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
@@ -170,9 +175,8 @@ std::string controller_config(const std::string& listen, const std::string& cert
          "  cluster = { listen = \"" +
          listen +
          "\",\n"
-         "    tls = { ca = \"" +
-         certs + "/ca.crt\", cert = \"" + certs + "/controller.crt\", key = \"" + certs + "/controller.key\" },\n" +
-         etcd + "    ingest_journal = \"" + prefix +
+         "    " +
+         tls_table(certs, "controller") + ",\n" + etcd + "    ingest_journal = \"" + prefix +
          "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
 }
 

@@ -48,6 +48,10 @@ std::string last_json(const std::string& journal, const std::string& topic);
 template <class F>
 bool eventually(double timeout_s, F fn);
 
+// The config's `tls = { ... }` table for `who` (a node or "controller"), with the certificates
+// tools/engines/make-certs made in certs.
+std::string tls_table(const std::string& certs, const std::string& who);
+
 std::string agent_config(const std::string& node, const std::string& certs, const std::vector<std::string>& controllers,
                          uint64_t count, int batch, int period_ms, const std::string& spool);
 std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,

@@ -192,6 +192,16 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   return out;
 }
 
+// A real agent for `node` (`ballast run`) reporting to the controller at listen; its output beside its config.
+Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
+                 int silent_after_ms) {
+  write_file(dir + "/" + node + ".lua",
+             "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { \"" + listen +
+                 "\" }, " + tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
+                 "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
+  return spawn({kBallast, "run", dir + "/" + node + ".lua"}, dir + "/" + node + ".out", dir + "/" + node + ".err");
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -202,13 +212,6 @@ TEST_CASE(
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
-  const std::string tls =
-      "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/%s.crt\", key = \"" + certs + "/%s.key\" }";
-  auto tls_for = [&](const std::string& who) {
-    std::string t = tls;
-    for (size_t at; (at = t.find("%s")) != std::string::npos;) t.replace(at, 2, who);
-    return t;
-  };
   // The policy of a Slurm job with warm spares: a silent node is evicted and replaced, a crashed rank restarted.
   write_file(c.dir + "/policy.lua",
              "ballast.on(\"node.silent\", function(ev)\n"
@@ -242,24 +245,13 @@ TEST_CASE(
           c.dir +
           "/policy.lua\", fallback = \"escalate\" },\n"
           "  cluster = { listen = \"" +
-          listen + "\", " + tls_for("controller") +
+          listen + "\", " + tls_table(certs, "controller") +
           ",\n"
           "    ingest_journal = \"" +
           c.dir +
           "/ingest.journal\", durable = false,\n"
           "    heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
-  auto agent = [&](const std::string& node) {
-    write_file(c.dir + "/" + node + ".lua", "return { node = \"" + node +
-                                                "\", role = \"agent\",\n"
-                                                "  cluster = { controller = { \"" +
-                                                listen + "\" }, " + tls_for(node) +
-                                                ",\n"
-                                                "    spool = { dir = \"" +
-                                                c.dir + "/spool-" + node +
-                                                "\" }, heartbeat_ms = 250, silent_after_ms = 3000 } }\n");
-    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out",
-                 c.dir + "/" + node + ".err");
-  };
+  auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, listen, node, 3000); };
   Proc ctl = spawn({kBallast, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
   Proc a1 = agent("n1"), a2 = agent("n2");
   Slurm slurm(c.conf);
@@ -386,10 +378,6 @@ TEST_CASE(
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
   const std::string job_key = "test" + std::to_string(getpid());  // controller_config's etcd.job: c2 campaigns too
-  auto tls_for = [&](const std::string& who) {
-    return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
-           who + ".key\" }";
-  };
   write_file(c.dir + "/policy.lua",
              "ballast.on(\"node.silent\", function(ev)\n"
              "  local node = (ev.payload or {}).subject or ev.source.node\n"
@@ -414,19 +402,12 @@ TEST_CASE(
                  c.dir +
                  "/policy.lua\", fallback = \"escalate\" },\n"
                  "  cluster = { listen = \"" +
-                 listen + "\", " + tls_for("controller") + ",\n    etcd = { endpoint = \"" + etcd + "\", job = \"" +
-                 job_key +
+                 listen + "\", " + tls_table(certs, "controller") + ",\n    etcd = { endpoint = \"" + etcd +
+                 "\", job = \"" + job_key +
                  "\", lease_s = 3 },\n"
                  "    ingest_journal = \"" +
                  c.dir + "/c1-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
-  auto agent = [&](const std::string& node) {
-    write_file(c.dir + "/" + node + ".lua",
-               "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { \"" + listen +
-                   "\" }, " + tls_for(node) + ",\n    spool = { dir = \"" + c.dir + "/spool-" + node +
-                   "\" }, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
-    return spawn({kBallast, "run", c.dir + "/" + node + ".lua"}, c.dir + "/" + node + ".out",
-                 c.dir + "/" + node + ".err");
-  };
+  auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, listen, node, 1500); };
   Proc c1 = spawn({kBallast, "run", c.dir + "/c1.lua", "--json"}, c.dir + "/c1.out", c.dir + "/c1.err");
   Proc a1 = agent("n1"), a2 = agent("n2");
   Slurm slurm(c.conf);
