@@ -267,6 +267,8 @@ void Controller::serve(Conn* conn) {
   if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
+  publish_node("node.connected", node,
+               {{"node", node}, {"term", leadership_ ? leadership_->epoch() : uint64_t(0)}});
 
   Batch batch;
   uint64_t pending = applied;  // the highest sequence taken into the batch
@@ -586,12 +588,16 @@ void Controller::publish_back(const std::string& node, int64_t silent_ms) {
   back_.fetch_add(1);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " is back after " + std::to_string(silent_ms) + " ms silent: node.back");
-  const nlohmann::json j = {{"node", node}, {"silent_ms", silent_ms}};
+  publish_node("node.back", node, {{"node", node}, {"silent_ms", silent_ms}});
+}
+
+// A JSON event about an agent's node, from that node.
+void Controller::publish_node(const char* topic, const std::string& node, const nlohmann::json& j) {
   const std::string text = j.dump();
   ballast_event ev{};
   ev.size = sizeof ev;
   ev.schema = BALLAST_SCHEMA_JSON;
-  ev.topic = "node.back";
+  ev.topic = topic;
   ev.source.node = node.c_str();
   ev.source.rank = -1;
   ev.payload = text.data();
