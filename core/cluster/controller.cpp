@@ -267,8 +267,7 @@ void Controller::serve(Conn* conn) {
   if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
-  publish_node("node.connected", node,
-               {{"node", node}, {"term", leadership_ ? leadership_->epoch() : uint64_t(0)}});
+  publish_node("node.connected", node, {{"node", node}, {"term", leadership_ ? leadership_->epoch() : uint64_t(0)}});
 
   Batch batch;
   uint64_t pending = applied;  // the highest sequence taken into the batch
@@ -534,6 +533,8 @@ void Controller::take_over() {
     }
     std::vector<unsigned char> frame;
     encode_frame(ev.view(), &frame);
+    // A node known only from its pending actions is heard of as of this term's start.
+    if (nodes_.count(a.node) == 0) nodes_[a.node].last_heard_ms = now_ms();
     auto& q = nodes_[a.node].actions;
     bool have = false;
     for (auto& [id, f] : q) have = have || id == a.id;

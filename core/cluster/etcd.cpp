@@ -166,8 +166,8 @@ int Etcd::put_if(const std::string& guard, int64_t revision,
   return BALLAST_OK;
 }
 
-int Etcd::range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out,
-                       size_t newest, int64_t* total) {
+int Etcd::range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest,
+                       int64_t* total) {
   nlohmann::json body = {{"key", b64(prefix)}, {"range_end", b64(prefix_end(prefix))}};
   if (newest > 0) {
     body["limit"] = std::to_string(newest);

@@ -48,8 +48,8 @@ class Etcd {
   // Every key under `prefix`, with values, in key order. With `newest` > 0,
   // only the last `newest` keys (still in key order), and *total (when
   // given) the number of keys under the prefix.
-  int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out,
-                   size_t newest = 0, int64_t* total = nullptr);
+  int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest = 0,
+                   int64_t* total = nullptr);
 
   static std::string b64(const std::string& s);
   static std::string unb64(const std::string& s);

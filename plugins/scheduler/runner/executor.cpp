@@ -292,8 +292,8 @@ void Executor::try_to_lead() {
   const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
   if (start_attempt(from, &why)) {
     waiting_to_lead_ = false;
-    log(BALLAST_LOG_INFO, "this controller leads: the job is started" +
-                              (from.path.empty() ? std::string() : " from " + from.path));
+    log(BALLAST_LOG_INFO,
+        "this controller leads: the job is started" + (from.path.empty() ? std::string() : " from " + from.path));
     return;
   }
   if (backend_->fenced_off() || channel_busy_) return;

@@ -78,11 +78,11 @@ class Executor {
     std::string name;
     enum Role { active, standby, evicted } role = standby;
     int64_t evicted_ns = 0;
-    int64_t activated_ns = 0;  // when it last took an evicted node's place
-    std::string replaced_by;   // the standby that took its place since its eviction
-    bool back = false;         // evicted, and node.back said it is heard again since
+    int64_t activated_ns = 0;      // when it last took an evicted node's place
+    std::string replaced_by;       // the standby that took its place since its eviction
+    bool back = false;             // evicted, and node.back said it is heard again since
     bool back_on_connect = false;  // drained by an earlier leader for node.silent: back once its agent connects
-    int64_t retry_ns = 0;      // a failed restore is tried again from then
+    int64_t retry_ns = 0;          // a failed restore is tried again from then
   };
   struct InFlight {
     Action action;

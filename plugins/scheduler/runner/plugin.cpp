@@ -144,10 +144,10 @@ int start(void* state) {
   };
   // Inline: the handlers only copy the event into the executor's inbox (so
   // controller.leader is there before the new leader allows any action).
-  for (const Sub& sub : {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
-                         Sub{"node.back", on_back}, Sub{"controller.leader", on_leader},
-                         Sub{"node.connected", on_connected}, Sub{"straggler.report", on_straggler},
-                         Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
+  for (const Sub& sub :
+       {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
+        Sub{"node.back", on_back}, Sub{"controller.leader", on_leader}, Sub{"node.connected", on_connected},
+        Sub{"straggler.report", on_straggler}, Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
     uint64_t id = 0;
     const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);
     if (rc != BALLAST_OK) return rc;

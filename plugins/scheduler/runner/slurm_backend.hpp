@@ -78,7 +78,7 @@ class SlurmBackend : public Backend {
   SlurmConfig cfg_;
   std::string job_name_;
   int job_nodes_;
-  std::string dir_;                 // <job folder>/slurm
+  std::string dir_;  // <job folder>/slurm
   int slots_ = 0;
   bool nodes_deferred_ = false;     // a job of this name was in Slurm at prepare: the nodes come from take_over
   std::vector<std::string> names_;  // slot -> node
