@@ -489,6 +489,12 @@ TEST_CASE(
   CHECK(report["counters"].value("fence.allowed", 0) >= 4);
   c2.signal(SIGTERM);
   c2.wait();
+  // The job left running for a leader that never came: cancelled, so that its ranks do not outlive the case.
+  CHECK(slurm.run({"scancel", "--name=job"}, nullptr, &error));
+  CHECK(eventually(30, [&] {
+    std::string left;
+    return slurm.run({"squeue", "-h", "--name=job"}, &left, &error) && left.empty();
+  }));
 }
 
 namespace {
@@ -502,7 +508,7 @@ std::string candidate_config(const std::string& name, const std::string& dir, co
          "  plugins = { \"runner\", \"scheduler\" },\n"
          "  job = { name = \"tk" +
          std::to_string(getpid()) + "\", backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + dir +
-         "/job\", progress = false,\n"
+         "/job-tk\", progress = false,\n"
          "    command = { \"python3\", \"" +
          kTrainer +
          "\", \"--steps\", \"120\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
@@ -551,7 +557,7 @@ TEST_CASE(
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string l1 = "127.0.0.1:" + std::to_string(c.port + 50), l2 = "127.0.0.1:" + std::to_string(c.port + 90);
-  const std::string job_key = "tk" + std::to_string(getpid()), job_dir = c.dir + "/job";
+  const std::string job_key = "tk" + std::to_string(getpid()), job_dir = c.dir + "/job-tk";
   write_file(c.dir + "/policy.lua",
              "ballast.on(\"node.silent\", function(ev)\n"
              "  local node = (ev.payload or {}).subject or ev.source.node\n"
@@ -583,6 +589,14 @@ TEST_CASE(
   REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c1.err").find("replace: ok") != std::string::npos; }));
   REQUIRE(read_file(job_dir + "/slurm/job.out").find("ballast: run 1, restart 1, nodes n[2,4]") != std::string::npos);
 
+  // Two malformed records in the log (as another writer might leave): the successor names and skips them.
+  const std::string actions = "/ballast/" + job_key + "/actions/";
+  etcdctl(c.dir, etcd, "put " + actions + "00000000000000000001 'not json'");
+  etcdctl(c.dir, etcd,
+          "put " + actions +
+              "00000000000000000002 '{\"node\":\"c0\",\"plugin\":\"runner\",\"kind\":\"slurm.drain\",\"record\":[],"
+              "\"term\":1}'");
+
   // The leader dies at once; c2 leads after the lease (3 s) and takes the job over.
   c1.signal(SIGKILL);
   c1.wait();
@@ -593,6 +607,13 @@ TEST_CASE(
   REQUIRE(eventually(30, [&] {
     return read_file(job_dir + "/slurm/job.out").find("ballast: run 2, restart 2, nodes n[2,4]") != std::string::npos;
   }));
+  const std::string log_c2 = read_file(c.dir + "/c2.err");
+  CHECK(log_c2.find("action log: " + actions + "00000000000000000001 is skipped: not a JSON object") !=
+        std::string::npos);
+  CHECK(log_c2.find("action log: " + actions +
+                    "00000000000000000002 is skipped: field 'record' is missing or not an object") !=
+        std::string::npos);
+  CHECK(log_c2.find("skipped 2 malformed record(s)") != std::string::npos);
   // Slurm has the one job of that name, the same one.
   REQUIRE(slurm.jobs_named(job_key, &jobs, &error));
   CHECK(jobs.size() == 1);
@@ -638,7 +659,8 @@ TEST_CASE(
   std::istringstream records(etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only"));
   for (std::string line; std::getline(records, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("kind")) per_term[j["term"].get<uint64_t>()][j["kind"].get<std::string>()]++;
+    if (j.is_object() && j.contains("kind") && j["node"] != "c0")  // not the malformed one
+      per_term[j["term"].get<uint64_t>()][j["kind"].get<std::string>()]++;
   }
   INFO("records: " << nlohmann::json(per_term).dump());
   REQUIRE(per_term.size() == 2);
