@@ -267,6 +267,7 @@ void Controller::serve(Conn* conn) {
   if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + conn->address + " (applied up to " + std::to_string(applied) + ")");
+  publish_node("node.connected", node, {{"node", node}, {"term", leadership_ ? leadership_->epoch() : uint64_t(0)}});
 
   Batch batch;
   uint64_t pending = applied;  // the highest sequence taken into the batch
@@ -532,6 +533,8 @@ void Controller::take_over() {
     }
     std::vector<unsigned char> frame;
     encode_frame(ev.view(), &frame);
+    // A node known only from its pending actions is heard of as of this term's start.
+    if (nodes_.count(a.node) == 0) nodes_[a.node].last_heard_ms = now_ms();
     auto& q = nodes_[a.node].actions;
     bool have = false;
     for (auto& [id, f] : q) have = have || id == a.id;
@@ -586,12 +589,16 @@ void Controller::publish_back(const std::string& node, int64_t silent_ms) {
   back_.fetch_add(1);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " is back after " + std::to_string(silent_ms) + " ms silent: node.back");
-  const nlohmann::json j = {{"node", node}, {"silent_ms", silent_ms}};
+  publish_node("node.back", node, {{"node", node}, {"silent_ms", silent_ms}});
+}
+
+// A JSON event about an agent's node, from that node.
+void Controller::publish_node(const char* topic, const std::string& node, const nlohmann::json& j) {
   const std::string text = j.dump();
   ballast_event ev{};
   ev.size = sizeof ev;
   ev.schema = BALLAST_SCHEMA_JSON;
-  ev.topic = "node.back";
+  ev.topic = topic;
   ev.source.node = node.c_str();
   ev.source.rank = -1;
   ev.payload = text.data();

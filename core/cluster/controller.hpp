@@ -148,6 +148,7 @@ class Controller {
   void serve(Conn* conn);
   void watch_silence();
   void publish_back(const std::string& node, int64_t silent_ms);
+  void publish_node(const char* topic, const std::string& node, const nlohmann::json& j);
   static int on_action(void* user, const ballast_event* event);
   void reap(bool all);
   void take_over();

@@ -7,6 +7,8 @@
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 namespace ballast::cluster {
@@ -43,7 +45,7 @@ std::string prefix_end(std::string p) {
 int64_t as_int(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end()) return 0;
-  if (it->is_string()) return std::stoll(it->get<std::string>());
+  if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
   if (it->is_number_integer()) return it->get<int64_t>();
   return 0;
 }
@@ -164,14 +166,27 @@ int Etcd::put_if(const std::string& guard, int64_t revision,
   return BALLAST_OK;
 }
 
-int Etcd::range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) {
+int Etcd::range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest,
+                       int64_t* total) {
+  nlohmann::json body = {{"key", b64(prefix)}, {"range_end", b64(prefix_end(prefix))}};
+  if (newest > 0) {
+    body["limit"] = std::to_string(newest);
+    body["sort_order"] = "DESCEND";
+    body["sort_target"] = "KEY";
+  }
   nlohmann::json r;
-  if (int rc = call("/v3/kv/range", {{"key", b64(prefix)}, {"range_end", b64(prefix_end(prefix))}}, &r);
-      rc != BALLAST_OK)
-    return rc;
+  if (int rc = call("/v3/kv/range", body, &r); rc != BALLAST_OK) return rc;
   out->clear();
-  if (r.contains("kvs"))
-    for (const auto& kv : r["kvs"]) out->emplace_back(unb64(kv.value("key", "")), unb64(kv.value("value", "")));
+  if (r.contains("kvs") && r["kvs"].is_array())
+    for (const auto& kv : r["kvs"]) {
+      if (!kv.is_object() || !kv.contains("key") || !kv["key"].is_string())
+        return fail(BALLAST_EFORMAT, "etcd range " + prefix + ": a key-value without a key in the reply");
+      const auto value = kv.find("value");
+      out->emplace_back(unb64(kv["key"].get<std::string>()),
+                        value != kv.end() && value->is_string() ? unb64(value->get<std::string>()) : std::string());
+    }
+  if (newest > 0) std::reverse(out->begin(), out->end());
+  if (total != nullptr) *total = std::max<int64_t>(as_int(r, "count"), int64_t(out->size()));
   return BALLAST_OK;
 }
 

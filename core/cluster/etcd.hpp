@@ -45,8 +45,11 @@ class Etcd {
   // *succeeded false when the guard failed (deposed).
   int put_if(const std::string& guard, int64_t revision, const std::vector<std::pair<std::string, std::string>>& puts,
              const std::vector<std::string>& deletes, bool* succeeded);
-  // Every key under `prefix`, with values.
-  int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out);
+  // Every key under `prefix`, with values, in key order. With `newest` > 0,
+  // only the last `newest` keys (still in key order), and *total (when
+  // given) the number of keys under the prefix.
+  int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest = 0,
+                   int64_t* total = nullptr);
 
   static std::string b64(const std::string& s);
   static std::string unb64(const std::string& s);

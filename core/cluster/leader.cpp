@@ -16,6 +16,41 @@ int64_t wall_ms() {
       .count();
 }
 
+// A record of the action log: an agent's action ({"node","event"}) or a
+// plugin's fence_action ({"node","plugin","kind","record","term"}); null
+// with *why when it is neither (or larger than kMaxLogRecordBytes).
+nlohmann::json parse_logged(const std::string& value, std::string* why) {
+  if (value.size() > EtcdLeadership::kMaxLogRecordBytes) {
+    *why = std::to_string(value.size()) + " bytes, more than " + std::to_string(EtcdLeadership::kMaxLogRecordBytes);
+    return nullptr;
+  }
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
+  if (!j.is_object()) {
+    *why = "not a JSON object";
+    return nullptr;
+  }
+  auto text = [&](const char* field) { return j.contains(field) && j[field].is_string(); };
+  if (!text("node")) {
+    *why = "field 'node' is missing or not a string";
+    return nullptr;
+  }
+  if (j.contains("event")) return j;
+  for (const char* field : {"plugin", "kind"})
+    if (!text(field)) {
+      *why = std::string("field '") + field + "' is missing or not a string";
+      return nullptr;
+    }
+  if (!j.contains("record") || !j["record"].is_object()) {
+    *why = "field 'record' is missing or not an object";
+    return nullptr;
+  }
+  if (!j.contains("term") || !j["term"].is_number_unsigned()) {
+    *why = "field 'term' is missing or not a number";
+    return nullptr;
+  }
+  return j;
+}
+
 }  // namespace
 
 int EtcdLeadership::create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out) {
@@ -73,14 +108,24 @@ void EtcdLeadership::campaign_loop() {
       continue;
     }
     if (lease != lease_.load()) continue;  // the lease lapsed while campaigning: campaign again
-    // What the previous leaders left.
+    // What the previous leaders left: the cursors, and the newest
+    // kMaxLogRecords records of the action log (bounded; older ones are
+    // named in a warning, not read).
     std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs;
+    int64_t logged = 0;
     if (etcd.range_prefix(prefix() + "cursor/", &cursor_kvs) != BALLAST_OK ||
-        etcd.range_prefix(prefix() + "actions/", &action_kvs) != BALLAST_OK) {
+        etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK) {
       etcd_errors_.fetch_add(1);
       host_.log(BALLAST_LOG_WARN, "cluster", std::string("reading the previous term: ") + last_error());
       continue;
     }
+    if (logged > int64_t(action_kvs.size()))
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + prefix() + "actions/ holds " + std::to_string(logged) + " records: the " +
+                    std::to_string(logged - int64_t(action_kvs.size())) + " oldest are not read (at most " +
+                    std::to_string(kMaxLogRecords) + ")");
+    nlohmann::json own = nlohmann::json::array();  // records of plugins' fence_action, for the plugins
+    size_t malformed = 0;
     {
       std::lock_guard lock(mutex_);
       key_ = key;
@@ -88,37 +133,48 @@ void EtcdLeadership::campaign_loop() {
       for (auto& [k, v] : cursor_kvs) cursors_[k.substr(prefix().size() + 7)] = std::strtoull(v.c_str(), nullptr, 10);
       actions_.clear();
       for (auto& [k, v] : action_kvs) {
-        auto j = nlohmann::json::parse(v, nullptr, false);
-        if (!j.is_object() || !j.contains("node") || !j.contains("event")) continue;
-        actions_.push_back({j["node"].get<std::string>(),
-                            std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10), j["event"].dump()});
+        const uint64_t id = std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10);
+        std::string why;
+        nlohmann::json j = parse_logged(v, &why);
+        if (j.is_null()) {
+          ++malformed;
+          host_.log(BALLAST_LOG_WARN, "cluster", "action log: " + k + " is skipped: " + why);
+        } else if (j.contains("event")) {
+          actions_.push_back({j["node"].get<std::string>(), id, j["event"].dump()});
+        } else {
+          j["id"] = id;
+          own.push_back(std::move(j));
+        }
       }
     }
-    size_t pending = 0;
-    {
-      std::lock_guard lock(mutex_);
-      pending = actions_.size();
-    }
+    const size_t pending = action_kvs.size() - own.size() - malformed;
     revision_.store(rev);
     elected_at_ms_.store(wall_ms());
     terms_.fetch_add(1);
-    leader_.store(true);
     host_.log(BALLAST_LOG_INFO, "cluster",
               options_.name + " is the leader (revision " + std::to_string(rev) + "): read " +
                   std::to_string(cursor_kvs.size()) + " cursor(s), " + std::to_string(pending) +
-                  " pending action(s) and " + std::to_string(action_kvs.size() - pending) +
-                  " record(s) of earlier leaders' own actions");
+                  " pending action(s) and " + std::to_string(own.size()) +
+                  " record(s) of earlier leaders' own actions" +
+                  (malformed ? ", skipped " + std::to_string(malformed) + " malformed record(s)" : ""));
     // The cursors this term starts from: what the earlier terms applied.
     nlohmann::json cursors = nlohmann::json::object();
     {
       std::lock_guard lock(mutex_);
       for (auto& [node, seq] : cursors_) cursors[node] = seq;
     }
+    // The earlier terms' records of what plugins did outside this process
+    // (a successor's executor takes over its predecessor's job from them).
     nlohmann::json j = {{"leader", options_.name},
                         {"revision", rev},
                         {"elected_at_ms", elected_at_ms_.load()},
-                        {"cursors", std::move(cursors)}};
+                        {"cursors", std::move(cursors)},
+                        {"log", std::move(own)},
+                        {"log_complete", logged <= int64_t(action_kvs.size())}};
+    // Published before this candidate acts as the leader: a plugin's inline
+    // handler has the log before any of its fence_action calls is allowed.
     host_.publish_json("controller.leader", j.dump(), "cluster");
+    leader_.store(true);
   }
 }
 

@@ -36,6 +36,10 @@ struct EtcdOptions {
 
 class EtcdLeadership : public Leadership {
  public:
+  // Bounds of what a new term reads of the action log: the newest records,
+  // each at most this large (a larger one is skipped, named in the log).
+  static constexpr size_t kMaxLogRecords = 4096;
+  static constexpr size_t kMaxLogRecordBytes = 16 * 1024;
   static int create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out);
   ~EtcdLeadership() override;
   int start();

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,23 @@ struct RankExit {
   int rank = -1;
   pid_t pid = -1;
   int status = 0;  // wait status: WIFEXITED / WIFSIGNALED
+};
+
+// What a controller that begins to lead makes of the records its
+// predecessors left (plugin.h's fence_action, in etcd's action log, handed
+// over in the controller.leader event): the job they ran, when it adopts it.
+struct TakeOver {
+  enum Outcome {
+    none,     // nothing of this job's in the log: a fresh start
+    adopted,  // the job runs (or waits) in Slurm: this executor carries it on
+    ended,    // the job an earlier leader started is gone: not started again
+  } outcome = none;
+  std::vector<std::string> slots;  // adopted: every slot's name
+  std::vector<int> active;         // adopted: job node -> slot, as the last attempt had them
+  // adopted: slots an earlier leader drained and none resumed; true when the
+  // drain was for node.silent (resumed once the node's agent connects).
+  std::map<int, bool> drained;
+  std::string detail;  // in words, for the log
 };
 
 // Asked before a command with effects outside this process (plugin.h's
@@ -72,8 +90,22 @@ class Backend {
   }
   // The executor takes an active slot out of the job for `reason` (evict),
   // before its ranks are stopped. False with *error: the slot stays in.
-  virtual bool evict(int slot, const std::string& reason, std::string* error) {
-    (void)slot, (void)reason, (void)error;
+  // `cause` is the topic of the event behind it ("node.silent", ...).
+  virtual bool evict(int slot, const std::string& reason, const std::string& cause, std::string* error) {
+    (void)slot, (void)reason, (void)cause, (void)error;
+    return true;
+  }
+  // Whether its commands reach outside this process and ask the fence
+  // first (the Slurm backend): then a controller candidate's executor may
+  // wait to lead, and may take over a job an earlier leader ran.
+  virtual bool acts_outside() const { return false; }
+  // Called once per new term before this executor's first start, with the
+  // records of the earlier leaders (the controller.leader event's `log`,
+  // oldest first). False with *error when the job cannot be taken over;
+  // BALLAST_EFENCED refusals leave fenced_off() true.
+  virtual bool take_over(const nlohmann::json& log, TakeOver* out, std::string* error) {
+    (void)log, (void)error;
+    *out = TakeOver{};
     return true;
   }
   // Whether an evicted slot is repaired when its node is heard again

@@ -158,7 +158,20 @@ bool ReportSocket::open(const std::string& path, std::string* error) {
     return false;
   }
   path_ = path;
+  if (lstat(path.c_str(), &st) == 0) inode_ = st.st_ino;
   return true;
+}
+
+bool ReportSocket::answers(const std::string& path) {
+  sockaddr_un sa{};
+  if (path.size() >= sizeof sa.sun_path) return false;
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);
+  return live;
 }
 
 std::vector<std::string> ReportSocket::drain() {
@@ -174,9 +187,12 @@ std::vector<std::string> ReportSocket::drain() {
 }
 
 void ReportSocket::close() {
+  // Unlinked before the socket closes (no other executor takes the path
+  // while this one is bound), and only while the path is still this socket.
+  struct stat st {};
+  if (!path_.empty() && lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) unlink(path_.c_str());
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  if (!path_.empty()) unlink(path_.c_str());
   path_.clear();
 }
 

@@ -3,6 +3,8 @@
 // to. Owned by the executor's supervising thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +44,9 @@ class ReportSocket {
   ReportSocket& operator=(const ReportSocket&) = delete;
   // Bind a datagram socket at path (removed first if a socket is there).
   bool open(const std::string& path, std::string* error);
+  // Whether a process has a datagram socket bound at path (connect()
+  // succeeds): another executor's channel, not a file left by a dead one.
+  static bool answers(const std::string& path);
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
   // Every datagram waiting now, without blocking.
@@ -51,6 +56,7 @@ class ReportSocket {
  private:
   int fd_ = -1;
   std::string path_;
+  ino_t inode_ = 0;  // of the socket file bound at path_
 };
 
 // The control file: whole JSON lines, appended, each with a new seq.

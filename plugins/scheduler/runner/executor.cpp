@@ -216,8 +216,15 @@ bool Executor::start(std::string* error) {
   fs::create_directories(trace_dir_, ec);
   socket_path_ = job_dir_ + "/job.sock";
   if (socket_path_.size() >= 100) socket_path_ = "/tmp/ballast-" + std::to_string(getpid()) + "-job.sock";
-  if (!socket_.open(socket_path_, error)) return false;
-  if (!control_.open(job_dir_ + "/control.jsonl", error)) return false;
+  // Another executor's channel answering there (a controller candidate's
+  // leader, still alive): its ranks' reports stay its own. Opened when this
+  // one starts the job, once that socket is gone.
+  if (!ReportSocket::answers(socket_path_)) {
+    if (!open_channel(error)) return false;
+  } else if (!backend_->acts_outside()) {
+    *error = "job.dir " + job_dir_ + ": another executor's job channel answers at " + socket_path_;
+    return false;
+  }
   const int slots = cfg_.nodes() + cfg_.standby;
   if (!backend_->prepare(slots, job_dir_, error)) return false;
   for (const auto& in : cfg_.injections)
@@ -233,10 +240,7 @@ bool Executor::start(std::string* error) {
     slots_[size_t(n)].role = SlotState::active;
   }
   // The placement plugin picks standbys on this topology: one switch.
-  std::string names;
-  for (const auto& s : slots_) names += (names.empty() ? "" : ",") + s.name;
-  std::ofstream topo(job_dir_ + "/topology.conf");
-  topo << "# the job's slots (ballast run, " << backend_->name() << " backend)\nSwitchName=job Nodes=" << names << "\n";
+  write_topology();
   ranks_.assign(size_t(cfg_.ranks), RankState{});
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     *error = std::string("pipe: ") + std::strerror(errno);
@@ -248,37 +252,107 @@ bool Executor::start(std::string* error) {
                             "), traces in " + trace_dir_ + ", " + std::to_string(cfg_.injections.size()) +
                             " injection(s)");
   first_start_ns_ = now();
+  // A controller candidate (with etcd) is refused every action until it
+  // leads (the controller role starts after the plugins): then it waits for
+  // its term, and takes over what an earlier leader left (take_over).
+  if (backend_->acts_outside() && BALLAST_COVERS(host_->size, ballast_host_api, fence_action))
+    ha_ = host_->fence_action(host_, "runner.start", nlohmann::json({{"job", cfg_.name}}).dump().c_str()) != BALLAST_OK;
   std::string why;
-  if (!start_attempt(Checkpoint{}, &why)) {
-    if (!backend_->fenced_off()) {
+  if (ha_ || !start_attempt(Checkpoint{}, &why)) {
+    if (!ha_ && !backend_->fenced_off() && !channel_busy_) {
       *error = why;
       return false;
     }
     // A controller candidate that does not lead (yet): the job starts when it does.
+    attempt_ = std::max(attempt_, 0);
     waiting_to_lead_ = true;
     next_lead_try_ns_ = now() + kLeadRetryNs;
-    set_state(State::starting, "waiting to lead: " + why);
+    set_state(State::starting, ha_ ? "waiting to lead" : "waiting to lead: " + why);
   }
   thread_ = std::thread([this] { loop(); });
   return true;
 }
 
-// While waiting to lead: the first start tried again, once a second.
+// While waiting to lead: the first start tried again, once a second; with
+// high availability only once a term began (controller.leader, whose log
+// take_over reads first).
 void Executor::try_to_lead() {
-  if (now() < next_lead_try_ns_) return;
-  attempt_ = -1;
+  if (now() < next_lead_try_ns_ || (ha_ && terms_seen_ == 0)) return;
+  next_lead_try_ns_ = now() + kLeadRetryNs;
   std::string why;
-  if (start_attempt(Checkpoint{}, &why)) {
+  if (ha_ && taken_over_ != terms_seen_ && !take_over(&why)) {
+    if (backend_->fenced_off() || ended_) return;
     waiting_to_lead_ = false;
-    log(BALLAST_LOG_INFO, "this controller leads: the job is started");
+    end_job(State::escalated, "the job could not be taken over: " + why);
     return;
   }
-  if (backend_->fenced_off()) {
-    next_lead_try_ns_ = now() + kLeadRetryNs;
+  if (ended_) return;
+  attempt_ = -1;
+  // Adopted, or started before by this executor: from the newest checkpoint.
+  const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
+  if (start_attempt(from, &why)) {
+    waiting_to_lead_ = false;
+    log(BALLAST_LOG_INFO,
+        "this controller leads: the job is started" + (from.path.empty() ? std::string() : " from " + from.path));
     return;
   }
+  if (backend_->fenced_off() || channel_busy_) return;
   waiting_to_lead_ = false;
   end_job(State::escalated, "the job did not start: " + why);
+}
+
+// A new term: what the earlier leaders' records say of this job, taken
+// over (Backend::take_over). Slots are renamed and given the roles the
+// adopted job had; a node drained by an earlier leader for node.silent is
+// back once its agent connects to this controller.
+bool Executor::take_over(std::string* error) {
+  TakeOver t;
+  if (!backend_->take_over(leader_log_, &t, error)) return false;
+  taken_over_ = terms_seen_;
+  for (size_t s = 0; s < slots_.size(); ++s) slots_[s].name = backend_->slot_name(int(s));
+  if (t.outcome == TakeOver::ended) {
+    waiting_to_lead_ = false;
+    end_job(State::stopped, t.detail);
+    return true;
+  }
+  if (t.outcome == TakeOver::adopted) {
+    for (auto& s : slots_) s = SlotState{s.name, SlotState::standby, 0, 0, ""};
+    for (size_t n = 0; n < t.active.size() && n < node_slot_.size(); ++n) {
+      node_slot_[n] = t.active[n];
+      slots_[size_t(t.active[n])].role = SlotState::active;
+    }
+    for (const auto& [slot, silent] : t.drained) {
+      auto& s = slots_[size_t(slot)];
+      s.role = SlotState::evicted;
+      s.evicted_ns = now();
+      s.replaced_by = "an earlier leader's replace";
+      s.back_on_connect = silent;
+      s.back = silent && connected_.count(s.name) > 0;
+    }
+    log(BALLAST_LOG_INFO, "took over the job an earlier leader ran: " + t.detail);
+  }
+  write_topology();
+  return true;
+}
+
+// The job channel: its socket bound (replacing a socket no process
+// answers at) and the control file made anew.
+bool Executor::open_channel(std::string* error) {
+  channel_busy_ = ReportSocket::answers(socket_path_);
+  if (channel_busy_) {
+    *error = "another executor's job channel answers at " + socket_path_;
+    return false;
+  }
+  channel_open_ = socket_.open(socket_path_, error) && control_.open(job_dir_ + "/control.jsonl", error);
+  return channel_open_;
+}
+
+// The placement plugin picks standbys on this topology: one switch.
+void Executor::write_topology() {
+  std::string names;
+  for (const auto& s : slots_) names += (names.empty() ? "" : ",") + s.name;
+  std::ofstream topo(job_dir_ + "/topology.conf");
+  topo << "# the job's slots (ballast run, " << backend_->name() << " backend)\nSwitchName=job Nodes=" << names << "\n";
 }
 
 // Refused by the fence after the job was started: another controller leads
@@ -429,6 +503,25 @@ void Executor::post_back(const std::string& node) {
   (void)n;
 }
 
+void Executor::post_leader(const std::string& json) {
+  Message m;
+  m.kind = Message::leader;
+  m.text = json;
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_.push_back(std::move(m));
+}
+
+void Executor::post_connected(const std::string& node) {
+  Message m;
+  m.kind = Message::connected;
+  m.subject = node;
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_.push_back(std::move(m));
+  char c = 0;
+  ssize_t n = write(wake_[1], &c, 1);
+  (void)n;
+}
+
 void Executor::post_placement_error(const std::string& message) {
   Message m;
   m.kind = Message::plan_error;
@@ -465,8 +558,11 @@ void Executor::loop() {
       std::lock_guard<std::mutex> lock(inbox_mu_);
       msgs.swap(inbox_);
     }
-    // While waiting to lead the job is not this controller's: what comes is not acted on.
+    // While waiting to lead the job is not this controller's: what comes is
+    // not acted on, but for the terms and the agents that connect.
     if (waiting_to_lead_) {
+      for (auto& m : msgs)
+        if (m.kind == Message::leader || m.kind == Message::connected) handle_term(m);
       try_to_lead();
       continue;
     }
@@ -595,6 +691,10 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
       return false;
     }
     for (int l = 0; l < rpn; ++l) ranks_[size_t(n * rpn + l)].running = true;
+  }
+  if (!channel_open_ && !open_channel(error)) {
+    stop_ranks();
+    return false;
   }
   if (!backend_->launch(error)) {
     stop_ranks();
@@ -866,6 +966,7 @@ void Executor::handle_message(Message& m) {
     plan_answered_ = true;
     return;
   }
+  if (m.kind == Message::leader || m.kind == Message::connected) return handle_term(m);
   if (m.kind == Message::back) {
     for (auto& s : slots_)
       if (s.name == m.subject && s.role == SlotState::evicted && backend_->repaired_when_back()) {
@@ -996,6 +1097,31 @@ int Executor::slot_of_subject(const std::string& subject) const {
   return -1;
 }
 
+// controller.leader: the log of the new term's predecessors, for
+// take_over; node.connected: a node an earlier leader drained for its
+// silence is back.
+void Executor::handle_term(const Message& m) {
+  if (m.kind == Message::leader) {
+    const auto j = nlohmann::json::parse(m.text, nullptr, false);
+    ++terms_seen_;
+    connected_.clear();
+    leader_log_ = nlohmann::json::array();
+    if (j.is_object() && j.contains("log") && j["log"].is_array())
+      leader_log_ = j["log"];
+    else
+      log(BALLAST_LOG_ERROR, "controller.leader without a log of the earlier leaders' records: nothing taken over");
+    if (j.is_object() && j.value("log_complete", true) == false)
+      log(BALLAST_LOG_WARN, "controller.leader: the action log was read in part (its newest records)");
+    return;
+  }
+  connected_.insert(m.subject);
+  for (auto& s : slots_)
+    if (s.name == m.subject && s.role == SlotState::evicted && s.back_on_connect && !s.back) {
+      s.back = true;
+      log(BALLAST_LOG_INFO, "node.connected " + s.name + ": drained by an earlier leader, to be a standby again");
+    }
+}
+
 // What the backend records against an evicted node (Slurm: the drain
 // reason): the fault that caused it, as the policy named it.
 std::string Executor::eviction_reason(const Action& a) const {
@@ -1098,7 +1224,7 @@ void Executor::begin(Action a) {
       finish("failed", "'" + act.subject + "' is not a node or rank of the job");
       return;
     }
-    if (std::string error; !backend_->evict(slot, eviction_reason(act), &error)) {
+    if (std::string error; !backend_->evict(slot, eviction_reason(act), act.cause, &error)) {
       finish("failed", error);
       return;
     }
@@ -1109,6 +1235,7 @@ void Executor::begin(Action a) {
     slots_[size_t(slot)].role = SlotState::evicted;
     slots_[size_t(slot)].evicted_ns = now();
     slots_[size_t(slot)].back = false;
+    slots_[size_t(slot)].back_on_connect = false;
     slots_[size_t(slot)].replaced_by.clear();
     const std::string name = slots_[size_t(slot)].name;
     finish("ok", "took " + name + " out of the job");
@@ -1198,7 +1325,7 @@ void Executor::begin_replace(int failed, const Action& act) {
   }
   if (slots_[size_t(failed)].role == SlotState::active) {
     // Replace without evict: take it out first.
-    if (std::string error; !backend_->evict(failed, eviction_reason(act), &error)) {
+    if (std::string error; !backend_->evict(failed, eviction_reason(act), act.cause, &error)) {
       finish("failed", error);
       return;
     }
@@ -1207,6 +1334,7 @@ void Executor::begin_replace(int failed, const Action& act) {
     slots_[size_t(failed)].role = SlotState::evicted;
     slots_[size_t(failed)].evicted_ns = now();
     slots_[size_t(failed)].back = false;
+    slots_[size_t(failed)].back_on_connect = false;
     slots_[size_t(failed)].replaced_by.clear();
   }
   current_->failed_slot = failed;
@@ -1296,6 +1424,7 @@ void Executor::advance() {
     }
     s.role = SlotState::standby;
     s.back = false;
+    s.back_on_connect = false;
     log(BALLAST_LOG_INFO, s.name + " is repaired: a standby again");
   }
   if (current_) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace ballast::runner {
@@ -57,6 +58,10 @@ class Executor {
   void post_plan(const ballast_placement_plan& p);
   void post_placement_error(const std::string& message);
   void post_back(const std::string& node);
+  // controller.leader (a new term; JSON with the earlier leaders' `log`) and
+  // node.connected (an agent connected to this controller).
+  void post_leader(const std::string& json);
+  void post_connected(const std::string& node);
 
  private:
   enum class State { starting, running, recovering, paused, finished, escalated, stopped, interrupted };
@@ -73,10 +78,11 @@ class Executor {
     std::string name;
     enum Role { active, standby, evicted } role = standby;
     int64_t evicted_ns = 0;
-    int64_t activated_ns = 0;  // when it last took an evicted node's place
-    std::string replaced_by;   // the standby that took its place since its eviction
-    bool back = false;         // evicted, and node.back said it is heard again since
-    int64_t retry_ns = 0;      // a failed restore is tried again from then
+    int64_t activated_ns = 0;      // when it last took an evicted node's place
+    std::string replaced_by;       // the standby that took its place since its eviction
+    bool back = false;             // evicted, and node.back said it is heard again since
+    bool back_on_connect = false;  // drained by an earlier leader for node.silent: back once its agent connects
+    int64_t retry_ns = 0;          // a failed restore is tried again from then
   };
   struct InFlight {
     Action action;
@@ -89,7 +95,7 @@ class Executor {
     std::string detail;
   };
   struct Message {
-    enum Kind { action, fault, plan, plan_error, back } kind = action;
+    enum Kind { action, fault, plan, plan_error, back, leader, connected } kind = action;
     Action act;
     std::string topic, subject, fault_kind, detector, evidence;
     int rank = -1;
@@ -101,6 +107,10 @@ class Executor {
   void loop();
   int fence(const std::string& kind, const nlohmann::json& record, std::string* why);
   void try_to_lead();
+  bool take_over(std::string* error);
+  bool open_channel(std::string* error);
+  void write_topology();
+  void handle_term(const Message& m);
   void stand_down();
   void handle_report(const Report& r);
   void handle_exit(const RankExit& e);
@@ -186,6 +196,14 @@ class Executor {
   bool waiting_to_lead_ = false;  // the first start was fenced off: tried again until this controller leads
   int64_t next_lead_try_ns_ = 0;
   static constexpr int64_t kLeadRetryNs = 1000000000;
+  // With high availability (the fence refused this candidate at its start):
+  // what the controller.leader events brought, and what was taken over.
+  bool ha_ = false;
+  uint64_t terms_seen_ = 0, taken_over_ = 0;  // controller.leader events read; the one taken over
+  nlohmann::json leader_log_ = nlohmann::json::array();
+  std::set<std::string> connected_;  // nodes whose agent connected in this term
+  bool channel_open_ = false;        // the job channel's socket is bound and the control file made
+  bool channel_busy_ = false;        // the last start found another executor's socket answering
   Summary final_;
   bool summarised_ = false;
 };

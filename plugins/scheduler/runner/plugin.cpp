@@ -100,6 +100,24 @@ int on_back(void* user, const ballast_event* ev) {
   return BALLAST_OK;
 }
 
+// controller.leader (a new term, with the earlier leaders' records) and
+// node.connected ({"node": name, ...}), from the cluster controller.
+int on_leader(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+  static_cast<State*>(user)->executor->post_leader(
+      std::string(static_cast<const char*>(ev->payload), ev->payload_size));
+  return BALLAST_OK;
+}
+
+int on_connected(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+  const auto* text = static_cast<const char*>(ev->payload);
+  const auto j = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
+  if (j.is_object() && j.contains("node") && j["node"].is_string())
+    static_cast<State*>(user)->executor->post_connected(j["node"].get<std::string>());
+  return BALLAST_OK;
+}
+
 int on_straggler(void* user, const ballast_event* ev) {
   if (ev->schema != BALLAST_SCHEMA_STRAGGLER_REPORT || !ev->payload ||
       ev->payload_size < sizeof(ballast_straggler_report))
@@ -124,10 +142,12 @@ int start(void* state) {
     const char* pattern;
     ballast_handler handler;
   };
-  // Inline: the handlers only copy the event into the executor's inbox.
-  for (const Sub& sub : {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
-                         Sub{"node.back", on_back}, Sub{"straggler.report", on_straggler},
-                         Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
+  // Inline: the handlers only copy the event into the executor's inbox (so
+  // controller.leader is there before the new leader allows any action).
+  for (const Sub& sub :
+       {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
+        Sub{"node.back", on_back}, Sub{"controller.leader", on_leader}, Sub{"node.connected", on_connected},
+        Sub{"straggler.report", on_straggler}, Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
     uint64_t id = 0;
     const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);
     if (rc != BALLAST_OK) return rc;

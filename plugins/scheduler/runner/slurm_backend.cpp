@@ -59,12 +59,6 @@ bool read_number(const std::string& path, long* out) {
   return true;
 }
 
-// A state in which the job's processes are gone for good (squeue's job_state).
-bool finished_state(const std::string& s) {
-  return s != "PENDING" && s != "RUNNING" && s != "CONFIGURING" && s != "COMPLETING" && s != "SUSPENDED" &&
-         s != "REQUEUED" && s != "RESIZING" && s != "SIGNALING" && s != "STAGE_OUT";
-}
-
 }  // namespace
 
 SlurmBackend::SlurmBackend(SlurmConfig config, std::string job_name, int job_nodes)
@@ -163,7 +157,20 @@ bool SlurmBackend::prepare(int slots, const std::string& job_dir, std::string* e
     *error = "cannot make " + dir_ + ": " + ec.message();
     return false;
   }
-  if (!choose_nodes(slots - job_nodes_, error)) return false;
+  slots_ = slots;
+  // A job of this name in Slurm already (an earlier leader's, to be taken
+  // over): its nodes come from the action log (take_over), not chosen now.
+  std::vector<slurm::JobInfo> named;
+  if (!slurm_.jobs_named(job_name_, &named, error)) return false;
+  nodes_deferred_ = std::any_of(named.begin(), named.end(), [](const slurm::JobInfo& j) { return !j.finished(); });
+  if (nodes_deferred_) {
+    names_ = cfg_.nodes;
+    names_.insert(names_.end(), cfg_.spares.begin(), cfg_.spares.end());
+    for (int s = int(names_.size()); s < slots; ++s) names_.push_back("node" + std::to_string(s));
+    names_.resize(size_t(slots));
+  } else if (!choose_nodes(slots - job_nodes_, error)) {
+    return false;
+  }
   // One srun step per run starts every node's script for the attempt named in `current`.
   const std::string script =
       "#!/bin/bash\n"
@@ -237,6 +244,7 @@ bool SlurmBackend::launch(std::string* error) {
   const bool submit = job_ == 0;
   nlohmann::json record = {{"job", job_name_}, {"run", run_}, {"nodes", nodes}, {"exclude", exclude}};
   if (!submit) record["slurm_job"] = job_;
+  if (submit) record["slots"] = names_;  // what a successor taking the job over needs
   if (submit && hold_spares_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   bool ok = may(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
             write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error);
@@ -280,26 +288,198 @@ bool SlurmBackend::launch(std::string* error) {
   return ok;
 }
 
-// A controller that took over from another finds the job the other
-// submitted still in Slurm: it does not submit a second one.
+// A job of this name in Slurm that take_over did not adopt (no record of
+// an earlier leader's submit, or no action log at all) is not this
+// executor's: no second one is submitted.
 bool SlurmBackend::not_submitted(std::string* error) {
   std::string out;
   if (!slurm_.run({"squeue", "-h", "--name=" + job_name_, "-o", "%i %T"}, &out, error)) return false;
-  if (out.find_first_not_of(" \n") == std::string::npos) return true;
-  *error = "Slurm already has a job named " + job_name_ + " (" + out.substr(0, out.find('\n')) +
-           "), submitted by an earlier controller: taking over a running job is not supported; cancel it "
+  if (out.find_first_not_of(" \n") == std::string::npos && !nodes_deferred_) return true;
+  *error = "Slurm already has a job named " + job_name_ + " (" +
+           (out.empty() ? std::string("it had one when this executor started") : out.substr(0, out.find('\n'))) +
+           ") that no earlier leader's action log shows submitted: it is not taken over; cancel it "
            "(scancel --name=" +
            job_name_ + ") or name this job otherwise";
   return false;
 }
 
-bool SlurmBackend::evict(int slot, const std::string& reason, std::string* error) {
+namespace {
+
+// A record's text field, "" when missing or not text.
+std::string field(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool names_of(const nlohmann::json& j, std::vector<std::string>* out) {
+  if (!j.is_array()) return false;
+  out->clear();
+  for (const auto& n : j) {
+    if (!n.is_string()) return false;
+    out->push_back(n.get<std::string>());
+  }
+  return true;
+}
+
+}  // namespace
+
+bool SlurmBackend::take_over(const nlohmann::json& log, TakeOver* out, std::string* error) {
+  *out = TakeOver{};
+  if (!log.is_array()) {
+    *error = "controller.leader: 'log' is not an array";
+    return false;
+  }
+  // This job's records since its last end (a slurm.cancel ends a run of
+  // the job under its leader: what came before is done), oldest first.
+  std::vector<nlohmann::json> records;
+  for (const auto& r : log) {
+    if (!r.is_object() || !r.contains("record") || !r["record"].is_object()) continue;
+    const std::string kind = field(r, "kind");
+    if (kind.rfind("slurm.", 0) != 0 || field(r["record"], "job") != job_name_) continue;
+    if (kind == "slurm.cancel") {
+      records.clear();
+      continue;
+    }
+    nlohmann::json rec = r["record"];
+    rec["kind"] = kind;
+    records.push_back(std::move(rec));
+  }
+  const bool submitted =
+      std::any_of(records.begin(), records.end(), [](const nlohmann::json& r) { return r["kind"] == "slurm.submit"; });
+  if (!submitted) {
+    // Nothing of this job's: a fresh start (refused at submit when Slurm has a job of its name).
+    if (nodes_deferred_) {
+      std::vector<slurm::JobInfo> named;
+      if (!slurm_.jobs_named(job_name_, &named, error)) return false;
+      if (std::all_of(named.begin(), named.end(), [](const slurm::JobInfo& j) { return j.finished(); })) {
+        if (!choose_nodes(slots_ - job_nodes_, error)) return false;
+        nodes_deferred_ = false;
+      }
+    }
+    out->slots = names_;
+    return true;
+  }
+  std::vector<slurm::JobInfo> named, live;
+  if (!slurm_.jobs_named(job_name_, &named, error)) return false;
+  for (const auto& j : named)
+    if (!j.finished()) live.push_back(j);
+  long logged = 0;  // the Slurm job the log names last
+  for (const auto& r : records)
+    if (r.contains("slurm_job") && r["slurm_job"].is_number_integer() && r["slurm_job"].get<long>() != 0)
+      logged = r["slurm_job"].get<long>();
+  if (live.size() > 1) {
+    *error = "Slurm has " + std::to_string(live.size()) + " jobs named " + job_name_ + " (" +
+             std::to_string(live[0].id) + ", " + std::to_string(live[1].id) + "): none is taken over";
+    return false;
+  }
+  if (live.empty()) {
+    out->outcome = TakeOver::ended;
+    std::string was;
+    for (const auto& j : named)
+      if (logged == 0 || j.id == logged) was = " (" + std::to_string(j.id) + " " + j.state + ")";
+    out->detail = "the Slurm job " + job_name_ + (logged ? " " + std::to_string(logged) : std::string()) +
+                  " that an earlier leader submitted is no longer running" + (was.empty() ? "" : was) +
+                  ": it ended or was cancelled, and is not submitted again";
+    return true;
+  }
+  if (logged != 0 && logged != live[0].id) {
+    *error = "Slurm's job named " + job_name_ + " is " + std::to_string(live[0].id) + ", the action log's is " +
+             std::to_string(logged) + ": not taken over";
+    return false;
+  }
+  return adopt(records, live[0].id, out, error);
+}
+
+// The job an earlier leader ran, carried on: its slots and last attempt
+// from the log, its run stopped (requeued, fenced) for this executor to
+// start the next one.
+bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, TakeOver* out, std::string* error) {
+  const std::string where = "the action log's records of " + job_name_;
+  std::vector<std::string> names, nodes;
+  int run = -1;
+  bool made_reservation = false;
+  for (const auto& r : records) {
+    const std::string kind = r["kind"];
+    if (kind == "slurm.submit") {
+      std::vector<std::string> spares;
+      if (!names_of(r.value("slots", nlohmann::json()), &names)) {
+        if (!names_of(r.value("nodes", nlohmann::json()), &names) ||
+            (r.contains("spares") && !names_of(r["spares"].value("nodes", nlohmann::json()), &spares))) {
+          *error = where + ": a slurm.submit record without its slots (or nodes) as a list of names";
+          return false;
+        }
+        names.insert(names.end(), spares.begin(), spares.end());
+      }
+      made_reservation = r.contains("spares");
+    }
+    if (kind == "slurm.submit" || kind == "slurm.release") {
+      if (!names_of(r.value("nodes", nlohmann::json()), &nodes) || !r.contains("run") ||
+          !r["run"].is_number_integer()) {
+        *error = where + ": a " + kind + " record without its nodes (a list of names) or its run (a number)";
+        return false;
+      }
+      run = r["run"].get<int>();
+    }
+  }
+  if (int(names.size()) != slots_) {
+    *error = where + ": " + std::to_string(names.size()) + " slots, and this job has " + std::to_string(slots_) +
+             " (ranks / ranks_per_node + standby): is it the same job table?";
+    return false;
+  }
+  auto slot_of = [&](const std::string& n) {
+    auto it = std::find(names.begin(), names.end(), n);
+    return it == names.end() ? -1 : int(it - names.begin());
+  };
+  out->active.clear();
+  for (const auto& n : nodes) out->active.push_back(slot_of(n));
+  if (int(nodes.size()) != job_nodes_ || std::count(out->active.begin(), out->active.end(), -1) > 0) {
+    *error = where + ": the last attempt's nodes " + slurm::join(nodes) + " are not " + std::to_string(job_nodes_) +
+             " of the job's slots " + slurm::join(names);
+    return false;
+  }
+  out->drained.clear();
+  for (const auto& r : records) {
+    const int slot = slot_of(field(r, "node"));
+    if (r["kind"] == "slurm.drain" && slot >= 0) out->drained[slot] = field(r, "cause") == "node.silent";
+    if (r["kind"] == "slurm.resume" && slot >= 0) out->drained.erase(slot);
+  }
+  names_ = names;
+  job_ = id;
+  run_ = run;
+  made_reservation_ = made_reservation;
+  hold_spares_ = false;
+  nodes_deferred_ = false;
+  ranks_.clear();
+  pending_slots_.clear();
+  drained_.clear();
+  std::vector<std::string> drained;
+  for (const auto& [slot, silent] : out->drained) {
+    drained_.insert(slot);
+    drained.push_back(names_[size_t(slot)]);
+  }
+  // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL): the ranks reported
+  // to the earlier leader's executor; this one starts the next run.
+  slurm::JobInfo info;
+  if (!slurm_.job(id, &info, error)) return false;
+  if (info.state != "PENDING") {
+    if (!may("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
+    if (!slurm_.requeue(id, error)) return false;
+  }
+  out->outcome = TakeOver::adopted;
+  out->slots = names_;
+  out->detail = "Slurm job " + std::to_string(id) + " (" + info.state + ", run " + std::to_string(run) + " on " +
+                slurm::join(nodes) + "; drained and not resumed: " + (drained.empty() ? "none" : slurm::join(drained)) +
+                ")";
+  return true;
+}
+
+bool SlurmBackend::evict(int slot, const std::string& reason, const std::string& cause, std::string* error) {
   // Slurm keeps the reason as one line.
   std::string why = reason;
   std::replace(why.begin(), why.end(), '\n', ' ');
   why = why.substr(0, 256);
   const nlohmann::json record = {
-      {"job", job_name_}, {"slurm_job", job_}, {"node", names_[size_t(slot)]}, {"reason", why}};
+      {"job", job_name_}, {"slurm_job", job_}, {"node", names_[size_t(slot)]}, {"reason", why}, {"cause", cause}};
   if (!may("slurm.drain", record, error)) return false;
   if (!slurm_.drain(names_[size_t(slot)], why, error)) return false;
   drained_.insert(slot);
@@ -385,7 +565,7 @@ std::vector<RankExit> SlurmBackend::reap() {
   const bool known = slurm_.job(job_, &info, &error);
   if (known && info.state == "RUNNING") seen_running_ = true;
   // The run ended (or Slurm requeued it itself) with ranks that wrote no exit code: killed.
-  const bool gone = known ? finished_state(info.state) || (seen_running_ && info.state == "PENDING")
+  const bool gone = known ? info.finished() || (seen_running_ && info.state == "PENDING")
                           : error.find(": no job ") != std::string::npos;
   if (gone) {
     collect();

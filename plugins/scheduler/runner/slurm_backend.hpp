@@ -12,9 +12,13 @@
 // Every operation whose commands change Slurm's state (submit with the
 // spares' reservation, release, requeue, drain, resume, signal, cancel) asks
 // the fence first (Backend::may: plugin.h's fence_action), and runs none of
-// its commands when refused. A job of the same name already in Slurm at the
-// first launch (an earlier leader's) is not submitted again: taking over a
-// running job is not supported.
+// its commands when refused. A controller that begins to lead takes over
+// the job an earlier leader submitted (take_over: the records of etcd's
+// action log): the same Slurm job (its id from squeue --json), the slots,
+// the last attempt's nodes and the nodes drained and not resumed; the job is
+// requeued (fenced) and restarted by the new executor from its newest
+// checkpoint. A job of the same name in Slurm that the log does not show
+// submitted is not submitted again, nor adopted.
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
 // back as files there, and the job's state from squeue --json. Liveness is
@@ -41,7 +45,9 @@ class SlurmBackend : public Backend {
   std::string isolation() const override;
   bool start(int slot, const std::vector<RankLaunch>& ranks, std::string* error) override;
   bool launch(std::string* error) override;
-  bool evict(int slot, const std::string& reason, std::string* error) override;
+  bool evict(int slot, const std::string& reason, const std::string& cause, std::string* error) override;
+  bool acts_outside() const override { return true; }
+  bool take_over(const nlohmann::json& log, TakeOver* out, std::string* error) override;
   bool restore(int slot, std::string* error) override;
   bool repaired_when_back() const override { return true; }
   bool signal(int rank, int sig) override;
@@ -64,6 +70,7 @@ class SlurmBackend : public Backend {
   };
   bool choose_nodes(int standby, std::string* error);
   bool not_submitted(std::string* error);
+  bool adopt(const std::vector<nlohmann::json>& records, long id, TakeOver* out, std::string* error);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
   void read_pids();
 
@@ -71,7 +78,9 @@ class SlurmBackend : public Backend {
   SlurmConfig cfg_;
   std::string job_name_;
   int job_nodes_;
-  std::string dir_;                 // <job folder>/slurm
+  std::string dir_;  // <job folder>/slurm
+  int slots_ = 0;
+  bool nodes_deferred_ = false;     // a job of this name was in Slurm at prepare: the nodes come from take_over
   std::vector<std::string> names_;  // slot -> node
   std::set<int> drained_;           // slots this job drained
   bool hold_spares_ = false;        // the spares' reservation is to be made at the first launch

@@ -140,26 +140,69 @@ bool Slurm::requeue_onto(long job, const std::string& reservation, const std::ve
   return requeue(job, error) && release(job, nodelist, {}, error);
 }
 
-bool Slurm::job(long id, JobInfo* out, std::string* error) {
+namespace {
+
+JobInfo job_info(const nlohmann::json& job) {
+  JobInfo out;
+  out.id = job["job_id"].get<long>();
+  out.name = job.value("name", "");
+  out.state = job.value("job_state", "");
+  out.nodes = job.value("nodes", "");
+  out.restarts = job.value("restart_cnt", 0);
+  out.reason = job.value("state_reason", "");
+  out.submit_time = job.value("submit_time", 0LL);
+  return out;
+}
+
+// squeue --json ARGS: its "jobs", each with a numeric job_id.
+bool squeue_jobs(Slurm& slurm, const std::vector<std::string>& args, std::vector<JobInfo>* out, std::string* error) {
+  std::vector<std::string> argv = {"squeue", "--json"};
+  argv.insert(argv.end(), args.begin(), args.end());
   std::string text;
-  if (!run({"squeue", "--json", "-j", std::to_string(id)}, &text, error)) return false;
+  if (!slurm.run(argv, &text, error)) return false;
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.contains("jobs") || !j["jobs"].is_array()) {
     *error = "squeue --json: not the expected JSON: " + text.substr(0, 200);
     return false;
   }
-  for (const auto& job : j["jobs"]) {
-    if (!job.contains("job_id") || job["job_id"] != id) continue;
-    out->id = id;
-    out->state = job.value("job_state", "");
-    out->nodes = job.value("nodes", "");
-    out->restarts = job.value("restart_cnt", 0);
-    out->reason = job.value("state_reason", "");
-    out->submit_time = job.value("submit_time", 0LL);
-    return true;
+  out->clear();
+  try {
+    for (const auto& job : j["jobs"])
+      if (job.is_object() && job.contains("job_id") && job["job_id"].is_number_integer()) out->push_back(job_info(job));
+  } catch (const nlohmann::json::exception& e) {
+    *error = std::string("squeue --json: a job's fields are not of the expected types: ") + e.what();
+    return false;
   }
+  return true;
+}
+
+}  // namespace
+
+bool JobInfo::finished() const {
+  return state != "PENDING" && state != "RUNNING" && state != "CONFIGURING" && state != "COMPLETING" &&
+         state != "SUSPENDED" && state != "REQUEUED" && state != "RESIZING" && state != "SIGNALING" &&
+         state != "STAGE_OUT";
+}
+
+bool Slurm::job(long id, JobInfo* out, std::string* error) {
+  std::vector<JobInfo> all;
+  if (!squeue_jobs(*this, {"-j", std::to_string(id)}, &all, error)) return false;
+  for (const auto& j : all)
+    if (j.id == id) {
+      *out = j;
+      return true;
+    }
   *error = "squeue --json: no job " + std::to_string(id);
   return false;
+}
+
+bool Slurm::jobs_named(const std::string& name, std::vector<JobInfo>* out, std::string* error) {
+  std::vector<JobInfo> all;
+  if (!squeue_jobs(*this, {}, &all, error)) return false;
+  out->clear();
+  for (auto& j : all)
+    if (j.name == name) out->push_back(std::move(j));
+  return true;
 }
 
 bool Slurm::nodes(std::vector<NodeInfo>* out, std::string* error) {

@@ -30,6 +30,9 @@ struct JobInfo {
   int restarts = 0;
   std::string reason;
   long long submit_time = 0;  // Unix seconds, slurmctld's clock; a requeue sets it to its own time
+  std::string name;
+  // Whether its processes are gone for good (COMPLETED, CANCELLED, FAILED, ...).
+  bool finished() const;
 };
 
 struct NodeInfo {
@@ -69,6 +72,9 @@ class Slurm {
   bool requeue_onto(long job, const std::string& reservation, const std::vector<std::string>& nodelist,
                     std::string* error);
   bool job(long id, JobInfo* out, std::string* error);
+  // Every job named `name` that squeue --json lists (ended ones too, while
+  // slurmctld keeps them: MinJobAge).
+  bool jobs_named(const std::string& name, std::vector<JobInfo>* out, std::string* error);
   bool nodes(std::vector<NodeInfo>* out, std::string* error);
   // sbatch --parsable ARGS...; the job id.
   bool submit(const std::vector<std::string>& args, long* id, std::string* error);

@@ -9,12 +9,18 @@
 // Ballast itself: agents' heartbeats, the controller's node.silent, the
 // policy's evict and the executor's Slurm backend.
 #include "cluster_harness.hpp"
+#include "journal.hpp"
 #include "slurm.hpp"
+
+#include <ballast/events.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -192,12 +198,19 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   return out;
 }
 
-// A real agent for `node` (`ballast run`) reporting to the controller at listen; its output beside its config.
+// A real agent for `node` (`ballast run`) reporting to the controller at listen (a comma-separated list of
+// candidates); its output beside its config.
 Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
                  int silent_after_ms) {
+  std::string list;
+  for (size_t at = 0; at <= listen.size();) {
+    const size_t end = std::min(listen.find(',', at), listen.size());
+    list += "\"" + listen.substr(at, end - at) + "\", ";
+    at = end + 1;
+  }
   write_file(dir + "/" + node + ".lua",
-             "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { \"" + listen +
-                 "\" }, " + tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
+             "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { " + list + "}, " +
+                 tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
                  "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
   return spawn({kBallast, "run", dir + "/" + node + ".lua"}, dir + "/" + node + ".out", dir + "/" + node + ".err");
 }
@@ -479,4 +492,208 @@ TEST_CASE(
   CHECK(report["counters"].value("fence.allowed", 0) >= 4);
   c2.signal(SIGTERM);
   c2.wait();
+  // The job left running for a leader that never came: cancelled, so that its ranks do not outlive the case.
+  CHECK(slurm.run({"scancel", "--name=job"}, nullptr, &error));
+  CHECK(eventually(30, [&] {
+    std::string left;
+    return slurm.run({"squeue", "-h", "--name=job"}, &left, &error) && left.empty();
+  }));
+}
+
+namespace {
+
+// A controller candidate running the job on Slurm (c1, c2: the same job table, as a deployment's).
+std::string candidate_config(const std::string& name, const std::string& dir, const std::string& listen,
+                             const std::string& certs, const std::string& etcd, const std::string& job_key,
+                             const std::string& conf) {
+  return "return { node = \"" + name + "\", role = \"controller\", journal = \"" + dir + "/" + name +
+         "-bus.journal\",\n"
+         "  plugins = { \"runner\", \"scheduler\" },\n"
+         "  job = { name = \"tk" +
+         std::to_string(getpid()) + "\", backend = \"slurm\", ranks = 2, standby = 1, dir = \"" + dir +
+         "/job-tk\", progress = false,\n"
+         "    command = { \"python3\", \"" +
+         kTrainer +
+         "\", \"--steps\", \"120\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
+         "    placement_timeout_seconds = 5,\n"
+         "    slurm = { conf = \"" +
+         conf +
+         "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" }, reservation = \"ballast-spares\" } },\n"
+         "  policy = { script = \"" +
+         dir +
+         "/policy.lua\", fallback = \"escalate\" },\n"
+         "  cluster = { listen = \"" +
+         listen + "\", " + tls_table(certs, "controller") + ",\n    etcd = { endpoint = \"" + etcd + "\", job = \"" +
+         job_key + "\", lease_s = 3 },\n    ingest_journal = \"" + dir + "/" + name +
+         "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n";
+}
+
+// A TCP port free on loopback now (the kernel's choice), so that a listen does not meet a
+// client's ephemeral port on a loaded machine.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+// Every JSON payload of `topic` in a bus journal, in order.
+std::vector<nlohmann::json> json_events(const std::string& journal, const std::string& topic) {
+  std::vector<nlohmann::json> out;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (e.schema == BALLAST_SCHEMA_JSON && topic == e.topic && e.payload)
+          out.push_back(nlohmann::json::parse(static_cast<const char*>(e.payload),
+                                              static_cast<const char*>(e.payload) + e.payload_size, nullptr, false));
+      },
+      [](const ballast::JournalProblem&) {});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "with etcd, kill -9 the leader: its successor takes over the Slurm job (the same job, requeued without the drained "
+    "node), training ends from a checkpoint, the node the leader drained is resumed when its agent is back") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
+  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
+                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
+  struct Down {
+    std::string d;
+    ~Down() { sh(engines() + "/etcd-down " + d); }
+  } down{etcd_dir};
+  const std::string certs = c.dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string l1 = "127.0.0.1:" + std::to_string(free_port()), l2 = "127.0.0.1:" + std::to_string(free_port());
+  REQUIRE(l1 != l2);
+  const std::string job_key = "tk" + std::to_string(getpid()), job_dir = c.dir + "/job-tk";
+  write_file(c.dir + "/policy.lua",
+             "ballast.on(\"node.silent\", function(ev)\n"
+             "  local node = (ev.payload or {}).subject or ev.source.node\n"
+             "  return {action = \"evict\", subject = node, reason = \"node.silent \" .. tostring(node)}\n"
+             "end)\n");
+  for (const char* name : {"c1", "c2"})
+    write_file(c.dir + "/" + name + ".lua",
+               candidate_config(name, c.dir, name == std::string("c1") ? l1 : l2, certs, etcd, job_key, c.conf));
+  Proc c1 = spawn({kBallast, "run", c.dir + "/c1.lua", "--json"}, c.dir + "/c1.out", c.dir + "/c1.err");
+  REQUIRE(eventually(20, [&] { return read_file(c.dir + "/c1.err").find("is the leader") != std::string::npos; }));
+  // The second candidate, with the same job table, waits; its executor leaves the leader's job channel alone.
+  Proc c2 = spawn({kBallast, "run", c.dir + "/c2.lua", "--json"}, c.dir + "/c2.out", c.dir + "/c2.err");
+  auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, l1 + "," + l2, node, 1500); };
+  Proc a1 = agent("n1"), a2 = agent("n2");
+  Slurm slurm(c.conf);
+  std::string error;
+  INFO("c1: " << read_file(c.dir + "/c1.err"));
+  INFO("c2: " << read_file(c.dir + "/c2.err"));
+  REQUIRE(eventually(30, [&] { return !read_file(job_dir + "/checkpoints/step-00000005.safetensors").empty(); }));
+  std::vector<JobInfo> jobs;
+  REQUIRE_MESSAGE(slurm.jobs_named(job_key, &jobs, &error), error);
+  REQUIRE(jobs.size() == 1);
+  const long id = jobs[0].id;
+
+  // The node fault under c1: n1 drained, the job requeued onto n2 and the spare n4.
+  a1.signal(SIGKILL);
+  a1.wait();
+  REQUIRE(eventually(30, [&] { return node(slurm, "n1").drained(); }));
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c1.err").find("replace: ok") != std::string::npos; }));
+  REQUIRE(read_file(job_dir + "/slurm/job.out").find("ballast: run 1, restart 1, nodes n[2,4]") != std::string::npos);
+
+  // Two malformed records in the log (as another writer might leave): the successor names and skips them.
+  const std::string actions = "/ballast/" + job_key + "/actions/";
+  etcdctl(c.dir, etcd, "put " + actions + "00000000000000000001 'not json'");
+  etcdctl(c.dir, etcd,
+          "put " + actions +
+              "00000000000000000002 '{\"node\":\"c0\",\"plugin\":\"runner\",\"kind\":\"slurm.drain\",\"record\":[],"
+              "\"term\":1}'");
+
+  // The leader dies at once; c2 leads after the lease (3 s) and takes the job over.
+  c1.signal(SIGKILL);
+  c1.wait();
+  REQUIRE(eventually(20, [&] {
+    return read_file(c.dir + "/c2.err")
+               .find("took over the job an earlier leader ran: Slurm job " + std::to_string(id)) != std::string::npos;
+  }));
+  REQUIRE(eventually(30, [&] {
+    return read_file(job_dir + "/slurm/job.out").find("ballast: run 2, restart 2, nodes n[2,4]") != std::string::npos;
+  }));
+  const std::string log_c2 = read_file(c.dir + "/c2.err");
+  CHECK(log_c2.find("action log: " + actions + "00000000000000000001 is skipped: not a JSON object") !=
+        std::string::npos);
+  CHECK(log_c2.find("action log: " + actions +
+                    "00000000000000000002 is skipped: field 'record' is missing or not an object") !=
+        std::string::npos);
+  CHECK(log_c2.find("skipped 2 malformed record(s)") != std::string::npos);
+  // Slurm has the one job of that name, the same one.
+  REQUIRE(slurm.jobs_named(job_key, &jobs, &error));
+  CHECK(jobs.size() == 1);
+  CHECK(jobs[0].id == id);
+
+  // n1 stays drained while its agent is gone, and is resumed (by c2) once it connects to c2.
+  CHECK(node(slurm, "n1").drained());
+  a1 = agent("n1");
+  CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
+
+  // The job ends under c2, trained to the end from a checkpoint.
+  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c2.out").find("\"state\"") != std::string::npos; }));
+  CHECK(c2.wait() == 0);
+  for (Proc* a : {&a1, &a2}) {
+    a->signal(SIGTERM);
+    a->wait();
+  }
+  const auto report = nlohmann::json::parse(read_file(c.dir + "/c2.out"), nullptr, false);
+  REQUIRE(report.is_object());
+  CHECK(report["state"] == "finished");
+  bool running = false;
+  for (const auto& j : json_events(c.dir + "/c2-bus.journal", "job.state"))
+    running = running || j["state"] == "running";
+  CHECK(running);
+  const std::string log2 = read_file(c.dir + "/c2.err");
+  const size_t from = log2.find("this controller leads: the job is started from ");
+  REQUIRE(from != std::string::npos);
+  const size_t step_at = log2.find("step-", from);
+  REQUIRE(step_at != std::string::npos);
+  CHECK(std::atoi(log2.c_str() + step_at + 5) >= 5);  // not from step 0
+  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
+  double w = 1.0;
+  for (int n = 1; n <= 120; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == 120);
+  CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
+  const std::string out = read_file(job_dir + "/slurm/job.out");
+  INFO(out);
+  CHECK(out.find("run 3") == std::string::npos);
+
+  // etcd's action log: each operation once per term; one submit in all.
+  std::map<uint64_t, std::map<std::string, int>> per_term;
+  std::istringstream records(etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only"));
+  for (std::string line; std::getline(records, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("kind") && j["node"] != "c0")  // not the malformed one
+      per_term[j["term"].get<uint64_t>()][j["kind"].get<std::string>()]++;
+  }
+  INFO("records: " << nlohmann::json(per_term).dump());
+  REQUIRE(per_term.size() == 2);
+  const auto& t1 = per_term.begin()->second;
+  const auto& t2 = per_term.rbegin()->second;
+  CHECK(t1.at("slurm.submit") == 1);
+  CHECK(t1.at("slurm.drain") == 1);
+  CHECK(t1.at("slurm.requeue") == 1);
+  CHECK(t1.at("slurm.release") == 1);
+  CHECK(t2.count("slurm.submit") == 0);
+  CHECK(t2.at("slurm.requeue") == 1);  // the takeover's
+  CHECK(t2.at("slurm.release") == 1);
+  CHECK(t2.at("slurm.resume") == 1);
+  CHECK(t2.at("slurm.cancel") == 1);
+  CHECK(t2.count("slurm.drain") == 0);
 }
