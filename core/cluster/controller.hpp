@@ -159,7 +159,8 @@ class Controller {
   };
 
   explicit Controller(Host& host);
-  void apply_pass(Loop& loop, std::vector<Conn*>& batched);
+  // The events applied.
+  size_t apply_pass(Loop& loop, std::vector<Conn*>& batched);
   int journal(Loop& loop, const std::vector<Conn*>& conns, bool all_items);
   void accept_loop();
   void run_loop(Loop& loop);

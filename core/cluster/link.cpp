@@ -251,7 +251,7 @@ bool Link::write_out(std::string* error) {
   return true;
 }
 
-int Link::read_in(size_t max_bytes, std::string* error) {
+int Link::read_in(size_t max_bytes, bool until_blocked, std::string* error) {
   want_write_ = false;
   // Straight into the input buffer, its consumed head dropped first.
   if (in_at_ > 0) {
@@ -274,6 +274,9 @@ int Link::read_in(size_t max_bytes, std::string* error) {
     if (n > 0) {
       in_len_ += static_cast<size_t>(n);
       got += static_cast<size_t>(n);
+      // Less than asked and nothing buffered: the socket is most likely
+      // drained, and a caller that polls it again learns it without a read.
+      if (!until_blocked && static_cast<size_t>(n) < kReadSize && !SSL_has_pending(ssl_)) return 1;
       continue;
     }
     int err = SSL_get_error(ssl_, n);
@@ -309,7 +312,7 @@ bool Link::deliver(const std::function<bool(const Message&)>& on_message, std::s
 
 bool Link::receive(size_t max_bytes, const std::function<bool(const Message&)>& on_message, bool* more,
                    std::string* error) {
-  int r = read_in(max_bytes, error);
+  int r = read_in(max_bytes, false, error);
   *more = r == 0;
   // What arrived whole before a close is still handed over.
   return deliver(on_message, error) && r >= 0;
@@ -321,7 +324,7 @@ bool Link::pump(int timeout_ms, int wake_fd, const std::function<bool(const Mess
                 std::string* error) {
   for (int round = 0; round < 2; ++round) {
     if (!write_out(error)) return false;
-    if (read_in(SIZE_MAX, error) < 0) return false;
+    if (read_in(SIZE_MAX, true, error) < 0) return false;
     const size_t from = in_at_;
     if (!deliver(on_message, error)) return false;
     // Messages read: return, so that the caller acts on them (journals,

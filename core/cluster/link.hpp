@@ -70,7 +70,8 @@ class Link {
   bool pump(int timeout_ms, int wake_fd, const std::function<bool(const Message&)>& on_message, std::string* error);
 
   // Without waiting: read what arrived, at most about max_bytes (*more set
-  // when it stopped there: more may be waiting), and hand each whole message
+  // when it stopped there: more may be waiting; otherwise the socket's
+  // readiness tells), and hand each whole message
   // to on_message. A body stays valid until the next receive(). False when
   // the link is closed or broken, or on_message returned false.
   bool receive(size_t max_bytes, const std::function<bool(const Message&)>& on_message, bool* more, std::string* error);
@@ -87,8 +88,10 @@ class Link {
   Link() = default;
   int handshake(bool server, int timeout_ms, std::string* error);
   bool write_out(std::string* error);
-  // Read until OpenSSL wants the socket or max_bytes are read; 1 read all, 0 stopped at max_bytes, -1 broken.
-  int read_in(size_t max_bytes, std::string* error);
+  // Read until OpenSSL wants the socket (or, unless until_blocked, a read
+  // took less than asked and OpenSSL holds nothing more) or max_bytes are
+  // read; 1 read all, 0 stopped at max_bytes, -1 broken.
+  int read_in(size_t max_bytes, bool until_blocked, std::string* error);
   bool deliver(const std::function<bool(const Message&)>& on_message, std::string* error);
 
   int fd_ = -1;
