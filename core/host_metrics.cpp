@@ -169,6 +169,8 @@ std::string render_counters(const nlohmann::json& counters, const std::string& n
        "Controller: actions refused by the etcd fence (no longer the leader)"},
       {"cluster.connections", "ballast_cluster_connections_total", "counter", "Controller: agent connections accepted"},
       {"cluster.connected", "ballast_cluster_connected", "gauge", "Controller: agents connected now"},
+      {"cluster.ingest_passes", "ballast_cluster_ingest_passes_total", "counter",
+       "Controller: passes of its event loops that applied events (one journal write each)"},
       {"cluster.cursor_commits", "ballast_cluster_cursor_commits_total", "counter",
        "Controller: etcd transactions committing the agents' cursors"},
       {"cluster.leader", "ballast_cluster_leader", "gauge", "Controller candidate: 1 while it leads"},

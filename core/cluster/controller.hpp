@@ -1,6 +1,17 @@
 // The controller role: accepts the agents' authenticated connections,
 // applies each node's events once, in order, and sends actions back.
 //
+// Serving: an acceptor thread hands each accepted socket to one of a few
+// event loops (one per core, at most 4), each serving its connections with
+// epoll and non-blocking OpenSSL: the TLS handshake and the HELLO within
+// handshake_timeout_ms (a stalled peer only loses its own connection), then
+// per pass over the ready connections one ingest-journal write (one flush,
+// one fdatasync when durable) and, with a Leadership, one group commit of the
+// cursors, then the acknowledgements. A connection reads at most
+// kReadPerPass bytes a pass (its buffer holds that and one message of at most
+// kMaxMessageBody), queues at most kMaxQueuedOut bytes for a peer that does
+// not read, and at most max_connections are open at once.
+//
 // Applying an event (node, seq): seq <= the node's last applied -> a
 // duplicate, acknowledged and dropped; otherwise it is published on this
 // host's bus under its original source and recorded, then acknowledged.
@@ -38,6 +49,7 @@
 #include <memory>
 #include <memory_resource>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,6 +103,8 @@ struct ControllerOptions {
   int heartbeat_ms = 1000;
   int silent_after_ms = 5000;
   int handshake_timeout_ms = 5000;
+  int max_connections = 16384;
+  int loops = 0;  // event-loop threads; 0 = one per core, at most 4
 };
 
 class Controller {
@@ -109,6 +123,10 @@ class Controller {
   int fence_action(const std::string& plugin, const std::string& kind, const nlohmann::json& record);
 
   struct Conn;
+  struct Loop;
+
+  static constexpr size_t kReadPerPass = 256 << 10;
+  static constexpr size_t kMaxQueuedOut = 8 << 20;
 
  private:
   struct NodeState {
@@ -120,7 +138,8 @@ class Controller {
     int64_t last_heard_ms = 0;
     bool silent = false;
     uint64_t overflow = 0;
-    Conn* conn = nullptr;
+    Loop* loop = nullptr;  // the connection that speaks for the node: its loop and id (0 = none)
+    uint64_t conn = 0;
     uint64_t next_action = 0;
     std::deque<std::pair<uint64_t, std::vector<unsigned char>>> actions;  // unacknowledged
   };
@@ -129,28 +148,38 @@ class Controller {
     uint64_t seq;
     bool good;                   // a frame that decoded; a bad one is journaled, not published
     ballast_event event;         // decoded into the batch's memory
-    const unsigned char* frame;  // in the link's input buffer: valid until its next pump
+    const unsigned char* frame;  // in the link's input buffer: valid until its next receive
     size_t frame_size;
     size_t decoded_size;  // the bytes of the frame the event was decoded from
   };
-  // One connection's batch and the scratch its journaling reuses.
+  // One connection's batch of a pass.
   struct Batch {
     std::vector<Item> items;
-    std::pmr::monotonic_buffer_resource memory;       // the items' events: released with them
-    std::vector<std::vector<unsigned char>> wrapped;  // the journal's wrapper payloads
-    std::vector<ballast_event> events;
+    std::pmr::monotonic_buffer_resource memory;  // the items' events: released with them
   };
 
   explicit Controller(Host& host);
-  int apply(const std::string& node, Batch& batch, uint64_t* done);
-  int journal(const std::string& node, Batch& batch, size_t count);
+  // The events applied.
+  size_t apply_pass(Loop& loop, std::vector<Conn*>& batched);
+  int journal(Loop& loop, const std::vector<Conn*>& conns, bool all_items);
   void accept_loop();
-  void serve(Conn* conn);
+  void run_loop(Loop& loop);
+  void take_incoming(Loop& loop, std::vector<Conn*>* ready);
+  void step(Loop& loop, Conn& c, std::vector<Conn*>* batched);
+  bool on_message(Loop& loop, Conn& c, const Message& m, std::string* error);
+  bool on_hello(Loop& loop, Conn& c, const Message& m, std::string* error);
+  void refuse(Loop& loop, Conn& c, const std::string& why);
+  void tick(Loop& loop);
+  void poked(Loop& loop, Conn& c);
+  void send(Loop& loop, Conn& c, std::optional<MsgType> type, uint64_t number = 0, const void* body = nullptr,
+            size_t body_size = 0);
+  void flush(Loop& loop);
+  void close(Loop& loop, Conn& c);
+  void finish_closing(Loop& loop);
   void watch_silence();
   void publish_back(const std::string& node, int64_t silent_ms);
   void publish_node(const char* topic, const std::string& node, const nlohmann::json& j);
   static int on_action(void* user, const ballast_event* event);
-  void reap(bool all);
   void take_over();
   uint64_t next_action_id();
 
@@ -164,16 +193,17 @@ class Controller {
   int stop_pipe_[2] = {-1, -1};
   std::atomic<bool> quit_{false};
   std::thread acceptor_, watcher_;
-  mutable std::mutex mutex_;  // nodes_ and conns_
+  std::vector<std::unique_ptr<Loop>> loops_;
+  mutable std::mutex mutex_;  // nodes_
   std::condition_variable quit_cv_;
   std::map<std::string, NodeState> nodes_;
-  std::vector<std::unique_ptr<Conn>> conns_;
   uint64_t action_subscription_ = 0;
   uint64_t epoch_ = 0;
   uint64_t term_seen_ = 0;
   std::atomic<uint64_t> action_counter_{0};
+  std::atomic<int> open_{0};  // connections open
   std::atomic<uint64_t> applied_events_{0}, duplicates_{0}, gaps_{0}, refused_{0}, bad_frames_{0}, silent_{0}, back_{0},
-      actions_sent_{0}, actions_fenced_off_{0}, connections_{0};
+      actions_sent_{0}, actions_fenced_off_{0}, connections_{0}, passes_{0};
 };
 
 }  // namespace ballast::cluster

@@ -150,8 +150,7 @@ int Link::connect(const TlsConfig& tls, const std::string& address, int timeout_
   return BALLAST_OK;
 }
 
-int Link::accept(const TlsConfig& tls, int fd, const std::string& peer_address, int timeout_ms,
-                 std::unique_ptr<Link>* out, std::string* error) {
+std::unique_ptr<Link> Link::accept(const TlsConfig& tls, int fd, const std::string& peer_address) {
   ignore_sigpipe();
   auto link = std::unique_ptr<Link>(new Link);
   link->fd_ = fd;
@@ -162,18 +161,37 @@ int Link::accept(const TlsConfig& tls, int fd, const std::string& peer_address, 
   ERR_clear_error();
   link->ssl_ = SSL_new(tls.ctx());
   SSL_set_fd(link->ssl_, fd);
-  if (int rc = link->handshake(true, timeout_ms, error); rc != BALLAST_OK) return rc;
-  X509* cert = SSL_get_peer_certificate(link->ssl_);
+  SSL_set_accept_state(link->ssl_);
+  return link;
+}
+
+int Link::handshake_step(std::string* error) {
+  ERR_clear_error();
+  int rc = SSL_do_handshake(ssl_);
+  want_write_ = false;
+  if (rc != 1) {
+    int err = SSL_get_error(ssl_, rc);
+    if (err == SSL_ERROR_WANT_READ) return 0;
+    if (err == SSL_ERROR_WANT_WRITE) {
+      want_write_ = true;
+      return 0;
+    }
+    long verify = SSL_get_verify_result(ssl_);
+    *error = "TLS handshake failed: " + openssl_errors();
+    if (verify != X509_V_OK) *error += std::string(" (certificate: ") + X509_verify_cert_error_string(verify) + ")";
+    if (err == SSL_ERROR_SYSCALL) *error += " (peer closed the connection)";
+    return -1;
+  }
+  X509* cert = SSL_get_peer_certificate(ssl_);
   if (cert == nullptr) {
     *error = "no client certificate";
-    return BALLAST_EPEER;
+    return -1;
   }
   char cn[256] = {};
   X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
   X509_free(cert);
-  link->peer_name_ = cn;
-  *out = std::move(link);
-  return BALLAST_OK;
+  peer_name_ = cn;
+  return 1;
 }
 
 int Link::handshake(bool server, int timeout_ms, std::string* error) {
@@ -209,85 +227,110 @@ void Link::send(MsgType type, uint64_t number, const void* body, size_t body_siz
   encode_message(type, number, body, body_size, &out_);
 }
 
+bool Link::write_out(std::string* error) {
+  if (out_at_ == out_.size()) return true;
+  want_write_ = false;
+  while (out_at_ < out_.size()) {
+    ERR_clear_error();
+    size_t chunk = std::min<size_t>(out_.size() - out_at_, 1u << 20);
+    int n = SSL_write(ssl_, out_.data() + out_at_, static_cast<int>(chunk));
+    if (n > 0) {
+      out_at_ += static_cast<size_t>(n);
+      continue;
+    }
+    int err = SSL_get_error(ssl_, n);
+    if (err == SSL_ERROR_WANT_WRITE || err == SSL_ERROR_WANT_READ) {
+      want_write_ = err == SSL_ERROR_WANT_WRITE;
+      return true;
+    }
+    *error = "write: " + (err == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : openssl_errors());
+    return false;
+  }
+  out_.clear();
+  out_at_ = 0;
+  return true;
+}
+
+int Link::read_in(size_t max_bytes, bool until_blocked, std::string* error) {
+  want_write_ = false;
+  // Straight into the input buffer, its consumed head dropped first.
+  if (in_at_ > 0) {
+    std::memmove(in_.get(), in_.get() + in_at_, in_len_ - in_at_);
+    in_len_ -= in_at_;
+    in_at_ = 0;
+  }
+  for (size_t got = 0;;) {
+    if (got >= max_bytes) return 0;
+    constexpr size_t kReadSize = 64 << 10;
+    if (in_cap_ - in_len_ < kReadSize) {
+      size_t cap = std::max(in_cap_ * 2, in_len_ + kReadSize);
+      auto bigger = std::make_unique_for_overwrite<unsigned char[]>(cap);
+      if (in_len_ > 0) std::memcpy(bigger.get(), in_.get(), in_len_);
+      in_ = std::move(bigger);
+      in_cap_ = cap;
+    }
+    ERR_clear_error();
+    int n = SSL_read(ssl_, in_.get() + in_len_, static_cast<int>(kReadSize));
+    if (n > 0) {
+      in_len_ += static_cast<size_t>(n);
+      got += static_cast<size_t>(n);
+      // Less than asked and nothing buffered: the socket is most likely
+      // drained, and a caller that polls it again learns it without a read.
+      if (!until_blocked && static_cast<size_t>(n) < kReadSize && !SSL_has_pending(ssl_)) return 1;
+      continue;
+    }
+    int err = SSL_get_error(ssl_, n);
+    if (err == SSL_ERROR_WANT_READ) return 1;
+    if (err == SSL_ERROR_WANT_WRITE) {
+      want_write_ = true;
+      return 1;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && n == 0)) {
+      *error = "closed by the peer";
+      return -1;
+    }
+    *error = "read: " + (err == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : openssl_errors());
+    return -1;
+  }
+}
+
+bool Link::deliver(const std::function<bool(const Message&)>& on_message, std::string* error) {
+  while (in_at_ < in_len_) {
+    Message m{};
+    size_t used = 0;
+    int r = decode_message(in_.get() + in_at_, in_len_ - in_at_, &m, &used, error);
+    if (r < 0) return false;
+    if (r == 0) break;
+    in_at_ += used;
+    if (!on_message(m)) {
+      if (error->empty()) *error = "message refused";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Link::receive(size_t max_bytes, const std::function<bool(const Message&)>& on_message, bool* more,
+                   std::string* error) {
+  int r = read_in(max_bytes, false, error);
+  *more = r == 0;
+  // What arrived whole before a close is still handed over.
+  return deliver(on_message, error) && r >= 0;
+}
+
+bool Link::flush(std::string* error) { return write_out(error); }
+
 bool Link::pump(int timeout_ms, int wake_fd, const std::function<bool(const Message&)>& on_message,
                 std::string* error) {
-  bool want_write = false;
   for (int round = 0; round < 2; ++round) {
-    // Write what is queued.
-    while (out_at_ < out_.size()) {
-      ERR_clear_error();
-      size_t chunk = std::min<size_t>(out_.size() - out_at_, 1u << 20);
-      int n = SSL_write(ssl_, out_.data() + out_at_, static_cast<int>(chunk));
-      if (n > 0) {
-        out_at_ += static_cast<size_t>(n);
-        continue;
-      }
-      int err = SSL_get_error(ssl_, n);
-      if (err == SSL_ERROR_WANT_WRITE || err == SSL_ERROR_WANT_READ) {
-        want_write = err == SSL_ERROR_WANT_WRITE;
-        break;
-      }
-      *error = "write: " + (err == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : openssl_errors());
-      return false;
-    }
-    if (out_at_ == out_.size()) {
-      out_.clear();
-      out_at_ = 0;
-      want_write = false;
-    }
-    // Read what is there, straight into the input buffer (its consumed head
-    // dropped first, once per pump).
-    if (in_at_ > 0) {
-      std::memmove(in_.get(), in_.get() + in_at_, in_len_ - in_at_);
-      in_len_ -= in_at_;
-      in_at_ = 0;
-    }
-    for (;;) {
-      constexpr size_t kReadSize = 64 << 10;
-      if (in_cap_ - in_len_ < kReadSize) {
-        size_t cap = std::max(in_cap_ * 2, in_len_ + kReadSize);
-        auto bigger = std::make_unique_for_overwrite<unsigned char[]>(cap);
-        if (in_len_ > 0) std::memcpy(bigger.get(), in_.get(), in_len_);
-        in_ = std::move(bigger);
-        in_cap_ = cap;
-      }
-      ERR_clear_error();
-      int n = SSL_read(ssl_, in_.get() + in_len_, static_cast<int>(kReadSize));
-      if (n > 0) {
-        in_len_ += static_cast<size_t>(n);
-        continue;
-      }
-      int err = SSL_get_error(ssl_, n);
-      if (err == SSL_ERROR_WANT_READ) break;
-      if (err == SSL_ERROR_WANT_WRITE) {
-        want_write = true;
-        break;
-      }
-      if (err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && n == 0)) {
-        *error = "closed by the peer";
-        return false;
-      }
-      *error = "read: " + (err == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : openssl_errors());
-      return false;
-    }
+    if (!write_out(error)) return false;
+    if (read_in(SIZE_MAX, true, error) < 0) return false;
     const size_t from = in_at_;
-    while (in_at_ < in_len_) {
-      Message m{};
-      size_t used = 0;
-      int r = decode_message(in_.get() + in_at_, in_len_ - in_at_, &m, &used, error);
-      if (r < 0) return false;
-      if (r == 0) break;
-      in_at_ += used;
-      if (!on_message(m)) {
-        if (error->empty()) *error = "message refused";
-        return false;
-      }
-    }
+    if (!deliver(on_message, error)) return false;
     // Messages read: return, so that the caller acts on them (journals,
     // acknowledges) before waiting. Their bodies stay valid until the next pump.
     if (round == 1 || timeout_ms == 0 || in_at_ > from) break;
-    pollfd p[2] = {{fd_, static_cast<short>(POLLIN | (want_write || out_at_ < out_.size() ? POLLOUT : 0)), 0},
-                   {wake_fd, POLLIN, 0}};
+    pollfd p[2] = {{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0}, {wake_fd, POLLIN, 0}};
     if (SSL_pending(ssl_) > 0) continue;
     int n = poll(p, wake_fd >= 0 ? 2 : 1, timeout_ms);
     if (n < 0 && errno != EINTR) {

@@ -184,6 +184,11 @@ int Role::from_config(const nlohmann::json& config, const std::string& base_dir,
   TRY(r.string("ingest_journal", &o.ingest_journal, true));
   if (fs::path(o.ingest_journal).is_relative()) o.ingest_journal = (fs::path(base_dir) / o.ingest_journal).string();
   TRY(r.boolean("durable", &o.durable));
+  double max_connections = o.max_connections, handshake_ms = o.handshake_timeout_ms;
+  TRY(r.number("max_connections", 1, 1000000, &max_connections));
+  TRY(r.number("handshake_timeout_ms", 100, 600000, &handshake_ms));
+  o.max_connections = static_cast<int>(max_connections);
+  o.handshake_timeout_ms = static_cast<int>(handshake_ms);
   if (r.at("etcd") != nullptr) {
     EtcdOptions& e = c->etcd;
     e.name = host.node();

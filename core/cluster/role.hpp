@@ -15,6 +15,7 @@
 //     -- controller
 //     listen = "127.0.0.1:7700",             -- loopback unless configured
 //     ingest_journal = "ingest.journal", durable = true,
+//     max_connections = 16384, handshake_timeout_ms = 5000,
 //     etcd = { endpoint = "http://127.0.0.1:2379", job = "job1", name = "ctl-a", lease_s = 5 },
 //   }
 #pragma once

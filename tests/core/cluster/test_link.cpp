@@ -9,10 +9,15 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 
 using namespace cluster_test;
 
@@ -48,9 +53,12 @@ struct World {
            std::to_string(port);
   }
   std::string ns(int i) const { return netns ? tag + std::to_string(i) : ""; }
-  Proc controller(const std::string& name) const {
+  // `extra`: more fields of its cluster table ("max_connections = 30, ").
+  Proc controller(const std::string& name, const std::string& extra = "") const {
     std::string cfg = dir + "/" + name + ".lua";
-    write_file(cfg, controller_config(listen(), certs, dir + "/ctl"));
+    std::string text = controller_config(listen(), certs, dir + "/ctl");
+    text.insert(text.find("durable = "), extra);
+    write_file(cfg, text);
     return spawn({kBallast, "run", cfg, "--json"}, dir + "/" + name + ".out", dir + "/" + name + ".err");
   }
   Proc agent(int i, uint64_t count, int batch, int period_ms) const {
@@ -85,6 +93,36 @@ void check_exactly_once(const Counts& counts, const std::vector<std::string>& no
 uint64_t ingested(const std::string& journal, const std::string& node) {
   auto c = ingest_counts(journal);
   return c.count(node) ? c[node].size() : 0;
+}
+
+// A TCP connection to 127.0.0.1:port that sends `bytes` and then nothing; -1 when it failed.
+int raw_connection(int port, const std::string& bytes) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      (!bytes.empty() && send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The peer closed the connection (end of file or an error on read).
+bool closed_by_peer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  char buf[4096];
+  ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 nlohmann::json last_json(const std::string& path) {
@@ -213,4 +251,63 @@ TEST_CASE("unauthenticated and wrongly keyed clients are refused and never reach
   CHECK(c["cluster.applied"] == 0);
   // The wrongly keyed agent spooled its events and keeps them: nothing lost on its side either.
   CHECK(last_json(w.dir + "/wrong.out")["cluster.acked"] == 0);
+}
+
+TEST_CASE("stalled handshakes, a hostile peer and the bound on connections beside publishing agents") {
+  // The controller's event loops serve every connection: one that speaks no
+  // TLS, 10 that stop inside their first record and 40 that never start their
+  // TLS handshake must cost the publishing agents nothing; the stalled ones
+  // are closed after the handshake timeout (3 s), those above the bound of 30
+  // open connections at once.
+  World w("stall", 214);
+  const uint64_t count = 3000;
+  Proc ctl = w.controller("ctl1", "max_connections = 30, handshake_timeout_ms = 3000, ");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Proc a1 = w.agent(1, count, 1, 2), a2 = w.agent(2, count, 1, 2);  // 500 events/s each, one a message
+  const std::string journal = w.dir + "/ctl-ingest.journal";
+  REQUIRE(eventually(30, [&] { return ingested(journal, "n1") > 300 && ingested(journal, "n2") > 300; }));
+  int hostile = raw_connection(w.port, "GET / HTTP/1.0\r\n\r\n");
+  std::vector<int> stalled;
+  // A TLS record header announcing 16 KiB of handshake, then nothing.
+  for (int i = 0; i < 10; ++i) stalled.push_back(raw_connection(w.port, std::string("\x16\x03\x01\x40\x00", 5)));
+  for (int i = 0; i < 40; ++i) stalled.push_back(raw_connection(w.port, ""));
+  for (int fd : stalled) REQUIRE(fd >= 0);
+  REQUIRE(hostile >= 0);
+  // While they stall, the agents go on (or have finished).
+  const uint64_t n1 = ingested(journal, "n1"), n2 = ingested(journal, "n2");
+  CHECK(eventually(4, [&] {
+    return (ingested(journal, "n1") >= std::min(count, n1 + 100)) &&
+           (ingested(journal, "n2") >= std::min(count, n2 + 100));
+  }));
+  CHECK(eventually(10, [&] { return closed_by_peer(hostile); }));
+  // Each stalled connection closed by the controller's handshake timeout.
+  CHECK(eventually(30, [&] {
+    for (int& fd : stalled)
+      if (fd >= 0 && closed_by_peer(fd)) {
+        close(fd);
+        fd = -1;
+      }
+    return std::all_of(stalled.begin(), stalled.end(), [](int fd) { return fd < 0; });
+  }));
+  for (int fd : stalled)
+    if (fd >= 0) close(fd);
+  close(hostile);
+  bool done = eventually(60, [&] { return ingested(journal, "n1") >= count && ingested(journal, "n2") >= count; });
+  a1.signal(SIGTERM);
+  a2.signal(SIGTERM);
+  CHECK(a1.wait() == 0);
+  CHECK(a2.wait() == 0);
+  ctl.signal(SIGTERM);
+  CHECK(ctl.wait() == 0);
+  const std::string log = read_file(w.dir + "/ctl1.err");
+  INFO(log);
+  REQUIRE(done);
+  check_exactly_once(ingest_counts(journal), {"n1", "n2"}, count);
+  CHECK(count_of(log, "TLS handshake timed out") >= 10);
+  CHECK(count_of(log, "TLS handshake failed") >= 1);
+  CHECK(count_of(log, "connections open, the bound") >= 1);
+  auto c = last_json(w.dir + "/ctl1.out");
+  CHECK(c["cluster.refused"].get<int>() >= 51);
+  CHECK(c["cluster.applied"] == 2 * count);
+  CHECK(c["cluster.ingest_passes"].get<uint64_t>() >= 1);
 }
