@@ -368,9 +368,7 @@ void Executor::stand_down() {
 void Executor::stop() {
   if (thread_.joinable()) {
     quit_ = true;
-    char c = 0;
-    ssize_t n = write(wake_[1], &c, 1);
-    (void)n;
+    wake();
     thread_.join();
   }
   if (!summarised_ && attempt_ >= 0) {
@@ -422,6 +420,22 @@ bool Executor::prepare_trace_dir(std::string* error) {
 
 // ---- inbox ---------------------------------------------------------------
 
+// Into the loop's inbox; a message the loop must see at once also wakes it
+// (the others wait for its next turn).
+void Executor::post(Message m, bool wake_loop) {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_.push_back(std::move(m));
+  }
+  if (wake_loop) wake();
+}
+
+void Executor::wake() {
+  char c = 0;
+  ssize_t n = write(wake_[1], &c, 1);
+  (void)n;
+}
+
 void Executor::post_action(const ballast_recovery_action& a, int64_t ts_ns) {
   Message m;
   m.kind = Message::action;
@@ -432,11 +446,7 @@ void Executor::post_action(const ballast_recovery_action& a, int64_t ts_ns) {
   m.act.policy = json_or_empty(a.policy);
   m.act.cause = json_or_empty(a.cause_topic);
   m.act.received_ns = ts_ns ? ts_ns : wall_ns();
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
-  char c = 0;
-  ssize_t n = write(wake_[1], &c, 1);
-  (void)n;
+  post(std::move(m), true);
 }
 
 void Executor::post_fault(const std::string& topic, const ballast_fault_report& f, int64_t ts_ns) {
@@ -450,11 +460,7 @@ void Executor::post_fault(const std::string& topic, const ballast_fault_report& 
   m.since_ns = f.since_ns;
   m.detected_ns = f.detected_ns ? f.detected_ns : (ts_ns ? ts_ns : wall_ns());
   m.evidence = json_or_empty(f.evidence);
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
-  char c = 0;
-  ssize_t n = write(wake_[1], &c, 1);
-  (void)n;
+  post(std::move(m), true);
 }
 
 void Executor::post_straggler(const ballast_straggler_report& r, int64_t ts_ns) {
@@ -479,8 +485,7 @@ void Executor::post_straggler(const ballast_straggler_report& r, int64_t ts_ns) 
                               {"first_step", r.first_step},
                               {"last_step", r.last_step}}
                    .dump();
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
+  post(std::move(m), false);
 }
 
 void Executor::post_plan(const ballast_placement_plan& p) {
@@ -488,46 +493,35 @@ void Executor::post_plan(const ballast_placement_plan& p) {
   m.kind = Message::plan;
   m.plan_job = json_or_empty(p.job);
   for (uint32_t i = 0; i < p.count; ++i) m.plan_nodes.push_back(json_or_empty(p.nodes[i].name));
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
+  post(std::move(m), false);
 }
 
 void Executor::post_back(const std::string& node) {
   Message m;
   m.kind = Message::back;
   m.subject = node;
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
-  char c = 0;
-  ssize_t n = write(wake_[1], &c, 1);
-  (void)n;
+  post(std::move(m), true);
 }
 
 void Executor::post_leader(const std::string& json) {
   Message m;
   m.kind = Message::leader;
   m.text = json;
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
+  post(std::move(m), false);
 }
 
 void Executor::post_connected(const std::string& node) {
   Message m;
   m.kind = Message::connected;
   m.subject = node;
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
-  char c = 0;
-  ssize_t n = write(wake_[1], &c, 1);
-  (void)n;
+  post(std::move(m), true);
 }
 
 void Executor::post_placement_error(const std::string& message) {
   Message m;
   m.kind = Message::plan_error;
   m.text = message;
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  inbox_.push_back(std::move(m));
+  post(std::move(m), false);
 }
 
 // ---- the supervising loop -------------------------------------------------

@@ -104,6 +104,8 @@ class Executor {
     std::string plan_job, text;
   };
 
+  void post(Message m, bool wake_loop);
+  void wake();
   void loop();
   int fence(const std::string& kind, const nlohmann::json& record, std::string* why);
   void try_to_lead();

@@ -90,13 +90,19 @@ int on_fault(void* user, const ballast_event* ev) {
   return BALLAST_OK;
 }
 
-// node.back (the cluster controller): {"node": name, ...}.
-int on_back(void* user, const ballast_event* ev) {
-  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+// The node a cluster controller's JSON event names ({"node": name, ...}),
+// "" when it names none.
+std::string node_named(const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return {};
   const auto* text = static_cast<const char*>(ev->payload);
   const auto j = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
-  if (j.is_object() && j.contains("node") && j["node"].is_string())
-    static_cast<State*>(user)->executor->post_back(j["node"].get<std::string>());
+  return j.is_object() && j.contains("node") && j["node"].is_string() ? j["node"].get<std::string>() : std::string();
+}
+
+// node.back (the cluster controller).
+int on_back(void* user, const ballast_event* ev) {
+  const std::string node = node_named(ev);
+  if (!node.empty()) static_cast<State*>(user)->executor->post_back(node);
   return BALLAST_OK;
 }
 
@@ -110,11 +116,8 @@ int on_leader(void* user, const ballast_event* ev) {
 }
 
 int on_connected(void* user, const ballast_event* ev) {
-  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
-  const auto* text = static_cast<const char*>(ev->payload);
-  const auto j = nlohmann::json::parse(text, text + ev->payload_size, nullptr, false);
-  if (j.is_object() && j.contains("node") && j["node"].is_string())
-    static_cast<State*>(user)->executor->post_connected(j["node"].get<std::string>());
+  const std::string node = node_named(ev);
+  if (!node.empty()) static_cast<State*>(user)->executor->post_connected(node);
   return BALLAST_OK;
 }
 

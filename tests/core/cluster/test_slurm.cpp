@@ -215,6 +215,22 @@ Proc start_agent(const std::string& dir, const std::string& certs, const std::st
   return spawn({kBallast, "run", dir + "/" + node + ".lua"}, dir + "/" + node + ".out", dir + "/" + node + ".err");
 }
 
+// The job's end under the controller ctl: trained to the end (its final weights written), the
+// controller's report in `out`, the controller exited 0; the agents stopped. Returns the report.
+nlohmann::json finished_job(const std::string& job_dir, const std::string& out, Proc& ctl,
+                            std::initializer_list<Proc*> agents) {
+  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
+  REQUIRE(eventually(30, [&] { return read_file(out).find("\"state\"") != std::string::npos; }));
+  CHECK(ctl.wait() == 0);
+  for (Proc* a : agents) {
+    a->signal(SIGTERM);
+    a->wait();
+  }
+  auto report = nlohmann::json::parse(read_file(out), nullptr, false);
+  REQUIRE(report.is_object());
+  return report;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -296,15 +312,7 @@ TEST_CASE(
   CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
 
   // The job ends by itself, trained to the end; the controller exits with it.
-  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
-  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/ctl.out").find("\"state\"") != std::string::npos; }));
-  CHECK(ctl.wait() == 0);
-  for (Proc* a : {&a1, &a2}) {
-    a->signal(SIGTERM);
-    a->wait();
-  }
-  const auto report = nlohmann::json::parse(read_file(c.dir + "/ctl.out"), nullptr, false);
-  REQUIRE(report.is_object());
+  const auto report = finished_job(job_dir, c.dir + "/ctl.out", ctl, {&a1, &a2});
   CHECK(report["state"] == "finished");
   CHECK(report["attempts"] == 3);
   // Without etcd the host's fence lets every Slurm operation run: each asked (submit, drain,
@@ -645,15 +653,7 @@ TEST_CASE(
   CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
 
   // The job ends under c2, trained to the end from a checkpoint.
-  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
-  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c2.out").find("\"state\"") != std::string::npos; }));
-  CHECK(c2.wait() == 0);
-  for (Proc* a : {&a1, &a2}) {
-    a->signal(SIGTERM);
-    a->wait();
-  }
-  const auto report = nlohmann::json::parse(read_file(c.dir + "/c2.out"), nullptr, false);
-  REQUIRE(report.is_object());
+  const auto report = finished_job(job_dir, c.dir + "/c2.out", c2, {&a1, &a2});
   CHECK(report["state"] == "finished");
   bool running = false;
   for (const auto& j : json_events(c.dir + "/c2-bus.journal", "job.state"))
