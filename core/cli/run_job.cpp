@@ -24,7 +24,10 @@ bool hand_job_to_runner(nlohmann::json& config, const std::string& base_dir, con
   if (plugins)
     for (auto& e : *plugins)
       if (is_runner(e)) entry = &e;
-  *has_job = config.contains("job") || entry != nullptr;
+  // The runner with a `relay` table (a node's agent) relays reports and runs no job.
+  const bool relay = entry && entry->is_object() && entry->contains("config") && (*entry)["config"].is_object() &&
+                     (*entry)["config"].contains("relay");
+  *has_job = config.contains("job") || (entry != nullptr && !relay);
   if (!*has_job) {
     if (flagged)
       *error =

@@ -517,6 +517,13 @@ void Executor::post_connected(const std::string& node) {
   post(std::move(m), true);
 }
 
+void Executor::post_relayed(const std::string& json) {
+  Message m;
+  m.kind = Message::relayed;
+  m.text = json;
+  post(std::move(m), true);
+}
+
 void Executor::post_placement_error(const std::string& message) {
   Message m;
   m.kind = Message::plan_error;
@@ -539,6 +546,7 @@ void Executor::loop() {
     for (const auto& d : socket_.drain()) {
       std::string why;
       if (auto r = parse_report(d, cfg_.ranks, &why)) {
+        host_->counter_add(host_, "reports_direct", 1);
         handle_report(*r);
       } else {
         host_->counter_add(host_, "bad_reports", 1);
@@ -653,6 +661,7 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
   kept_s_.erase(kept_s_.upper_bound(from.step), kept_s_.end());
   loss_.erase(loss_.upper_bound(from.step), loss_.end());
   attempt_start_ns_ = now();
+  attempt_start_wall_ns_ = wall_ns();
   const std::string inject = pending_trainer_injections();
   const int rpn = cfg_.ranks_per_node;
   for (int n = 0; n < cfg_.nodes(); ++n) {
@@ -672,7 +681,7 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
       rl.env.emplace_back("BALLAST_JOB_DIR", job_dir_);
       rl.env.emplace_back("BALLAST_CHECKPOINT_DIR", checkpoint_dir_);
       rl.env.emplace_back("BALLAST_RESUME_FROM", from.path);
-      rl.env.emplace_back("BALLAST_JOB_SOCKET", socket_path_);
+      rl.env.emplace_back("BALLAST_JOB_SOCKET", job_socket(n));
       rl.env.emplace_back("BALLAST_CONTROL_FILE", control_.path());
       rl.env.emplace_back("BALLAST_ATTEMPT", std::to_string(attempt_));
       rl.env.emplace_back("BALLAST_INJECT", inject);
@@ -944,6 +953,10 @@ void Executor::on_fault(const Message& m) {
 }
 
 void Executor::handle_message(Message& m) {
+  if (m.kind == Message::relayed) {
+    handle_relayed(m);
+    return;
+  }
   if (m.kind == Message::fault) {
     on_fault(m);
     return;

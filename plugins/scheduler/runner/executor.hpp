@@ -62,6 +62,8 @@ class Executor {
   // node.connected (an agent connected to this controller).
   void post_leader(const std::string& json);
   void post_connected(const std::string& node);
+  // job.rank_report: a rank's report relayed by its node's agent (relay.hpp).
+  void post_relayed(const std::string& json);
 
  private:
   enum class State { starting, running, recovering, paused, finished, escalated, stopped, interrupted };
@@ -95,7 +97,7 @@ class Executor {
     std::string detail;
   };
   struct Message {
-    enum Kind { action, fault, plan, plan_error, back, leader, connected } kind = action;
+    enum Kind { action, fault, plan, plan_error, back, leader, connected, relayed } kind = action;
     Action act;
     std::string topic, subject, fault_kind, detector, evidence;
     int rank = -1;
@@ -115,6 +117,8 @@ class Executor {
   void handle_term(const Message& m);
   void stand_down();
   void handle_report(const Report& r);
+  void handle_relayed(const Message& m);
+  std::string job_socket(int node) const;
   void handle_exit(const RankExit& e);
   void stop_lingering_ranks();
   void handle_message(Message& m);
@@ -169,7 +173,8 @@ class Executor {
   std::vector<int> node_slot_;  // job node -> slot
   int attempt_ = -1;
   int64_t first_start_ns_ = 0, attempt_start_ns_ = 0, last_restart_ns_ = 0, last_fresh_fault_ns_ = 0;
-  int64_t failed_ns_ = 0;  // when the current attempt lost a rank, 0 if it did not
+  int64_t attempt_start_wall_ns_ = 0;  // CLOCK_REALTIME, against the agents' receive times
+  int64_t failed_ns_ = 0;              // when the current attempt lost a rank, 0 if it did not
   int64_t high_water_ = 0;
   int64_t resume_step_ = 0;
   int master_port_ = 0;

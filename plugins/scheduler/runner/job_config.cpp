@@ -144,7 +144,8 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
                                 "placement_timeout_seconds",
                                 "progress",
                                 "backend",
-                                "slurm"};
+                                "slurm",
+                                "relay_socket"};
   for (const auto& [k, v] : job.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -178,6 +179,10 @@ JobConfig parse_job_config(const nlohmann::json& job, const nlohmann::json& top,
     }
   }
   c.cgroups = flag(job, "cgroups", true);
+  c.relay_socket = text(job, "relay_socket", "");
+  if (!c.relay_socket.empty() && c.relay_socket[0] != '/')
+    throw ConfigError("job.relay_socket: want an absolute path (the agents' socket on every node), got '" +
+                      c.relay_socket + "'");
   if (job.contains("netns")) {
     const auto& v = job["netns"];
     if (v.is_boolean())

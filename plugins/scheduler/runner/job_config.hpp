@@ -62,6 +62,9 @@ struct JobConfig {
   std::vector<Injection> injections;
   std::string backend = "local";  // local, slurm
   SlurmConfig slurm;
+  // The node agents' relay socket (relay.hpp), "{node}" replaced by the
+  // node's name: the ranks' BALLAST_JOB_SOCKET. "": the executor's job.sock.
+  std::string relay_socket;
   int nodes() const { return ranks / ranks_per_node; }
 };
 

@@ -1,8 +1,11 @@
 // ballast-runner: the executor as a plugin. It owns the job its config
 // names, carries out recovery.action events, reports crashes, steps and
 // per-node metrics, and answers `ballast run` with a report at the end.
+// Loaded by a cluster agent with a `relay` table instead, it is the node's
+// end of the relayed job channel (relay.hpp) and runs no job.
 #include "executor.hpp"
 #include "local_backend.hpp"
+#include "relay.hpp"
 #include "slurm_backend.hpp"
 
 #include <ballast/events.h>
@@ -21,6 +24,7 @@ using namespace ballast::runner;
 struct State {
   const ballast_host_api* host = nullptr;
   std::unique_ptr<Executor> executor;
+  std::unique_ptr<Relay> relay;  // instead of the executor, on a node's agent
   std::vector<uint64_t> subscriptions;
 };
 
@@ -42,6 +46,18 @@ int create(const ballast_host_api* host, void** state) {
   auto s = std::make_unique<State>();
   s->host = host;
   try {
+    if (const nlohmann::json relay = config_json(host, "relay"); !relay.is_null()) {
+      // What `ballast run` fills from its command line is the executor's.
+      for (const char* key : {"inject", "inject_schedule", "timeline"})
+        if (!config_json(host, key).is_null())
+          return fail(host, BALLAST_EINVAL,
+                      std::string(key) + ": the relay runs no job (faults and timelines are the executor's)");
+      for (const char* key : {"report", "base_dir", "schedule_seconds_per_day"}) config_json(host, key);
+      s->relay = std::make_unique<Relay>(
+          host, parse_relay_config(relay.is_string() ? relay.get<std::string>() : relay.dump()));
+      *state = s.release();
+      return BALLAST_OK;
+    }
     const nlohmann::json job = config_json(host, "job");
     if (job.is_null()) return fail(host, BALLAST_EINVAL, "config: no job table (job = { command = {...}, ranks = N })");
     nlohmann::json top = nlohmann::json::object();
@@ -121,6 +137,14 @@ int on_connected(void* user, const ballast_event* ev) {
   return BALLAST_OK;
 }
 
+// job.rank_report: a rank's report through its node's agent.
+int on_relayed(void* user, const ballast_event* ev) {
+  if (ev->schema != BALLAST_SCHEMA_JSON || !ev->payload) return BALLAST_OK;
+  static_cast<State*>(user)->executor->post_relayed(
+      std::string(static_cast<const char*>(ev->payload), ev->payload_size));
+  return BALLAST_OK;
+}
+
 int on_straggler(void* user, const ballast_event* ev) {
   if (ev->schema != BALLAST_SCHEMA_STRAGGLER_REPORT || !ev->payload ||
       ev->payload_size < sizeof(ballast_straggler_report))
@@ -141,6 +165,8 @@ int on_plan(void* user, const ballast_event* ev) {
 
 int start(void* state) {
   auto* s = static_cast<State*>(state);
+  std::string error;
+  if (s->relay) return s->relay->start(&error) ? BALLAST_OK : fail(s->host, BALLAST_EIO, error);
   struct Sub {
     const char* pattern;
     ballast_handler handler;
@@ -150,19 +176,23 @@ int start(void* state) {
   for (const Sub& sub :
        {Sub{"recovery.action", on_action}, Sub{"fault.*", on_fault}, Sub{"node.silent", on_fault},
         Sub{"node.back", on_back}, Sub{"controller.leader", on_leader}, Sub{"node.connected", on_connected},
-        Sub{"straggler.report", on_straggler}, Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan}}) {
+        Sub{"straggler.report", on_straggler}, Sub{"placement.plan", on_plan}, Sub{"placement.error", on_plan},
+        Sub{"job.rank_report", on_relayed}}) {
     uint64_t id = 0;
     const int rc = s->host->subscribe(s->host, sub.pattern, nullptr, sub.handler, s, &id);
     if (rc != BALLAST_OK) return rc;
     s->subscriptions.push_back(id);
   }
-  std::string error;
   if (!s->executor->start(&error)) return fail(s->host, BALLAST_EIO, error);
   return BALLAST_OK;
 }
 
 void stop(void* state) {
   auto* s = static_cast<State*>(state);
+  if (s->relay) {
+    s->relay->stop();
+    return;
+  }
   s->executor->stop();
   for (uint64_t id : s->subscriptions) s->host->unsubscribe(s->host, id);
   s->subscriptions.clear();

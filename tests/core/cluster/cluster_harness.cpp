@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -139,6 +140,19 @@ std::string last_json(const std::string& journal, const std::string& topic) {
   return last;
 }
 
+std::vector<std::string> all_json(const std::string& journal, const std::string& topic) {
+  std::vector<std::string> out;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (e.schema == BALLAST_SCHEMA_JSON && topic == e.topic && e.payload)
+          out.emplace_back(static_cast<const char*>(e.payload), e.payload_size);
+      },
+      [](const ballast::JournalProblem&) {});
+  return out;
+}
+
 std::string tls_table(const std::string& certs, const std::string& who) {
   return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
          who + ".key\" }";
@@ -178,6 +192,31 @@ std::string controller_config(const std::string& listen, const std::string& cert
          "    " +
          tls_table(certs, "controller") + ",\n" + etcd + "    ingest_journal = \"" + prefix +
          "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+}
+
+Cluster::Cluster() {
+  dir = scratch_dir("slurm");
+  int rc = sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + dir + " 4 >/dev/null");
+  up = rc == 0;
+  conf = dir + "/slurm.conf";
+}
+
+Cluster::~Cluster() { sh(engines() + "/slurm-down " + dir); }
+
+Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
+                 int silent_after_ms, const std::string& extra) {
+  std::string list;
+  for (size_t at = 0; at <= listen.size();) {
+    const size_t end = std::min(listen.find(',', at), listen.size());
+    list += "\"" + listen.substr(at, end - at) + "\", ";
+    at = end + 1;
+  }
+  write_file(dir + "/" + node + ".lua",
+             "return { node = \"" + node + "\", role = \"agent\", " + extra + "\n  cluster = { controller = { " + list +
+                 "}, " + tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
+                 "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
+  return spawn({BALLAST_EXE, "run", "--json", dir + "/" + node + ".lua"}, dir + "/" + node + ".out",
+               dir + "/" + node + ".err");
 }
 
 }  // namespace cluster_test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <map>
@@ -43,6 +44,8 @@ int bus_count(const std::string& journal, const std::string& topic, const std::s
 Counts bus_values(const std::string& journal);
 // The JSON payload of the last event of `topic` in a bus journal (null when none).
 std::string last_json(const std::string& journal, const std::string& topic);
+// The JSON payloads of every event of `topic` in a bus journal, in order.
+std::vector<std::string> all_json(const std::string& journal, const std::string& topic);
 
 // Poll fn every 100 ms until true or timeout; its last value.
 template <class F>
@@ -56,6 +59,21 @@ std::string agent_config(const std::string& node, const std::string& certs, cons
                          uint64_t count, int batch, int period_ms, const std::string& spool);
 std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
                               const std::string& etcd_endpoint = "", int lease_s = 5);
+
+// A 4-node Slurm of its own (tools/engines/slurm-up: munged, slurmctld, four slurmd n1..n4 on
+// ports from `port`), in a scratch folder; torn down with the object.
+struct Cluster {
+  std::string dir, conf;
+  bool up = false;
+  int port = 30000 + static_cast<int>(getpid() % 300) * 110;
+  Cluster();
+  ~Cluster();
+};
+
+// A real agent for `node` (`ballast run`) reporting to the controller at listen (a comma-separated list of
+// candidates); its output beside its config. `extra`: more top-level fields of its config (Lua).
+Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
+                 int silent_after_ms, const std::string& extra = "");
 
 }  // namespace cluster_test
 

@@ -36,19 +36,6 @@ using ballast::slurm::Slurm;
 
 namespace {
 
-struct Cluster {
-  std::string dir, conf;
-  bool up = false;
-  int port = 30000 + static_cast<int>(getpid() % 300) * 110;
-  Cluster() {
-    dir = scratch_dir("slurm");
-    int rc = sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + dir + " 4 >/dev/null");
-    up = rc == 0;
-    conf = dir + "/slurm.conf";
-  }
-  ~Cluster() { sh(engines() + "/slurm-down " + dir); }
-};
-
 std::string trainer_script(const std::string& dir) {
   return "#!/bin/bash\n"
          "ck=" +
@@ -196,23 +183,6 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
   return out;
-}
-
-// A real agent for `node` (`ballast run`) reporting to the controller at listen (a comma-separated list of
-// candidates); its output beside its config.
-Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
-                 int silent_after_ms) {
-  std::string list;
-  for (size_t at = 0; at <= listen.size();) {
-    const size_t end = std::min(listen.find(',', at), listen.size());
-    list += "\"" + listen.substr(at, end - at) + "\", ";
-    at = end + 1;
-  }
-  write_file(dir + "/" + node + ".lua",
-             "return { node = \"" + node + "\", role = \"agent\",\n  cluster = { controller = { " + list + "}, " +
-                 tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
-                 "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
-  return spawn({kBallast, "run", dir + "/" + node + ".lua"}, dir + "/" + node + ".out", dir + "/" + node + ".err");
 }
 
 // The job's end under the controller ctl: trained to the end (its final weights written), the

@@ -1,0 +1,61 @@
+// The executor's side of the relayed job channel (relay.hpp): reports that
+// reached it as job.rank_report events from the nodes' agents go through the
+// same parser and state machine as those of its own socket, once they are
+// known to come from where the rank runs, in the current attempt.
+#include "executor.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace ballast::runner {
+
+std::string Executor::job_socket(int node) const {
+  if (cfg_.relay_socket.empty()) return socket_path_;
+  std::string path = cfg_.relay_socket;
+  const std::string& name = slots_[size_t(node_slot_[size_t(node)])].name;
+  for (size_t at; (at = path.find("{node}")) != std::string::npos;) path.replace(at, 6, name);
+  return path;
+}
+
+void Executor::handle_relayed(const Message& m) {
+  const auto refuse = [&](const char* counter, int level, const std::string& why) {
+    host_->counter_add(host_, counter, 1);
+    log(level, "relayed report refused: " + why);
+  };
+  const nlohmann::json j = nlohmann::json::parse(m.text, nullptr, false);
+  if (!j.is_object() || !j.contains("node") || !j["node"].is_string() || !j.contains("datagram") ||
+      !j["datagram"].is_string() || !j.contains("received_ns") || !j["received_ns"].is_number_integer()) {
+    refuse("relay.bad", BALLAST_LOG_WARN, "a job.rank_report without node, received_ns and datagram");
+    return;
+  }
+  const std::string node = j["node"].get<std::string>();
+  std::string why;
+  const auto r = parse_report(j["datagram"].get<std::string>(), cfg_.ranks, &why);
+  if (!r) {
+    refuse("relay.bad", BALLAST_LOG_WARN, "from node " + node + ": " + why);
+    return;
+  }
+  const std::string what = r->type + " of rank " + std::to_string(r->rank) + " from node " + node;
+  // Received before this attempt started: a rank of an earlier attempt said
+  // it (the agents' clocks are the controller's, through NTP).
+  if (ended_ || attempt_ < 0 || j["received_ns"].get<int64_t>() < attempt_start_wall_ns_) {
+    refuse("relay.stale", BALLAST_LOG_DEBUG, what + ": of an earlier attempt");
+    return;
+  }
+  const int job_node = r->rank / cfg_.ranks_per_node;
+  const std::string& placed = slots_[size_t(node_slot_[size_t(job_node)])].name;
+  if (placed != node) {
+    refuse("relay.misplaced", BALLAST_LOG_WARN,
+           what + ": the rank runs on " + placed + " in attempt " + std::to_string(attempt_));
+    return;
+  }
+  if (r->type == "step" && r->step <= ranks_[size_t(r->rank)].last_step) {
+    refuse("relay.repeated", BALLAST_LOG_WARN,
+           what + ": step " + std::to_string(r->step) + " again (the rank is at step " +
+               std::to_string(ranks_[size_t(r->rank)].last_step) + ")");
+    return;
+  }
+  host_->counter_add(host_, "relay.applied", 1);
+  handle_report(*r);
+}
+
+}  // namespace ballast::runner

@@ -1,0 +1,193 @@
+// The relayed job channel against a real 4-node Slurm (tools/engines/slurm-up):
+// a Slurm-backed job whose ranks report only to their nodes' agents (the
+// runner plugin with a `relay` table, docs/job-channel.md), which forward the
+// reports to the controller's executor as job.rank_report events. Midway one
+// agent's link is cut (the agent stopped past the controller's silence limit)
+// and the other agent is killed and started again; hostile datagrams go to an
+// agent's socket. Counted: what each agent accepted reached the executor once,
+// rank 0's every step exactly once, nothing through the executor's own socket.
+#include "cluster_harness.hpp"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <tuple>
+
+using namespace cluster_test;
+
+namespace {
+
+const std::string kTrainer = BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py";
+constexpr int kSteps = 80;
+
+// One datagram to a Unix socket, as a rank sends it.
+bool send_datagram(const std::string& path, const std::string& data) {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int buf = 1 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  const bool ok = sendto(fd, data.data(), data.size(), 0, reinterpret_cast<sockaddr*>(&sa), sizeof sa) ==
+                  ssize_t(data.size());
+  close(fd);
+  return ok;
+}
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The counters a `ballast run --json` printed at its exit (its last line).
+nlohmann::json exit_counters(const std::string& out) {
+  const std::string text = read_file(out);
+  const size_t start = text.rfind('{');
+  const auto j = start == std::string::npos ? nlohmann::json() : nlohmann::json::parse(text.substr(start), nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+}  // namespace
+
+TEST_CASE("ranks report only through their nodes' agents: a cut link and a restarted agent lose nothing they "
+          "accepted, nothing is applied twice, hostile datagrams are refused with their reasons") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string certs = c.dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(c.port + 60);
+  const std::string sockets = c.dir + "/agent-{node}.sock", n1_socket = c.dir + "/agent-n1.sock";
+  const std::string job_dir = c.dir + "/job";
+  write_file(c.dir + "/controller.lua",
+             "return { node = \"ctl\", role = \"controller\", journal = \"" + c.dir +
+                 "/bus.journal\",\n  plugins = { \"runner\" },\n"
+                 "  job = { backend = \"slurm\", ranks = 2, standby = 1, dir = \"" +
+                 job_dir + "\", progress = false,\n    relay_socket = \"" + sockets +
+                 "\",\n    command = { \"python3\", \"" + kTrainer + "\", \"--steps\", \"" + std::to_string(kSteps) +
+                 "\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
+                 "    slurm = { conf = \"" +
+                 c.conf +
+                 "\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" }, reservation = \"ballast-spares\" } },\n"
+                 "  cluster = { listen = \"" +
+                 listen + "\", " + tls_table(certs, "controller") + ",\n    ingest_journal = \"" + c.dir +
+                 "/ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
+  const std::string relay = "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },";
+  auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, listen, node, 1500, relay); };
+  Proc a1 = agent("n1"), a2 = agent("n2");
+  Proc ctl = spawn({BALLAST_EXE, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
+  const auto step_saved = [&](int step) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/checkpoints/step-%08d.safetensors", step);
+    return !read_file(job_dir + name).empty();
+  };
+  const bool up = eventually(60, [&] { return step_saved(10); });
+  INFO("controller: " << read_file(c.dir + "/ctl.err") << "\nn1: " << read_file(c.dir + "/n1.err"));
+  REQUIRE(up);
+  // The ranks were given their node's agent socket, not the executor's job.sock.
+  CHECK(read_file(job_dir + "/slurm/run-0/n1.sh").find(n1_socket) != std::string::npos);
+
+  // n1's link cut: its agent stopped past the controller's silence limit (node.silent, the
+  // connection closed); rank 0's reports wait in the agent's socket meanwhile.
+  a1.signal(SIGSTOP);
+  CHECK(eventually(20, [&] { return read_file(c.dir + "/ctl.err").find("node n1 silent") != std::string::npos; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  a1.signal(SIGCONT);
+  CHECK(eventually(20, [&] { return count_of(read_file(c.dir + "/ctl.err"), "node n1 connected") >= 2; }));
+
+  // Hostile datagrams on n1's socket: four refused by the agent, one (rank 1 runs on n2) by the executor.
+  CHECK(send_datagram(n1_socket, "garbage{"));
+  CHECK(send_datagram(n1_socket, std::string(70000, 'x')));
+  CHECK(send_datagram(n1_socket, R"({"type": "step", "rank": "zero", "step": 1, "start_s": 0, "duration_s": 0})"));
+  CHECK(send_datagram(n1_socket, R"({"type": "reboot", "rank": 0})"));
+  CHECK(send_datagram(n1_socket, R"({"type": "hello", "rank": 1, "pid": 1, "step": 1, "attempt": 0})"));
+
+  // n2's agent killed and started again: what it spooled is resent from disk; what rank 1 sent
+  // while no agent was bound is the rank's loss (its send failed), not the relay's.
+  a2.signal(SIGKILL);
+  a2.wait();
+  a2 = agent("n2");
+
+  REQUIRE(eventually(90, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/ctl.out").find("\"state\"") != std::string::npos; }));
+  CHECK(ctl.wait() == 0);
+  for (Proc* a : {&a1, &a2}) {
+    a->signal(SIGTERM);
+    a->wait();
+  }
+  const auto report = nlohmann::json::parse(read_file(c.dir + "/ctl.out"), nullptr, false);
+  REQUIRE(report.is_object());
+  INFO("report: " << report.dump());
+  CHECK(report["state"] == "finished");
+  CHECK(report["attempts"] == 1);
+  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
+  double w = 1.0;
+  for (int n = 1; n <= kSteps; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == kSteps);
+  CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
+
+  // Every job.rank_report the controller applied, by (node, rank, type, step): none twice.
+  std::map<std::tuple<std::string, int, std::string, int64_t>, int> seen;
+  std::map<std::string, int> per_node;
+  for (const auto& text : all_json(c.dir + "/bus.journal", "job.rank_report")) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    REQUIRE(j.is_object());
+    const auto d = nlohmann::json::parse(j["datagram"].get<std::string>(), nullptr, false);
+    const std::string node = j["node"];
+    per_node[node]++;
+    seen[{node, d["rank"].get<int>(), d["type"].get<std::string>(), d.value("step", int64_t(-1))}]++;
+  }
+  for (const auto& [key, n] : seen)
+    CHECK_MESSAGE(n == 1, std::get<0>(key) << " rank " << std::get<1>(key) << " " << std::get<2>(key) << " "
+                                           << std::get<3>(key) << " relayed " << n << " times");
+  // Rank 0 (n1: its link cut, its agent never gone): every report, once.
+  for (int s = 1; s <= kSteps; ++s) CHECK_MESSAGE(seen.count({"n1", 0, "step", s}) == 1, "rank 0 step " << s);
+  CHECK(seen.count({"n1", 0, "done", kSteps}) == 1);
+  int checkpoints = 0, rank1_steps = 0;
+  for (const auto& [key, n] : seen) {
+    checkpoints += std::get<0>(key) == "n1" && std::get<2>(key) == "checkpoint";
+    rank1_steps += std::get<0>(key) == "n2" && std::get<1>(key) == 1 && std::get<2>(key) == "step";
+  }
+  CHECK(checkpoints == kSteps / 5);
+  // Rank 1 (n2: its agent killed): its done, and its steps but those sent while no agent was bound.
+  CHECK(seen.count({"n2", 1, "done", kSteps}) == 1);
+  CHECK(rank1_steps >= kSteps - 30);
+  MESSAGE("rank 1: " << kSteps - rank1_steps << " step report(s) sent while n2 had no agent");
+
+  // The executor: everything through the relay, nothing through its own job.sock; the relayed
+  // reports all applied but the misplaced one.
+  const auto& counters = report["counters"];
+  CHECK(counters.value("runner.reports_direct", 0) == 0);
+  CHECK(counters.value("runner.relay.applied", 0) == per_node["n1"] + per_node["n2"] - 1);
+  CHECK(counters.value("runner.relay.misplaced", 0) == 1);
+  CHECK(counters.value("runner.relay.repeated", 0) == 0);
+  CHECK(counters.value("runner.relay.stale", 0) == 0);
+  CHECK(counters.value("runner.relay.bad", 0) == 0);
+  const std::string ctl_err = read_file(c.dir + "/ctl.err");
+  CHECK(ctl_err.find("hello of rank 1 from node n1: the rank runs on n2") != std::string::npos);
+
+  // n1's agent (never restarted): what it accepted is what the controller applied, once; its
+  // four refusals named.
+  const auto n1 = exit_counters(c.dir + "/n1.out");
+  INFO("n1 counters: " << n1.dump());
+  CHECK(n1.value("runner.relay.forwarded", 0) == per_node["n1"]);
+  CHECK(n1.value("runner.relay.refused", 0) == 4);
+  const std::string n1_err = read_file(c.dir + "/n1.err");
+  for (const char* why : {"not a JSON object", "larger than 64 KiB", "field 'rank' is not a number",
+                          "unknown type 'reboot'"})
+    CHECK_MESSAGE(n1_err.find(why) != std::string::npos, why);
+  // n2's second agent forwarded what it accepted too (its first one's share came from its spool).
+  CHECK(exit_counters(c.dir + "/n2.out").value("runner.relay.forwarded", 0) <= per_node["n2"]);
+  // The link: each (node, seq) in the controller's ingest journal once.
+  for (const auto& [node, seqs] : ingest_counts(c.dir + "/ingest.journal"))
+    for (const auto& [seq, n] : seqs) CHECK_MESSAGE(n == 1, node << " seq " << seq << " ingested " << n << " times");
+}
