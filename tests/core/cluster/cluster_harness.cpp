@@ -204,7 +204,7 @@ Cluster::Cluster() {
 Cluster::~Cluster() { sh(engines() + "/slurm-down " + dir); }
 
 Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
-                 int silent_after_ms, const std::string& extra) {
+                 int silent_after_ms, const std::string& extra, const std::string& netns) {
   std::string list;
   for (size_t at = 0; at <= listen.size();) {
     const size_t end = std::min(listen.find(',', at), listen.size());
@@ -216,7 +216,7 @@ Proc start_agent(const std::string& dir, const std::string& certs, const std::st
                  "}, " + tls_table(certs, node) + ",\n    spool = { dir = \"" + dir + "/spool-" + node +
                  "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) + " } }\n");
   return spawn({BALLAST_EXE, "run", "--json", dir + "/" + node + ".lua"}, dir + "/" + node + ".out",
-               dir + "/" + node + ".err");
+               dir + "/" + node + ".err", netns);
 }
 
 }  // namespace cluster_test

@@ -71,9 +71,10 @@ struct Cluster {
 };
 
 // A real agent for `node` (`ballast run`) reporting to the controller at listen (a comma-separated list of
-// candidates); its output beside its config. `extra`: more top-level fields of its config (Lua).
+// candidates); its output beside its config. `extra`: more top-level fields of its config (Lua);
+// `netns`: the network namespace it runs in ("": the machine's).
 Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
-                 int silent_after_ms, const std::string& extra = "");
+                 int silent_after_ms, const std::string& extra = "", const std::string& netns = "");
 
 }  // namespace cluster_test
 

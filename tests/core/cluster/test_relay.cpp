@@ -37,8 +37,8 @@ bool send_datagram(const std::string& path, const std::string& data) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
-  const bool ok = sendto(fd, data.data(), data.size(), 0, reinterpret_cast<sockaddr*>(&sa), sizeof sa) ==
-                  ssize_t(data.size());
+  const bool ok =
+      sendto(fd, data.data(), data.size(), 0, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == ssize_t(data.size());
   close(fd);
   return ok;
 }
@@ -53,19 +53,32 @@ int count_of(const std::string& text, const std::string& what) {
 nlohmann::json exit_counters(const std::string& out) {
   const std::string text = read_file(out);
   const size_t start = text.rfind('{');
-  const auto j = start == std::string::npos ? nlohmann::json() : nlohmann::json::parse(text.substr(start), nullptr, false);
+  const auto j =
+      start == std::string::npos ? nlohmann::json() : nlohmann::json::parse(text.substr(start), nullptr, false);
   return j.is_object() ? j : nlohmann::json::object();
 }
 
 }  // namespace
 
-TEST_CASE("ranks report only through their nodes' agents: a cut link and a restarted agent lose nothing they "
-          "accepted, nothing is applied twice, hostile datagrams are refused with their reasons") {
+TEST_CASE(
+    "ranks report only through their nodes' agents: a cut link and a restarted agent lose nothing they "
+    "accepted, nothing is applied twice, hostile datagrams are refused with their reasons") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  // n1's agent in a network namespace of its own where the machine allows (root, iproute2), so
+  // that its link can be cut while it runs; else its link is cut by stopping it.
+  struct Netns {
+    std::string tag = "br" + std::to_string(getpid() % 100000);
+    bool up = netns_up(tag, 1, 221);
+    ~Netns() {
+      if (up) netns_down(tag, 1);
+    }
+  } ns;
   const std::string certs = c.dir + "/certs";
-  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
-  const std::string listen = "127.0.0.1:" + std::to_string(c.port + 60);
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 10.221.1.1 -- n1 n2") == 0);
+  const std::string port = std::to_string(c.port + 60);
+  const std::string listen = (ns.up ? "0.0.0.0:" : "127.0.0.1:") + port;
+  const std::string n1_controller = (ns.up ? "10.221.1.1:" : "127.0.0.1:") + port;
   const std::string sockets = c.dir + "/agent-{node}.sock", n1_socket = c.dir + "/agent-n1.sock";
   const std::string job_dir = c.dir + "/job";
   write_file(c.dir + "/controller.lua",
@@ -81,8 +94,12 @@ TEST_CASE("ranks report only through their nodes' agents: a cut link and a resta
                  "  cluster = { listen = \"" +
                  listen + "\", " + tls_table(certs, "controller") + ",\n    ingest_journal = \"" + c.dir +
                  "/ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
-  const std::string relay = "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },";
-  auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, listen, node, 1500, relay); };
+  const std::string relay =
+      "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },";
+  auto agent = [&](const std::string& node) {
+    return node == "n1" ? start_agent(c.dir, certs, n1_controller, node, 1500, relay, ns.up ? ns.tag + "1" : "")
+                        : start_agent(c.dir, certs, "127.0.0.1:" + port, node, 1500, relay);
+  };
   Proc a1 = agent("n1"), a2 = agent("n2");
   Proc ctl = spawn({BALLAST_EXE, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
   const auto step_saved = [&](int step) {
@@ -96,13 +113,21 @@ TEST_CASE("ranks report only through their nodes' agents: a cut link and a resta
   // The ranks were given their node's agent socket, not the executor's job.sock.
   CHECK(read_file(job_dir + "/slurm/run-0/n1.sh").find(n1_socket) != std::string::npos);
 
-  // n1's link cut: its agent stopped past the controller's silence limit (node.silent, the
-  // connection closed); rank 0's reports wait in the agent's socket meanwhile.
-  a1.signal(SIGSTOP);
+  // n1's link cut past the controller's silence limit (node.silent, the connection closed):
+  // its agent goes on taking rank 0's reports and spools them; without a namespace the agent is
+  // stopped instead, and the reports wait in its socket (the rank's send blocks when it is full).
+  if (ns.up)
+    REQUIRE(sh(engines() + "/netns cut " + ns.tag + " 1") == 0);
+  else
+    a1.signal(SIGSTOP);
+  MESSAGE((ns.up ? "n1's link cut in its network namespace" : "no network namespaces here: n1's agent stopped"));
   CHECK(eventually(20, [&] { return read_file(c.dir + "/ctl.err").find("node n1 silent") != std::string::npos; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  a1.signal(SIGCONT);
-  CHECK(eventually(20, [&] { return count_of(read_file(c.dir + "/ctl.err"), "node n1 connected") >= 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  if (ns.up)
+    REQUIRE(sh(engines() + "/netns mend " + ns.tag + " 1") == 0);
+  else
+    a1.signal(SIGCONT);
+  CHECK(eventually(30, [&] { return count_of(read_file(c.dir + "/ctl.err"), "node n1 connected") >= 2; }));
 
   // Hostile datagrams on n1's socket: four refused by the agent, one (rank 1 runs on n2) by the executor.
   CHECK(send_datagram(n1_socket, "garbage{"));
@@ -182,8 +207,8 @@ TEST_CASE("ranks report only through their nodes' agents: a cut link and a resta
   CHECK(n1.value("runner.relay.forwarded", 0) == per_node["n1"]);
   CHECK(n1.value("runner.relay.refused", 0) == 4);
   const std::string n1_err = read_file(c.dir + "/n1.err");
-  for (const char* why : {"not a JSON object", "larger than 64 KiB", "field 'rank' is not a number",
-                          "unknown type 'reboot'"})
+  for (const char* why :
+       {"not a JSON object", "larger than 64 KiB", "field 'rank' is not a number", "unknown type 'reboot'"})
     CHECK_MESSAGE(n1_err.find(why) != std::string::npos, why);
   // n2's second agent forwarded what it accepted too (its first one's share came from its spool).
   CHECK(exit_counters(c.dir + "/n2.out").value("runner.relay.forwarded", 0) <= per_node["n2"]);
