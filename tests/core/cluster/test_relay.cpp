@@ -94,11 +94,14 @@ TEST_CASE(
                  "  cluster = { listen = \"" +
                  listen + "\", " + tls_table(certs, "controller") + ",\n    ingest_journal = \"" + c.dir +
                  "/ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n");
-  const std::string relay =
-      "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },";
+  // n1's socket open to every user (its uid check then refuses strangers), n2's the default 0600.
+  auto relay = [&](const std::string& mode) {
+    return "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\"" + mode + " } } } },";
+  };
   auto agent = [&](const std::string& node) {
-    return node == "n1" ? start_agent(c.dir, certs, n1_controller, node, 1500, relay, ns.up ? ns.tag + "1" : "")
-                        : start_agent(c.dir, certs, "127.0.0.1:" + port, node, 1500, relay);
+    return node == "n1" ? start_agent(c.dir, certs, n1_controller, node, 1500, relay(", mode = \"0666\""),
+                                      ns.up ? ns.tag + "1" : "")
+                        : start_agent(c.dir, certs, "127.0.0.1:" + port, node, 1500, relay(""));
   };
   Proc a1 = agent("n1"), a2 = agent("n2");
   Proc ctl = spawn({BALLAST_EXE, "run", c.dir + "/controller.lua", "--json"}, c.dir + "/ctl.out", c.dir + "/ctl.err");
@@ -120,7 +123,7 @@ TEST_CASE(
     REQUIRE(sh(engines() + "/netns cut " + ns.tag + " 1") == 0);
   else
     a1.signal(SIGSTOP);
-  MESSAGE((ns.up ? "n1's link cut in its network namespace" : "no network namespaces here: n1's agent stopped"));
+  MESSAGE(std::string(ns.up ? "n1's link cut in its network namespace" : "no namespaces here: n1's agent stopped"));
   CHECK(eventually(20, [&] { return read_file(c.dir + "/ctl.err").find("node n1 silent") != std::string::npos; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   if (ns.up)
@@ -129,12 +132,19 @@ TEST_CASE(
     a1.signal(SIGCONT);
   CHECK(eventually(30, [&] { return count_of(read_file(c.dir + "/ctl.err"), "node n1 connected") >= 2; }));
 
-  // Hostile datagrams on n1's socket: four refused by the agent, one (rank 1 runs on n2) by the executor.
+  // Hostile datagrams on n1's socket: four refused by the agent, one (another user's) by its uid check, one (rank 1
+  // runs on n2) by the executor.
   CHECK(send_datagram(n1_socket, "garbage{"));
   CHECK(send_datagram(n1_socket, std::string(70000, 'x')));
   CHECK(send_datagram(n1_socket, R"({"type": "step", "rank": "zero", "step": 1, "start_s": 0, "duration_s": 0})"));
   CHECK(send_datagram(n1_socket, R"({"type": "reboot", "rank": 0})"));
   CHECK(send_datagram(n1_socket, R"({"type": "hello", "rank": 1, "pid": 1, "step": 1, "attempt": 0})"));
+  // Another user: refused by n1's uid check; n2's socket (0600) does not let it send at all.
+  const std::string as_nobody =
+      "setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 -c 'import socket,sys; "
+      "socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b\"{}\", sys.argv[1])' ";
+  CHECK(sh(as_nobody + n1_socket) == 0);
+  CHECK(sh(as_nobody + c.dir + "/agent-n2.sock 2>/dev/null") != 0);
 
   // n2's agent killed and started again: what it spooled is resent from disk; what rank 1 sent
   // while no agent was bound is the rank's loss (its send failed), not the relay's.
@@ -201,14 +211,14 @@ TEST_CASE(
   CHECK(ctl_err.find("hello of rank 1 from node n1: the rank runs on n2") != std::string::npos);
 
   // n1's agent (never restarted): what it accepted is what the controller applied, once; its
-  // four refusals named.
+  // five refusals named.
   const auto n1 = exit_counters(c.dir + "/n1.out");
   INFO("n1 counters: " << n1.dump());
   CHECK(n1.value("runner.relay.forwarded", 0) == per_node["n1"]);
-  CHECK(n1.value("runner.relay.refused", 0) == 4);
+  CHECK(n1.value("runner.relay.refused", 0) == 5);
   const std::string n1_err = read_file(c.dir + "/n1.err");
-  for (const char* why :
-       {"not a JSON object", "larger than 64 KiB", "field 'rank' is not a number", "unknown type 'reboot'"})
+  for (const char* why : {"not a JSON object", "larger than 64 KiB", "field 'rank' is not a number",
+                          "unknown type 'reboot'", "sender uid 65534"})
     CHECK_MESSAGE(n1_err.find(why) != std::string::npos, why);
   // n2's second agent forwarded what it accepted too (its first one's share came from its spool).
   CHECK(exit_counters(c.dir + "/n2.out").value("runner.relay.forwarded", 0) <= per_node["n2"]);
