@@ -7,6 +7,8 @@
 // agent's socket. Counted: what each agent accepted reached the executor once,
 // rank 0's every step exactly once, nothing through the executor's own socket.
 #include "cluster_harness.hpp"
+#include "job_config.hpp"
+#include "relay.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <thread>
 #include <tuple>
 
@@ -225,4 +228,38 @@ TEST_CASE(
   // The link: each (node, seq) in the controller's ingest journal once.
   for (const auto& [node, seqs] : ingest_counts(c.dir + "/ingest.journal"))
     for (const auto& [seq, n] : seqs) CHECK_MESSAGE(n == 1, node << " seq " << seq << " ingested " << n << " times");
+}
+
+TEST_CASE("relay configuration errors name the field") {
+  using ballast::runner::parse_relay_config;
+  const auto error = [](const std::string& json) {
+    try {
+      parse_relay_config(json);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error(R"({"socket": "/run/ballast/job-{node}.sock", "mode": "0660", "uids": [1000]})").empty());
+  const auto cfg = parse_relay_config(R"({"socket": "/run/ballast/job.sock", "mode": "0660", "uids": [1000, 1001]})");
+  CHECK(cfg.mode == 0660);
+  CHECK(cfg.uids.size() == 2);
+  CHECK(parse_relay_config(R"({"socket": "/s"})").mode == 0600);
+  CHECK(error(R"({})").find("relay.socket: missing") == 0);
+  CHECK(error(R"({"socket": "job.sock"})").find("relay.socket: want an absolute path") == 0);
+  CHECK(error(R"({"socket": "/s", "mode": "0066"})").find("relay.mode") == 0);  // the agent could not read it
+  CHECK(error(R"({"socket": "/s", "mode": "rw"})").find("relay.mode") == 0);
+  CHECK(error(R"({"socket": "/s", "mode": "01777"})").find("relay.mode") == 0);
+  CHECK(error(R"({"socket": "/s", "uids": [-1]})").find("relay.uids: -1") == 0);
+  CHECK(error(R"({"socket": "/s", "users": []})").find("relay.users: unknown field") == 0);
+  CHECK(error(R"("/s")").find("relay: want a table") == 0);
+
+  using ballast::runner::parse_job_config;
+  const auto job = [](const std::string& relay) {
+    return nlohmann::json{{"command", {"python3"}}, {"backend", "slurm"}, {"relay_socket", relay}};
+  };
+  CHECK(parse_job_config(job("/run/ballast/{node}.sock"), nlohmann::json::object(), "/").relay_socket ==
+        "/run/ballast/{node}.sock");
+  CHECK_THROWS_WITH(parse_job_config(job("job.sock"), nlohmann::json::object(), "/"),
+                    doctest::Contains("job.relay_socket: want an absolute path"));
 }
