@@ -211,6 +211,7 @@ class Executor {
   std::set<std::string> connected_;  // nodes whose agent connected in this term
   bool channel_open_ = false;        // the job channel's socket is bound and the control file made
   bool channel_busy_ = false;        // the last start found another executor's socket answering
+  uint64_t relay_refused_ = 0;       // relayed reports refused (handle_relayed), for the log's bound
   Summary final_;
   bool summarised_ = false;
 };

@@ -17,9 +17,13 @@ std::string Executor::job_socket(int node) const {
 }
 
 void Executor::handle_relayed(const Message& m) {
+  // Counted always; logged for the first 100, then every 1000th (a flood
+  // through a node's agent must not flood the log).
   const auto refuse = [&](const char* counter, int level, const std::string& why) {
     host_->counter_add(host_, counter, 1);
-    log(level, "relayed report refused: " + why);
+    ++relay_refused_;
+    if (relay_refused_ <= 100 || relay_refused_ % 1000 == 0)
+      log(level, "relayed report refused: " + why + " (" + std::to_string(relay_refused_) + " refused so far)");
   };
   const nlohmann::json j = nlohmann::json::parse(m.text, nullptr, false);
   if (!j.is_object() || !j.contains("node") || !j["node"].is_string() || !j.contains("datagram") ||

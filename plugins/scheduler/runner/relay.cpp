@@ -51,9 +51,10 @@ RelayConfig parse_relay_config(const std::string& text) {
       char* end = nullptr;
       const unsigned long mode = std::strtoul(m.c_str(), &end, 8);
       if (m.empty() || *end != '\0' || (mode & ~0777ul) != 0 || (mode & 0600) != 0600)
-        throw std::runtime_error("relay.mode: want an octal string such as \"0660\" that lets the agent's user "
-                                 "read and write, got " +
-                                 v.dump());
+        throw std::runtime_error(
+            "relay.mode: want an octal string such as \"0660\" that lets the agent's user "
+            "read and write, got " +
+            v.dump());
       c.mode = unsigned(mode);
     } else if (k == "uids") {
       if (!v.is_array()) throw std::runtime_error("relay.uids: want a list of user ids");
@@ -70,9 +71,8 @@ RelayConfig parse_relay_config(const std::string& text) {
 }
 
 Relay::Relay(const ballast_host_api* host, RelayConfig cfg) : host_(host), cfg_(std::move(cfg)) {
-  const char* name = BALLAST_COVERS(host->size, ballast_host_api, node_name) && host->node_name
-                         ? host->node_name(host)
-                         : nullptr;
+  const char* name =
+      BALLAST_COVERS(host->size, ballast_host_api, node_name) && host->node_name ? host->node_name(host) : nullptr;
   char buf[256] = "";
   if (!name && gethostname(buf, sizeof buf - 1) == 0) name = buf;
   node_ = name ? name : "";
@@ -215,8 +215,8 @@ void Relay::refuse(const std::string& why) {
   host_->counter_add(host_, "relay.refused", 1);
   ++refused_;
   if (refused_ <= 100 || refused_ % 1000 == 0)
-    log(BALLAST_LOG_WARN, "relay " + path_ + ": a report was refused: " + why + " (" + std::to_string(refused_) +
-                              " refused so far)");
+    log(BALLAST_LOG_WARN,
+        "relay " + path_ + ": a report was refused: " + why + " (" + std::to_string(refused_) + " refused so far)");
 }
 
 void Relay::log(int level, const std::string& msg) { host_->log(host_, level, msg.c_str()); }

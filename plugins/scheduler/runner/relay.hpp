@@ -20,9 +20,9 @@
 namespace ballast::runner {
 
 struct RelayConfig {
-  std::string socket;       // the path; "{node}" is replaced by the node's name
-  unsigned mode = 0600;     // of the socket file: who may send reports
-  std::set<uid_t> uids;     // senders allowed besides this process's user and root
+  std::string socket;    // the path; "{node}" is replaced by the node's name
+  unsigned mode = 0600;  // of the socket file: who may send reports
+  std::set<uid_t> uids;  // senders allowed besides this process's user and root
 };
 
 // Parse the plugin's `relay` table (JSON). Throws std::runtime_error naming the field.
