@@ -446,8 +446,8 @@ bool Controller::on_message(Loop& loop, Conn& c, const Message& m, std::string* 
           q.pop_front();
         }
       }
-      if (leadership_)
-        for (uint64_t id : done) leadership_->forget_action(id);
+      // The records go in the next group commit: this loop does not wait for etcd.
+      if (commits_) commits_->forget(done);
       return true;
     }
     default:
@@ -953,6 +953,10 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
     const std::string why = last_error();
     return fail(rc == BALLAST_ESTATE ? BALLAST_EFENCED : rc, what + " fenced off: " + why);
   };
+  // The plugin's name is a part of the log's keys (records/<plugin>/<id>).
+  if (plugin.empty() || plugin.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                            std::string::npos)
+    return fail(BALLAST_EINVAL, what + ": the plugin's name is not [A-Za-z0-9_.-]+, not a key of the action log");
   if (!leadership_->is_leader())
     return fail(BALLAST_EFENCED, what + " fenced off: " + host_.node() + " is not the leader");
   // As for an agent's action (on_action): what this bus published before it
@@ -967,7 +971,12 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
     if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc);
   const nlohmann::json j = {
       {"node", host_.node()}, {"plugin", plugin}, {"kind", kind}, {"record", record}, {"term", leadership_->epoch()}};
-  if (int rc = leadership_->record_own_action(next_action_id(), j.dump()); rc != BALLAST_OK) return refused(rc);
+  const bool snapshot = kind.size() > 9 && kind.ends_with(".snapshot");
+  // One record at a time: ids then grow in the order etcd commits them, so
+  // that a snapshot deletes only what came before it.
+  std::lock_guard order(records_mutex_);
+  if (int rc = leadership_->record_own_action(plugin, next_action_id(), j.dump(), snapshot); rc != BALLAST_OK)
+    return refused(rc);
   return BALLAST_OK;
 }
 
@@ -995,7 +1004,10 @@ nlohmann::json Controller::counters() const {
                       {"cluster.connections", connections_.load()},
                       {"cluster.ingest_passes", passes_.load()},
                       {"cluster.connected", connected}};
-  if (commits_) j["cluster.cursor_commits"] = commits_->transactions();
+  if (commits_) {
+    j["cluster.cursor_commits"] = commits_->transactions();
+    j["cluster.acks_committed"] = commits_->forgotten();
+  }
   return j;
 }
 

@@ -149,11 +149,15 @@ int Etcd::resign(const std::string& election, const std::string& key, int64_t re
 }
 
 int Etcd::put_if(const std::string& guard, int64_t revision,
-                 const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<std::string>& deletes,
+                 const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<Delete>& deletes,
                  bool* succeeded) {
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& [k, v] : puts) ops.push_back({{"request_put", {{"key", b64(k)}, {"value", b64(v)}}}});
-  for (const auto& k : deletes) ops.push_back({{"request_delete_range", {{"key", b64(k)}}}});
+  for (const auto& d : deletes) {
+    nlohmann::json range = {{"key", b64(d.key)}};
+    if (!d.range_end.empty()) range["range_end"] = b64(d.range_end);
+    ops.push_back({{"request_delete_range", std::move(range)}});
+  }
   nlohmann::json body = {{"compare",
                           {{{"key", b64(guard)},
                             {"target", "CREATE"},

@@ -3,9 +3,11 @@
 #include "error.hpp"
 #include "host.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <tuple>
 
 namespace ballast::cluster {
 
@@ -109,21 +111,29 @@ void EtcdLeadership::campaign_loop() {
     }
     if (lease != lease_.load()) continue;  // the lease lapsed while campaigning: campaign again
     // What the previous leaders left: the cursors, and the newest
-    // kMaxLogRecords records of the action log (bounded; older ones are
-    // named in a warning, not read).
-    std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs;
-    int64_t logged = 0;
+    // kMaxLogRecords records of each part of the action log (bounded; older
+    // ones are named in a warning, not read). The plugins' parts begin at
+    // their newest snapshot: a snapshot deleted what came before it.
+    std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs, record_kvs;
+    int64_t logged = 0, recorded = 0;
     if (etcd.range_prefix(prefix() + "cursor/", &cursor_kvs) != BALLAST_OK ||
-        etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK) {
+        etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK ||
+        etcd.range_prefix(prefix() + "records/", &record_kvs, kMaxLogRecords, &recorded) != BALLAST_OK) {
       etcd_errors_.fetch_add(1);
       host_.log(BALLAST_LOG_WARN, "cluster", std::string("reading the previous term: ") + last_error());
       continue;
     }
-    if (logged > int64_t(action_kvs.size()))
-      host_.log(BALLAST_LOG_WARN, "cluster",
-                "the action log " + prefix() + "actions/ holds " + std::to_string(logged) + " records: the " +
-                    std::to_string(logged - int64_t(action_kvs.size())) + " oldest are not read (at most " +
-                    std::to_string(kMaxLogRecords) + ")");
+    for (auto [part, total, got] :
+         {std::tuple{"actions/", logged, action_kvs.size()}, std::tuple{"records/", recorded, record_kvs.size()}})
+      if (total > int64_t(got))
+        host_.log(BALLAST_LOG_WARN, "cluster",
+                  "the action log " + prefix() + part + " holds " + std::to_string(total) + " records: the " +
+                      std::to_string(total - int64_t(got)) + " oldest are not read (at most " +
+                      std::to_string(kMaxLogRecords) + ")");
+    const bool complete = logged <= int64_t(action_kvs.size()) && recorded <= int64_t(record_kvs.size());
+    const size_t read = action_kvs.size() + record_kvs.size();
+    action_kvs.insert(action_kvs.end(), std::make_move_iterator(record_kvs.begin()),
+                      std::make_move_iterator(record_kvs.end()));
     nlohmann::json own = nlohmann::json::array();  // records of plugins' fence_action, for the plugins
     size_t malformed = 0;
     {
@@ -133,7 +143,7 @@ void EtcdLeadership::campaign_loop() {
       for (auto& [k, v] : cursor_kvs) cursors_[k.substr(prefix().size() + 7)] = std::strtoull(v.c_str(), nullptr, 10);
       actions_.clear();
       for (auto& [k, v] : action_kvs) {
-        const uint64_t id = std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10);
+        const uint64_t id = std::strtoull(k.substr(k.rfind('/') + 1).c_str(), nullptr, 10);
         std::string why;
         nlohmann::json j = parse_logged(v, &why);
         if (j.is_null()) {
@@ -147,7 +157,11 @@ void EtcdLeadership::campaign_loop() {
         }
       }
     }
-    const size_t pending = action_kvs.size() - own.size() - malformed;
+    // Every plugin's records, in the order they were written (ids grow).
+    std::sort(own.begin(), own.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a["id"].get<uint64_t>() < b["id"].get<uint64_t>();
+    });
+    const size_t pending = read - own.size() - malformed;
     revision_.store(rev);
     elected_at_ms_.store(wall_ms());
     terms_.fetch_add(1);
@@ -165,12 +179,9 @@ void EtcdLeadership::campaign_loop() {
     }
     // The earlier terms' records of what plugins did outside this process
     // (a successor's executor takes over its predecessor's job from them).
-    nlohmann::json j = {{"leader", options_.name},
-                        {"revision", rev},
-                        {"elected_at_ms", elected_at_ms_.load()},
-                        {"cursors", std::move(cursors)},
-                        {"log", std::move(own)},
-                        {"log_complete", logged <= int64_t(action_kvs.size())}};
+    nlohmann::json j = {
+        {"leader", options_.name},       {"revision", rev},       {"elected_at_ms", elected_at_ms_.load()},
+        {"cursors", std::move(cursors)}, {"log", std::move(own)}, {"log_complete", complete}};
     // Published before this candidate acts as the leader: a plugin's inline
     // handler has the log before any of its fence_action calls is allowed.
     host_.publish_json("controller.leader", j.dump(), "cluster");
@@ -203,7 +214,7 @@ void EtcdLeadership::deposed(const std::string& why) {
 }
 
 int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>>& puts,
-                           const std::vector<std::string>& deletes) {
+                           const std::vector<Etcd::Delete>& deletes) {
   if (!leader_.load()) return fail(BALLAST_ESTATE, options_.name + " is not the leader");
   bool ok = false;
   std::lock_guard lock(mutex_);
@@ -222,32 +233,43 @@ int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>
   return BALLAST_OK;
 }
 
+namespace {
+
+std::string id_key(uint64_t id) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  return name;
+}
+
+}  // namespace
+
 int EtcdLeadership::record_action(const std::string& node, uint64_t id, const std::string& action_json) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
   nlohmann::json j = {{"node", node}, {"event", nlohmann::json::parse(action_json, nullptr, false)}};
-  return fenced({{prefix() + "actions/" + name, j.dump()}}, {});
+  return fenced({{prefix() + "actions/" + id_key(id), j.dump()}}, {});
 }
 
-int EtcdLeadership::record_own_action(uint64_t id, const std::string& record_json) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
-  return fenced({{prefix() + "actions/" + name, record_json}}, {});
+int EtcdLeadership::record_own_action(const std::string& plugin, uint64_t id, const std::string& record_json,
+                                      bool snapshot) {
+  const std::string part = prefix() + "records/" + plugin + "/", key = part + id_key(id);
+  // A snapshot and the deletion of what it replaces are one transaction: a
+  // crash or a deposition leaves both or neither.
+  std::vector<Etcd::Delete> older;
+  if (snapshot) older.push_back({part, key});
+  int rc = fenced({{key, record_json}}, older);
+  if (rc == BALLAST_OK && snapshot) snapshots_.fetch_add(1);
+  return rc;
 }
 
-int EtcdLeadership::forget_action(uint64_t id) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
-  return fenced({}, {prefix() + "actions/" + name});
-}
-
-int EtcdLeadership::commit_cursors(const std::map<std::string, uint64_t>& cursors) {
+int EtcdLeadership::commit(const std::map<std::string, uint64_t>& cursors, const std::vector<uint64_t>& acknowledged) {
   // One transaction, so that a term's cursors move together or not at all.
-  if (cursors.size() > kMaxCursorsPerCommit)
-    return fail(BALLAST_EINVAL, "commit_cursors: " + std::to_string(cursors.size()) + " nodes in one transaction");
+  if (cursors.size() + acknowledged.size() > kMaxOpsPerCommit)
+    return fail(BALLAST_EINVAL,
+                "commit: " + std::to_string(cursors.size() + acknowledged.size()) + " operations in one transaction");
   std::vector<std::pair<std::string, std::string>> puts;
   for (const auto& [node, seq] : cursors) puts.emplace_back(prefix() + "cursor/" + node, std::to_string(seq));
-  return fenced(puts, {});
+  std::vector<Etcd::Delete> deletes;
+  for (uint64_t id : acknowledged) deletes.push_back({prefix() + "actions/" + id_key(id), ""});
+  return fenced(puts, deletes);
 }
 
 std::map<std::string, uint64_t> EtcdLeadership::cursors() const {
@@ -261,11 +283,9 @@ std::vector<Leadership::LoggedAction> EtcdLeadership::logged_actions() const {
 }
 
 nlohmann::json EtcdLeadership::counters() const {
-  return {{"cluster.leader", leader_.load() ? 1 : 0},
-          {"cluster.terms", terms_.load()},
-          {"cluster.deposed", fenced_off_.load()},
-          {"cluster.etcd_errors", etcd_errors_.load()},
-          {"cluster.elected_at_ms", elected_at_ms_.load()}};
+  return {{"cluster.leader", leader_.load() ? 1 : 0},   {"cluster.terms", terms_.load()},
+          {"cluster.deposed", fenced_off_.load()},      {"cluster.etcd_errors", etcd_errors_.load()},
+          {"cluster.log_snapshots", snapshots_.load()}, {"cluster.elected_at_ms", elected_at_ms_.load()}};
 }
 
 }  // namespace ballast::cluster
