@@ -495,16 +495,21 @@ bool Controller::on_hello(Loop& loop, Conn& c, const Message& m, std::string* er
     n.last_heard_ms = now_ms();
     n.silent = false;
     n.overflow = overflow;
-    for (auto& [id, frame] : n.actions) {
-      send(loop, c, MsgType::action, id, frame.data(), frame.size());
-      n.next_action = id;
-    }
   }
   c.state = Conn::State::serving;
   c.applied = c.pending = applied;
   c.last_rx = c.last_hb = now_ms();
   send(loop, c, MsgType::welcome, applied);
   send(loop, c, MsgType::heartbeat, static_cast<uint64_t>(c.last_hb));
+  {
+    // The unacknowledged actions, after the welcome (an agent reads nothing else before it).
+    std::lock_guard lock(mutex_);
+    for (auto& [id, frame] : c.ns->actions) {
+      send(loop, c, MsgType::action, id, frame.data(), frame.size());
+      c.ns->next_action = id;
+      actions_sent_.fetch_add(1);
+    }
+  }
   if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + c.link->peer_address() + " (applied up to " +
