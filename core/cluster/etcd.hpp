@@ -57,6 +57,11 @@ class Etcd {
   int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest = 0,
                    int64_t* total = nullptr);
 
+  // The first key in [from, end) in *key ("" when none).
+  int first_key(const std::string& from, const std::string& end, std::string* key);
+
+  // The end of the range of every key that begins with `prefix`.
+  static std::string prefix_end(std::string prefix);
   static std::string b64(const std::string& s);
   static std::string unb64(const std::string& s);
 

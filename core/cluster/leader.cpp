@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <tuple>
 
 namespace ballast::cluster {
 
@@ -110,27 +109,28 @@ void EtcdLeadership::campaign_loop() {
       continue;
     }
     if (lease != lease_.load()) continue;  // the lease lapsed while campaigning: campaign again
-    // What the previous leaders left: the cursors, and the newest
-    // kMaxLogRecords records of each part of the action log (bounded; older
-    // ones are named in a warning, not read). The plugins' parts begin at
-    // their newest snapshot: a snapshot deleted what came before it.
+    // What the previous leaders left: the cursors, the newest
+    // kMaxLogRecords agents' actions, and of each plugin's records (at most
+    // kMaxLogPlugins plugins) the newest kMaxLogRecords: bounded, each part on
+    // its own, so that no plugin's flood hides another's records. Older ones
+    // are named in a warning, not read. A plugin's part begins at its newest
+    // snapshot: a snapshot deleted what came before it.
     std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs, record_kvs;
-    int64_t logged = 0, recorded = 0;
+    int64_t logged = 0;
+    bool records_complete = true;
     if (etcd.range_prefix(prefix() + "cursor/", &cursor_kvs) != BALLAST_OK ||
         etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK ||
-        etcd.range_prefix(prefix() + "records/", &record_kvs, kMaxLogRecords, &recorded) != BALLAST_OK) {
+        read_records(etcd, &record_kvs, &records_complete) != BALLAST_OK) {
       etcd_errors_.fetch_add(1);
       host_.log(BALLAST_LOG_WARN, "cluster", std::string("reading the previous term: ") + last_error());
       continue;
     }
-    for (auto [part, total, got] :
-         {std::tuple{"actions/", logged, action_kvs.size()}, std::tuple{"records/", recorded, record_kvs.size()}})
-      if (total > int64_t(got))
-        host_.log(BALLAST_LOG_WARN, "cluster",
-                  "the action log " + prefix() + part + " holds " + std::to_string(total) + " records: the " +
-                      std::to_string(total - int64_t(got)) + " oldest are not read (at most " +
-                      std::to_string(kMaxLogRecords) + ")");
-    const bool complete = logged <= int64_t(action_kvs.size()) && recorded <= int64_t(record_kvs.size());
+    if (logged > int64_t(action_kvs.size()))
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + prefix() + "actions/ holds " + std::to_string(logged) + " records: the " +
+                    std::to_string(logged - int64_t(action_kvs.size())) + " oldest are not read (at most " +
+                    std::to_string(kMaxLogRecords) + ")");
+    const bool complete = logged <= int64_t(action_kvs.size()) && records_complete;
     const size_t read = action_kvs.size() + record_kvs.size();
     action_kvs.insert(action_kvs.end(), std::make_move_iterator(record_kvs.begin()),
                       std::make_move_iterator(record_kvs.end()));
@@ -186,6 +186,45 @@ void EtcdLeadership::campaign_loop() {
     // handler has the log before any of its fence_action calls is allowed.
     host_.publish_json("controller.leader", j.dump(), "cluster");
     leader_.store(true);
+  }
+}
+
+// Every plugin's part of the log (records/<plugin>/), one after another:
+// the first key after the last part read names the next plugin.
+int EtcdLeadership::read_records(Etcd& etcd, std::vector<std::pair<std::string, std::string>>* out, bool* complete) {
+  const std::string records = prefix() + "records/", end = Etcd::prefix_end(records);
+  std::string from = records, first;
+  out->clear();
+  *complete = true;
+  for (size_t plugins = 0;; ++plugins) {
+    if (int rc = etcd.first_key(from, end, &first); rc != BALLAST_OK) return rc;
+    if (first.empty()) return BALLAST_OK;
+    if (plugins == kMaxLogPlugins) {
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + records + " holds the records of more than " + std::to_string(kMaxLogPlugins) +
+                    " plugins: those from " + first + " on are not read");
+      *complete = false;
+      return BALLAST_OK;
+    }
+    const size_t slash = first.find('/', records.size());
+    if (slash == std::string::npos) {  // records/<name> with no id: not a record
+      host_.log(BALLAST_LOG_WARN, "cluster", "action log: " + first + " is skipped: not records/<plugin>/<id>");
+      from = first + '\0';
+      continue;
+    }
+    const std::string part = first.substr(0, slash + 1);
+    std::vector<std::pair<std::string, std::string>> kvs;
+    int64_t total = 0;
+    if (int rc = etcd.range_prefix(part, &kvs, kMaxLogRecords, &total); rc != BALLAST_OK) return rc;
+    if (total > int64_t(kvs.size())) {
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + part + " holds " + std::to_string(total) + " records: the " +
+                    std::to_string(total - int64_t(kvs.size())) + " oldest are not read (at most " +
+                    std::to_string(kMaxLogRecords) + "; does the plugin write snapshots?)");
+      *complete = false;
+    }
+    out->insert(out->end(), std::make_move_iterator(kvs.begin()), std::make_move_iterator(kvs.end()));
+    from = Etcd::prefix_end(part);
   }
 }
 

@@ -39,11 +39,12 @@ struct EtcdOptions {
 
 class EtcdLeadership : public Leadership {
  public:
-  // Bounds of what a new term reads of each part of the action log (agents'
-  // actions, plugins' records): the newest records, each at most this large
-  // (a larger one is skipped, named in the log).
+  // Bounds of what a new term reads of each part of the action log (the
+  // agents' actions, each plugin's records): the newest records, each at most
+  // this large (a larger one is skipped, named in the log).
   static constexpr size_t kMaxLogRecords = 4096;
   static constexpr size_t kMaxLogRecordBytes = 16 * 1024;
+  static constexpr size_t kMaxLogPlugins = 64;  // plugins' parts read, each up to kMaxLogRecords
   static int create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out);
   ~EtcdLeadership() override;
   int start();
@@ -62,6 +63,7 @@ class EtcdLeadership : public Leadership {
   EtcdLeadership(Host& host) : host_(host) {}
   void campaign_loop();
   void keepalive_loop();
+  int read_records(Etcd& etcd, std::vector<std::pair<std::string, std::string>>* out, bool* complete);
   int fenced(const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<Etcd::Delete>& deletes);
   void deposed(const std::string& why);
   std::string prefix() const { return "/ballast/" + options_.job + "/"; }

@@ -274,6 +274,8 @@ TEST_CASE(
   ballast::cluster::Etcd client(etcd.endpoint);
   auto c1 = std::make_unique<Candidate>("c1", dir, certs, etcd.endpoint, job, base + 1, 5);
   REQUIRE(eventually(20, [&] { return c1->leadership->is_leader(); }));
+  // Another plugin's record, older than all of tp's: read with its own part, first in the log.
+  REQUIRE(c1->controller->fence_action("aa", "other.op", {{"i", -1}}) == BALLAST_OK);
   size_t most = 0;
   const int total = 1000, every = 16;
   for (int i = 0; i < total; ++i) {
@@ -317,8 +319,10 @@ TEST_CASE(
   }));
   REQUIRE(leader["log"].is_array());
   CHECK(leader["log_complete"] == true);
-  const auto& log = leader["log"];
-  REQUIRE(log.size() == before.size());
+  REQUIRE(leader["log"].size() == 1 + before.size());
+  CHECK(leader["log"][0]["plugin"] == "aa");
+  CHECK(leader["log"][0]["record"]["i"] == -1);
+  const auto log = nlohmann::json(std::vector<nlohmann::json>(leader["log"].begin() + 1, leader["log"].end()));
   CHECK(log[0]["kind"] == "test.snapshot");
   CHECK(log[0]["record"]["i"] == 991);
   for (size_t k = 1; k < log.size(); ++k) {
