@@ -124,6 +124,10 @@ struct ballast_host_api {
    * `kind` names the action ("drain", "requeue", ...; [a-z0-9_.-], at most
    * 64 bytes); `record_json` is a JSON object describing it (what, on
    * which node or job, why; at most 64 KiB), kept in the host's action log.
+   * A kind ending in ".snapshot" records the plugin's whole state instead:
+   * with etcd it replaces every earlier record of this plugin in the log (a
+   * successor's log starts from it), so a plugin that records many actions
+   * writes one now and then to keep the log bounded.
    * Returns:
    *   BALLAST_OK       act. A host without high availability always answers
    *                    so (an embedded host, an agent, a controller without

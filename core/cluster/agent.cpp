@@ -182,6 +182,29 @@ bool Agent::fill(Link& link, uint64_t* sent) {
   return true;
 }
 
+// An action from the controller: carried out once (its id above the last
+// carried out, kept in the spool folder across restarts), acknowledged always.
+bool Agent::on_action(Link& link, const Message& m, std::string* error) {
+  if (m.number > applied_action_) {
+    OwnedEvent ev;
+    size_t used = 0;
+    std::string why;
+    if (decode_frame(m.body, m.body_size, &ev, &used, &why) != BALLAST_OK) {
+      *error = "bad action frame: " + why;
+      return false;
+    }
+    if (host_.publish(ev.view(), "cluster") != BALLAST_OK)
+      host_.log(BALLAST_LOG_WARN, "cluster", std::string("could not publish an action: ") + last_error());
+    applied_action_ = m.number;
+    std::ofstream(fs::path(options_.spool.dir) / "actions") << applied_action_ << "\n";
+    actions_.fetch_add(1);
+  } else {
+    action_repeats_.fetch_add(1);
+  }
+  link.send(MsgType::action_ack, m.number);
+  return true;
+}
+
 void Agent::session(Link& link) {
   std::string error;
   nlohmann::json hello = {{"node", options_.node}, {"overflow", spool_->overflow()}};
@@ -195,6 +218,9 @@ void Agent::session(Link& link) {
     if (!link.pump(
             100, -1,
             [&](const Message& m) {
+              // What follows the welcome in the same read (the actions not
+              // acknowledged yet) is this session's already.
+              if (welcomed && m.type == MsgType::action) return on_action(link, m, &error);
               if (m.type == MsgType::welcome) welcomed = true, applied = m.number;
               if (m.type == MsgType::refuse) {
                 refused = true;
@@ -251,26 +277,8 @@ void Agent::session(Link& link) {
               }
               return true;
             }
-            case MsgType::action: {
-              if (m.number > applied_action_) {
-                OwnedEvent ev;
-                size_t used = 0;
-                std::string why;
-                if (decode_frame(m.body, m.body_size, &ev, &used, &why) != BALLAST_OK) {
-                  error = "bad action frame: " + why;
-                  return false;
-                }
-                if (host_.publish(ev.view(), "cluster") != BALLAST_OK)
-                  host_.log(BALLAST_LOG_WARN, "cluster", std::string("could not publish an action: ") + last_error());
-                applied_action_ = m.number;
-                std::ofstream(fs::path(options_.spool.dir) / "actions") << applied_action_ << "\n";
-                actions_.fetch_add(1);
-              } else {
-                action_repeats_.fetch_add(1);
-              }
-              link.send(MsgType::action_ack, m.number);
-              return true;
-            }
+            case MsgType::action:
+              return on_action(link, m, &error);
             case MsgType::heartbeat:
               return true;
             default:

@@ -57,6 +57,7 @@ class Agent {
   static int on_event(void* user, const ballast_event* event);
   void run();
   void session(Link& link);
+  bool on_action(Link& link, const Message& m, std::string* error);
   bool fill(Link& link, uint64_t* sent);
   bool wait(int ms);
   void wake();

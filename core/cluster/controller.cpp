@@ -446,8 +446,8 @@ bool Controller::on_message(Loop& loop, Conn& c, const Message& m, std::string* 
           q.pop_front();
         }
       }
-      if (leadership_)
-        for (uint64_t id : done) leadership_->forget_action(id);
+      // The records go in the next group commit: this loop does not wait for etcd.
+      if (commits_) commits_->forget(done);
       return true;
     }
     default:
@@ -495,16 +495,21 @@ bool Controller::on_hello(Loop& loop, Conn& c, const Message& m, std::string* er
     n.last_heard_ms = now_ms();
     n.silent = false;
     n.overflow = overflow;
-    for (auto& [id, frame] : n.actions) {
-      send(loop, c, MsgType::action, id, frame.data(), frame.size());
-      n.next_action = id;
-    }
   }
   c.state = Conn::State::serving;
   c.applied = c.pending = applied;
   c.last_rx = c.last_hb = now_ms();
   send(loop, c, MsgType::welcome, applied);
   send(loop, c, MsgType::heartbeat, static_cast<uint64_t>(c.last_hb));
+  {
+    // The unacknowledged actions, after the welcome (an agent reads nothing else before it).
+    std::lock_guard lock(mutex_);
+    for (auto& [id, frame] : c.ns->actions) {
+      send(loop, c, MsgType::action, id, frame.data(), frame.size());
+      c.ns->next_action = id;
+      actions_sent_.fetch_add(1);
+    }
+  }
   if (silent_for_ms >= 0) publish_back(node, silent_for_ms);
   host_.log(BALLAST_LOG_INFO, "cluster",
             "node " + node + " connected from " + c.link->peer_address() + " (applied up to " +
@@ -953,6 +958,10 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
     const std::string why = last_error();
     return fail(rc == BALLAST_ESTATE ? BALLAST_EFENCED : rc, what + " fenced off: " + why);
   };
+  // The plugin's name is a part of the log's keys (records/<plugin>/<id>).
+  if (plugin.empty() || plugin.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                            std::string::npos)
+    return fail(BALLAST_EINVAL, what + ": the plugin's name is not [A-Za-z0-9_.-]+, not a key of the action log");
   if (!leadership_->is_leader())
     return fail(BALLAST_EFENCED, what + " fenced off: " + host_.node() + " is not the leader");
   // As for an agent's action (on_action): what this bus published before it
@@ -967,7 +976,12 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
     if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc);
   const nlohmann::json j = {
       {"node", host_.node()}, {"plugin", plugin}, {"kind", kind}, {"record", record}, {"term", leadership_->epoch()}};
-  if (int rc = leadership_->record_own_action(next_action_id(), j.dump()); rc != BALLAST_OK) return refused(rc);
+  const bool snapshot = kind.size() > 9 && kind.ends_with(".snapshot");
+  // One record at a time: ids then grow in the order etcd commits them, so
+  // that a snapshot deletes only what came before it.
+  std::lock_guard order(records_mutex_);
+  if (int rc = leadership_->record_own_action(plugin, next_action_id(), j.dump(), snapshot); rc != BALLAST_OK)
+    return refused(rc);
   return BALLAST_OK;
 }
 
@@ -995,7 +1009,10 @@ nlohmann::json Controller::counters() const {
                       {"cluster.connections", connections_.load()},
                       {"cluster.ingest_passes", passes_.load()},
                       {"cluster.connected", connected}};
-  if (commits_) j["cluster.cursor_commits"] = commits_->transactions();
+  if (commits_) {
+    j["cluster.cursor_commits"] = commits_->transactions();
+    j["cluster.acks_committed"] = commits_->forgotten();
+  }
   return j;
 }
 

@@ -77,19 +77,24 @@ class Leadership {
   // Record an action in the shared log, only while this controller leads.
   // BALLAST_ESTATE when deposed: the action must not run.
   virtual int record_action(const std::string& node, uint64_t id, const std::string& action_json) = 0;
-  // The agent carried it out: drop it from the log (only while leading).
-  virtual int forget_action(uint64_t id) = 0;
   // Record an action this controller's own process carries out (a plugin's
   // fence_action, plugin.h: {"node","plugin","kind","record","term"}) under
-  // the same log and ids, only while this controller leads. BALLAST_ESTATE
-  // when deposed: the action must not run. Kept: such records are the log
-  // of what the leaders did outside their process.
-  virtual int record_own_action(uint64_t id, const std::string& record_json) = 0;
-  // Record, in one transaction fenced on this term, that each node's events
-  // up to its sequence are applied (at most kMaxCursorsPerCommit nodes).
-  // BALLAST_ESTATE when deposed: they must not be published or acknowledged.
-  static constexpr size_t kMaxCursorsPerCommit = 128;  // etcd 3.4's --max-txn-ops
-  virtual int commit_cursors(const std::map<std::string, uint64_t>& cursors) = 0;
+  // the same ids, in the plugin's part of the log, only while this
+  // controller leads. BALLAST_ESTATE when deposed: the action must not run.
+  // Kept: such records are the log of what the leaders did outside their
+  // process, until the plugin's next snapshot: a `snapshot` record (a kind
+  // ending in ".snapshot") is the plugin's whole state, and the same
+  // transaction deletes every earlier record of the plugin.
+  virtual int record_own_action(const std::string& plugin, uint64_t id, const std::string& record_json,
+                                bool snapshot) = 0;
+  // In one transaction fenced on this term: each node's events up to its
+  // sequence are applied (cursors), and the records of the actions their
+  // agents acknowledged are deleted (at most kMaxOpsPerCommit of both).
+  // BALLAST_ESTATE when deposed: the events must not be published or
+  // acknowledged; the actions' records stay (a successor sends them again,
+  // and the agent, which carries out an action once, acknowledges again).
+  static constexpr size_t kMaxOpsPerCommit = 128;  // etcd 3.4's --max-txn-ops
+  virtual int commit(const std::map<std::string, uint64_t>& cursors, const std::vector<uint64_t>& acknowledged) = 0;
   // What the previous leaders left, read when this term began.
   virtual std::map<std::string, uint64_t> cursors() const = 0;
   virtual std::vector<LoggedAction> logged_actions() const = 0;
@@ -195,6 +200,7 @@ class Controller {
   std::thread acceptor_, watcher_;
   std::vector<std::unique_ptr<Loop>> loops_;
   mutable std::mutex mutex_;  // nodes_
+  std::mutex records_mutex_;  // fence_action's records, one at a time
   std::condition_variable quit_cv_;
   std::map<std::string, NodeState> nodes_;
   uint64_t action_subscription_ = 0;

@@ -29,8 +29,18 @@ int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return abort != nullptr && abort->load() ? 1 : 0;
 }
 
+int64_t as_int(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
+  if (it->is_number_integer()) return it->get<int64_t>();
+  return 0;
+}
+
+}  // namespace
+
 // The end of a prefix range: the prefix with its last byte incremented.
-std::string prefix_end(std::string p) {
+std::string Etcd::prefix_end(std::string p) {
   while (!p.empty()) {
     unsigned char c = static_cast<unsigned char>(p.back());
     if (c < 0xff) {
@@ -41,16 +51,6 @@ std::string prefix_end(std::string p) {
   }
   return std::string(1, '\0');
 }
-
-int64_t as_int(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return 0;
-  if (it->is_string()) return std::strtoll(it->get<std::string>().c_str(), nullptr, 10);
-  if (it->is_number_integer()) return it->get<int64_t>();
-  return 0;
-}
-
-}  // namespace
 
 std::string Etcd::b64(const std::string& s) {
   std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
@@ -149,11 +149,15 @@ int Etcd::resign(const std::string& election, const std::string& key, int64_t re
 }
 
 int Etcd::put_if(const std::string& guard, int64_t revision,
-                 const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<std::string>& deletes,
+                 const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<Delete>& deletes,
                  bool* succeeded) {
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& [k, v] : puts) ops.push_back({{"request_put", {{"key", b64(k)}, {"value", b64(v)}}}});
-  for (const auto& k : deletes) ops.push_back({{"request_delete_range", {{"key", b64(k)}}}});
+  for (const auto& d : deletes) {
+    nlohmann::json range = {{"key", b64(d.key)}};
+    if (!d.range_end.empty()) range["range_end"] = b64(d.range_end);
+    ops.push_back({{"request_delete_range", std::move(range)}});
+  }
   nlohmann::json body = {{"compare",
                           {{{"key", b64(guard)},
                             {"target", "CREATE"},
@@ -163,6 +167,20 @@ int Etcd::put_if(const std::string& guard, int64_t revision,
   nlohmann::json r;
   if (int rc = call("/v3/kv/txn", body, &r); rc != BALLAST_OK) return rc;
   *succeeded = r.value("succeeded", false);
+  return BALLAST_OK;
+}
+
+int Etcd::first_key(const std::string& from, const std::string& end, std::string* key) {
+  nlohmann::json body = {{"key", b64(from)}, {"range_end", b64(end)}, {"limit", "1"}, {"keys_only", true}};
+  nlohmann::json r;
+  if (int rc = call("/v3/kv/range", body, &r); rc != BALLAST_OK) return rc;
+  key->clear();
+  if (r.contains("kvs") && r["kvs"].is_array() && !r["kvs"].empty()) {
+    const auto& kv = r["kvs"][0];
+    if (!kv.is_object() || !kv.contains("key") || !kv["key"].is_string())
+      return fail(BALLAST_EFORMAT, "etcd range from " + from + ": a key-value without a key in the reply");
+    *key = unb64(kv["key"].get<std::string>());
+  }
   return BALLAST_OK;
 }
 

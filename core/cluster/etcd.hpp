@@ -41,16 +41,27 @@ class Etcd {
   int campaign(const std::string& election, int64_t lease, const std::string& value, std::string* key,
                int64_t* revision, const std::atomic<bool>* abort);
   int resign(const std::string& election, const std::string& key, int64_t revision, int64_t lease);
-  // Put key=value only if `guard` still has create revision `revision`.
-  // *succeeded false when the guard failed (deposed).
+  // A key to delete in put_if: the key alone, or with `range_end` every key
+  // in [key, range_end).
+  struct Delete {
+    std::string key, range_end;
+  };
+  // Put key=value and delete, in one transaction, only if `guard` still has
+  // create revision `revision`. *succeeded false when the guard failed
+  // (deposed): nothing was written nor deleted.
   int put_if(const std::string& guard, int64_t revision, const std::vector<std::pair<std::string, std::string>>& puts,
-             const std::vector<std::string>& deletes, bool* succeeded);
+             const std::vector<Delete>& deletes, bool* succeeded);
   // Every key under `prefix`, with values, in key order. With `newest` > 0,
   // only the last `newest` keys (still in key order), and *total (when
   // given) the number of keys under the prefix.
   int range_prefix(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out, size_t newest = 0,
                    int64_t* total = nullptr);
 
+  // The first key in [from, end) in *key ("" when none).
+  int first_key(const std::string& from, const std::string& end, std::string* key);
+
+  // The end of the range of every key that begins with `prefix`.
+  static std::string prefix_end(std::string prefix);
   static std::string b64(const std::string& s);
   static std::string unb64(const std::string& s);
 

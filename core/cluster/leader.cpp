@@ -3,6 +3,7 @@
 #include "error.hpp"
 #include "host.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -108,13 +109,18 @@ void EtcdLeadership::campaign_loop() {
       continue;
     }
     if (lease != lease_.load()) continue;  // the lease lapsed while campaigning: campaign again
-    // What the previous leaders left: the cursors, and the newest
-    // kMaxLogRecords records of the action log (bounded; older ones are
-    // named in a warning, not read).
-    std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs;
+    // What the previous leaders left: the cursors, the newest
+    // kMaxLogRecords agents' actions, and of each plugin's records (at most
+    // kMaxLogPlugins plugins) the newest kMaxLogRecords: bounded, each part on
+    // its own, so that no plugin's flood hides another's records. Older ones
+    // are named in a warning, not read. A plugin's part begins at its newest
+    // snapshot: a snapshot deleted what came before it.
+    std::vector<std::pair<std::string, std::string>> cursor_kvs, action_kvs, record_kvs;
     int64_t logged = 0;
+    bool records_complete = true;
     if (etcd.range_prefix(prefix() + "cursor/", &cursor_kvs) != BALLAST_OK ||
-        etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK) {
+        etcd.range_prefix(prefix() + "actions/", &action_kvs, kMaxLogRecords, &logged) != BALLAST_OK ||
+        read_records(etcd, &record_kvs, &records_complete) != BALLAST_OK) {
       etcd_errors_.fetch_add(1);
       host_.log(BALLAST_LOG_WARN, "cluster", std::string("reading the previous term: ") + last_error());
       continue;
@@ -124,6 +130,10 @@ void EtcdLeadership::campaign_loop() {
                 "the action log " + prefix() + "actions/ holds " + std::to_string(logged) + " records: the " +
                     std::to_string(logged - int64_t(action_kvs.size())) + " oldest are not read (at most " +
                     std::to_string(kMaxLogRecords) + ")");
+    const bool complete = logged <= int64_t(action_kvs.size()) && records_complete;
+    const size_t read = action_kvs.size() + record_kvs.size();
+    action_kvs.insert(action_kvs.end(), std::make_move_iterator(record_kvs.begin()),
+                      std::make_move_iterator(record_kvs.end()));
     nlohmann::json own = nlohmann::json::array();  // records of plugins' fence_action, for the plugins
     size_t malformed = 0;
     {
@@ -133,7 +143,7 @@ void EtcdLeadership::campaign_loop() {
       for (auto& [k, v] : cursor_kvs) cursors_[k.substr(prefix().size() + 7)] = std::strtoull(v.c_str(), nullptr, 10);
       actions_.clear();
       for (auto& [k, v] : action_kvs) {
-        const uint64_t id = std::strtoull(k.substr(prefix().size() + 8).c_str(), nullptr, 10);
+        const uint64_t id = std::strtoull(k.substr(k.rfind('/') + 1).c_str(), nullptr, 10);
         std::string why;
         nlohmann::json j = parse_logged(v, &why);
         if (j.is_null()) {
@@ -147,7 +157,11 @@ void EtcdLeadership::campaign_loop() {
         }
       }
     }
-    const size_t pending = action_kvs.size() - own.size() - malformed;
+    // Every plugin's records, in the order they were written (ids grow).
+    std::sort(own.begin(), own.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a["id"].get<uint64_t>() < b["id"].get<uint64_t>();
+    });
+    const size_t pending = read - own.size() - malformed;
     revision_.store(rev);
     elected_at_ms_.store(wall_ms());
     terms_.fetch_add(1);
@@ -165,16 +179,52 @@ void EtcdLeadership::campaign_loop() {
     }
     // The earlier terms' records of what plugins did outside this process
     // (a successor's executor takes over its predecessor's job from them).
-    nlohmann::json j = {{"leader", options_.name},
-                        {"revision", rev},
-                        {"elected_at_ms", elected_at_ms_.load()},
-                        {"cursors", std::move(cursors)},
-                        {"log", std::move(own)},
-                        {"log_complete", logged <= int64_t(action_kvs.size())}};
+    nlohmann::json j = {
+        {"leader", options_.name},       {"revision", rev},       {"elected_at_ms", elected_at_ms_.load()},
+        {"cursors", std::move(cursors)}, {"log", std::move(own)}, {"log_complete", complete}};
     // Published before this candidate acts as the leader: a plugin's inline
     // handler has the log before any of its fence_action calls is allowed.
     host_.publish_json("controller.leader", j.dump(), "cluster");
     leader_.store(true);
+  }
+}
+
+// Every plugin's part of the log (records/<plugin>/), one after another:
+// the first key after the last part read names the next plugin.
+int EtcdLeadership::read_records(Etcd& etcd, std::vector<std::pair<std::string, std::string>>* out, bool* complete) {
+  const std::string records = prefix() + "records/", end = Etcd::prefix_end(records);
+  std::string from = records, first;
+  out->clear();
+  *complete = true;
+  for (size_t plugins = 0;; ++plugins) {
+    if (int rc = etcd.first_key(from, end, &first); rc != BALLAST_OK) return rc;
+    if (first.empty()) return BALLAST_OK;
+    if (plugins == kMaxLogPlugins) {
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + records + " holds the records of more than " + std::to_string(kMaxLogPlugins) +
+                    " plugins: those from " + first + " on are not read");
+      *complete = false;
+      return BALLAST_OK;
+    }
+    const size_t slash = first.find('/', records.size());
+    if (slash == std::string::npos) {  // records/<name> with no id: not a record
+      host_.log(BALLAST_LOG_WARN, "cluster", "action log: " + first + " is skipped: not records/<plugin>/<id>");
+      from = first + '\0';
+      continue;
+    }
+    const std::string part = first.substr(0, slash + 1);
+    std::vector<std::pair<std::string, std::string>> kvs;
+    int64_t total = 0;
+    if (int rc = etcd.range_prefix(part, &kvs, kMaxLogRecords, &total); rc != BALLAST_OK) return rc;
+    if (total > int64_t(kvs.size())) {
+      host_.log(BALLAST_LOG_WARN, "cluster",
+                "the action log " + part + " holds " + std::to_string(total) + " records: the " +
+                    std::to_string(total - int64_t(kvs.size())) + " oldest are not read (at most " +
+                    std::to_string(kMaxLogRecords) + "; does the plugin write snapshots?)");
+      *complete = false;
+    }
+    out->insert(out->end(), std::make_move_iterator(kvs.begin()), std::make_move_iterator(kvs.end()));
+    from = Etcd::prefix_end(part);
   }
 }
 
@@ -203,7 +253,7 @@ void EtcdLeadership::deposed(const std::string& why) {
 }
 
 int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>>& puts,
-                           const std::vector<std::string>& deletes) {
+                           const std::vector<Etcd::Delete>& deletes) {
   if (!leader_.load()) return fail(BALLAST_ESTATE, options_.name + " is not the leader");
   bool ok = false;
   std::lock_guard lock(mutex_);
@@ -222,32 +272,43 @@ int EtcdLeadership::fenced(const std::vector<std::pair<std::string, std::string>
   return BALLAST_OK;
 }
 
+namespace {
+
+std::string id_key(uint64_t id) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64, id);
+  return name;
+}
+
+}  // namespace
+
 int EtcdLeadership::record_action(const std::string& node, uint64_t id, const std::string& action_json) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
   nlohmann::json j = {{"node", node}, {"event", nlohmann::json::parse(action_json, nullptr, false)}};
-  return fenced({{prefix() + "actions/" + name, j.dump()}}, {});
+  return fenced({{prefix() + "actions/" + id_key(id), j.dump()}}, {});
 }
 
-int EtcdLeadership::record_own_action(uint64_t id, const std::string& record_json) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
-  return fenced({{prefix() + "actions/" + name, record_json}}, {});
+int EtcdLeadership::record_own_action(const std::string& plugin, uint64_t id, const std::string& record_json,
+                                      bool snapshot) {
+  const std::string part = prefix() + "records/" + plugin + "/", key = part + id_key(id);
+  // A snapshot and the deletion of what it replaces are one transaction: a
+  // crash or a deposition leaves both or neither.
+  std::vector<Etcd::Delete> older;
+  if (snapshot) older.push_back({part, key});
+  int rc = fenced({{key, record_json}}, older);
+  if (rc == BALLAST_OK && snapshot) snapshots_.fetch_add(1);
+  return rc;
 }
 
-int EtcdLeadership::forget_action(uint64_t id) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64, id);
-  return fenced({}, {prefix() + "actions/" + name});
-}
-
-int EtcdLeadership::commit_cursors(const std::map<std::string, uint64_t>& cursors) {
+int EtcdLeadership::commit(const std::map<std::string, uint64_t>& cursors, const std::vector<uint64_t>& acknowledged) {
   // One transaction, so that a term's cursors move together or not at all.
-  if (cursors.size() > kMaxCursorsPerCommit)
-    return fail(BALLAST_EINVAL, "commit_cursors: " + std::to_string(cursors.size()) + " nodes in one transaction");
+  if (cursors.size() + acknowledged.size() > kMaxOpsPerCommit)
+    return fail(BALLAST_EINVAL,
+                "commit: " + std::to_string(cursors.size() + acknowledged.size()) + " operations in one transaction");
   std::vector<std::pair<std::string, std::string>> puts;
   for (const auto& [node, seq] : cursors) puts.emplace_back(prefix() + "cursor/" + node, std::to_string(seq));
-  return fenced(puts, {});
+  std::vector<Etcd::Delete> deletes;
+  for (uint64_t id : acknowledged) deletes.push_back({prefix() + "actions/" + id_key(id), ""});
+  return fenced(puts, deletes);
 }
 
 std::map<std::string, uint64_t> EtcdLeadership::cursors() const {
@@ -261,11 +322,9 @@ std::vector<Leadership::LoggedAction> EtcdLeadership::logged_actions() const {
 }
 
 nlohmann::json EtcdLeadership::counters() const {
-  return {{"cluster.leader", leader_.load() ? 1 : 0},
-          {"cluster.terms", terms_.load()},
-          {"cluster.deposed", fenced_off_.load()},
-          {"cluster.etcd_errors", etcd_errors_.load()},
-          {"cluster.elected_at_ms", elected_at_ms_.load()}};
+  return {{"cluster.leader", leader_.load() ? 1 : 0},   {"cluster.terms", terms_.load()},
+          {"cluster.deposed", fenced_off_.load()},      {"cluster.etcd_errors", etcd_errors_.load()},
+          {"cluster.log_snapshots", snapshots_.load()}, {"cluster.elected_at_ms", elected_at_ms_.load()}};
 }
 
 }  // namespace ballast::cluster

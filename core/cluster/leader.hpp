@@ -2,10 +2,13 @@
 // /ballast/<job>/leader on a lease of lease_s seconds (kept alive every
 // lease_s/3); the winner leads until its lease lapses. Everything the leader
 // does that must not happen twice is a transaction conditional on its leader
-// key's create revision (fencing): actions (/ballast/<job>/actions/<id>: an
-// agent's, and the records of what plugins of this process do outside it,
-// plugin.h's fence_action), applied cursors (/ballast/<job>/cursor/<node>). A deposed leader's
-// transactions fail, so it cannot act. A new leader reads both prefixes when
+// key's create revision (fencing): an agent's actions
+// (/ballast/<job>/actions/<id>, deleted once acknowledged), the records of
+// what plugins of this process do outside it (plugin.h's fence_action,
+// /ballast/<job>/records/<plugin>/<id>; a plugin's snapshot record deletes
+// its earlier ones in the same transaction), applied cursors
+// (/ballast/<job>/cursor/<node>). A deposed leader's transactions fail, so
+// it can neither act nor delete. A new leader reads the three prefixes when
 // its term begins. Agents do not talk to etcd.
 // Thread-safety: every member is thread-safe.
 #pragma once
@@ -36,10 +39,12 @@ struct EtcdOptions {
 
 class EtcdLeadership : public Leadership {
  public:
-  // Bounds of what a new term reads of the action log: the newest records,
-  // each at most this large (a larger one is skipped, named in the log).
+  // Bounds of what a new term reads of each part of the action log (the
+  // agents' actions, each plugin's records): the newest records, each at most
+  // this large (a larger one is skipped, named in the log).
   static constexpr size_t kMaxLogRecords = 4096;
   static constexpr size_t kMaxLogRecordBytes = 16 * 1024;
+  static constexpr size_t kMaxLogPlugins = 64;  // plugins' parts read, each up to kMaxLogRecords
   static int create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out);
   ~EtcdLeadership() override;
   int start();
@@ -49,9 +54,8 @@ class EtcdLeadership : public Leadership {
   bool is_leader() const override { return leader_.load(); }
   uint64_t epoch() const override { return static_cast<uint64_t>(revision_.load()); }
   int record_action(const std::string& node, uint64_t id, const std::string& action_json) override;
-  int forget_action(uint64_t id) override;
-  int record_own_action(uint64_t id, const std::string& record_json) override;
-  int commit_cursors(const std::map<std::string, uint64_t>& cursors) override;
+  int record_own_action(const std::string& plugin, uint64_t id, const std::string& record_json, bool snapshot) override;
+  int commit(const std::map<std::string, uint64_t>& cursors, const std::vector<uint64_t>& acknowledged) override;
   std::map<std::string, uint64_t> cursors() const override;
   std::vector<LoggedAction> logged_actions() const override;
 
@@ -59,7 +63,8 @@ class EtcdLeadership : public Leadership {
   EtcdLeadership(Host& host) : host_(host) {}
   void campaign_loop();
   void keepalive_loop();
-  int fenced(const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<std::string>& deletes);
+  int read_records(Etcd& etcd, std::vector<std::pair<std::string, std::string>>* out, bool* complete);
+  int fenced(const std::vector<std::pair<std::string, std::string>>& puts, const std::vector<Etcd::Delete>& deletes);
   void deposed(const std::string& why);
   std::string prefix() const { return "/ballast/" + options_.job + "/"; }
 
@@ -75,7 +80,7 @@ class EtcdLeadership : public Leadership {
   std::vector<LoggedAction> actions_;
   std::unique_ptr<Etcd> client_;  // fenced writes
   std::thread campaign_, keepalive_;
-  std::atomic<uint64_t> terms_{0}, fenced_off_{0}, etcd_errors_{0};
+  std::atomic<uint64_t> terms_{0}, fenced_off_{0}, etcd_errors_{0}, snapshots_{0};
   std::atomic<int64_t> elected_at_ms_{0};
 };
 

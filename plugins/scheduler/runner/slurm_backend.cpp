@@ -237,7 +237,7 @@ bool SlurmBackend::start(int slot, const std::vector<RankLaunch>& ranks, std::st
 bool SlurmBackend::launch(std::string* error) {
   std::vector<std::string> nodes, exclude;
   for (int s : pending_slots_) nodes.push_back(names_[size_t(s)]);
-  for (int s : drained_) exclude.push_back(names_[size_t(s)]);
+  for (const auto& [s, silent] : drained_) exclude.push_back(names_[size_t(s)]);
   pending_slots_.clear();
   seen_running_ = false;
   next_state_ns_ = 0;
@@ -246,7 +246,7 @@ bool SlurmBackend::launch(std::string* error) {
   if (!submit) record["slurm_job"] = job_;
   if (submit) record["slots"] = names_;  // what a successor taking the job over needs
   if (submit && hold_spares_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
-  bool ok = may(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
+  bool ok = fence(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
             write_atomic(dir_ + "/current", std::to_string(run_) + "\n", error);
   if (ok && submit && hold_spares_) {
     ok = slurm_.hold_spares(cfg_.reservation, cfg_.spares, error);
@@ -276,6 +276,13 @@ bool SlurmBackend::launch(std::string* error) {
     if (ok && info.state != "PENDING") ok = slurm_.requeue(job_, error);
     ok = ok && slurm_.release(job_, nodes, exclude, error);
   }
+  if (ok) {
+    nodes_ = nodes;
+    // The attempt's state replaces the records before it (a refused or
+    // failed snapshot leaves them: the log stays whole).
+    std::string ignored;
+    snapshot(&ignored);
+  }
   if (!ok) {
     if (!stop_error_.empty()) *error += " (after: " + stop_error_ + ")";
     ranks_.clear();
@@ -286,6 +293,27 @@ bool SlurmBackend::launch(std::string* error) {
     }
   }
   return ok;
+}
+
+bool SlurmBackend::fence(const std::string& kind, const nlohmann::json& record, std::string* error) {
+  if (since_snapshot_ >= kSnapshotEvery && !snapshot(error)) return false;
+  if (!may(kind, record, error)) return false;
+  ++since_snapshot_;
+  return true;
+}
+
+// Everything a successor needs to take the job over (adopt), in one record
+// that replaces this backend's earlier ones in the action log.
+bool SlurmBackend::snapshot(std::string* error) {
+  if (job_ == 0) return true;  // nothing submitted: nothing to take over
+  nlohmann::json drained = nlohmann::json::array();
+  for (const auto& [slot, silent] : drained_) drained.push_back({{"node", names_[size_t(slot)]}, {"silent", silent}});
+  nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}, {"run", run_},
+                           {"slots", names_},  {"nodes", nodes_},   {"drained", std::move(drained)}};
+  if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
+  if (!may("slurm.snapshot", record, error)) return false;
+  since_snapshot_ = 0;
+  return true;
 }
 
 // A job of this name in Slurm that take_over did not adopt (no record of
@@ -344,8 +372,9 @@ bool SlurmBackend::take_over(const nlohmann::json& log, TakeOver* out, std::stri
     rec["kind"] = kind;
     records.push_back(std::move(rec));
   }
-  const bool submitted =
-      std::any_of(records.begin(), records.end(), [](const nlohmann::json& r) { return r["kind"] == "slurm.submit"; });
+  const bool submitted = std::any_of(records.begin(), records.end(), [](const nlohmann::json& r) {
+    return r["kind"] == "slurm.submit" || r["kind"] == "slurm.snapshot";
+  });
   if (!submitted) {
     // Nothing of this job's: a fresh start (refused at submit when Slurm has a job of its name).
     if (nodes_deferred_) {
@@ -400,6 +429,11 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   bool made_reservation = false;
   for (const auto& r : records) {
     const std::string kind = r["kind"];
+    if (kind == "slurm.snapshot" && !names_of(r.value("slots", nlohmann::json()), &names)) {
+      *error = where + ": a slurm.snapshot record without its slots as a list of names";
+      return false;
+    }
+    if (kind == "slurm.snapshot") made_reservation = r.contains("spares");
     if (kind == "slurm.submit") {
       std::vector<std::string> spares;
       if (!names_of(r.value("slots", nlohmann::json()), &names)) {
@@ -412,7 +446,7 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
       }
       made_reservation = r.contains("spares");
     }
-    if (kind == "slurm.submit" || kind == "slurm.release") {
+    if (kind == "slurm.submit" || kind == "slurm.release" || kind == "slurm.snapshot") {
       if (!names_of(r.value("nodes", nlohmann::json()), &nodes) || !r.contains("run") ||
           !r["run"].is_number_integer()) {
         *error = where + ": a " + kind + " record without its nodes (a list of names) or its run (a number)";
@@ -439,6 +473,23 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   }
   out->drained.clear();
   for (const auto& r : records) {
+    if (r["kind"] == "slurm.snapshot") {  // the drained nodes as of the snapshot
+      out->drained.clear();
+      const auto drained = r.value("drained", nlohmann::json());
+      if (!drained.is_array()) {
+        *error = where + ": a slurm.snapshot record without its drained nodes (a list)";
+        return false;
+      }
+      for (const auto& d : drained) {
+        const int slot = d.is_object() ? slot_of(field(d, "node")) : -1;
+        if (slot < 0) {
+          *error = where + ": a slurm.snapshot's drained node " + d.dump() + " is not one of the job's slots";
+          return false;
+        }
+        out->drained[slot] = d.value("silent", false);
+      }
+      continue;
+    }
     const int slot = slot_of(field(r, "node"));
     if (r["kind"] == "slurm.drain" && slot >= 0) out->drained[slot] = field(r, "cause") == "node.silent";
     if (r["kind"] == "slurm.resume" && slot >= 0) out->drained.erase(slot);
@@ -453,8 +504,10 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   pending_slots_.clear();
   drained_.clear();
   std::vector<std::string> drained;
+  nodes_ = nodes;
+  since_snapshot_ = int(records.size());  // the predecessors' records: replaced by this backend's first snapshot
   for (const auto& [slot, silent] : out->drained) {
-    drained_.insert(slot);
+    drained_[slot] = silent;
     drained.push_back(names_[size_t(slot)]);
   }
   // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL): the ranks reported
@@ -462,7 +515,7 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   slurm::JobInfo info;
   if (!slurm_.job(id, &info, error)) return false;
   if (info.state != "PENDING") {
-    if (!may("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
+    if (!fence("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
     if (!slurm_.requeue(id, error)) return false;
   }
   out->outcome = TakeOver::adopted;
@@ -480,9 +533,9 @@ bool SlurmBackend::evict(int slot, const std::string& reason, const std::string&
   why = why.substr(0, 256);
   const nlohmann::json record = {
       {"job", job_name_}, {"slurm_job", job_}, {"node", names_[size_t(slot)]}, {"reason", why}, {"cause", cause}};
-  if (!may("slurm.drain", record, error)) return false;
+  if (!fence("slurm.drain", record, error)) return false;
   if (!slurm_.drain(names_[size_t(slot)], why, error)) return false;
-  drained_.insert(slot);
+  drained_[slot] = cause == "node.silent";
   return true;
 }
 
@@ -491,7 +544,7 @@ bool SlurmBackend::restore(int slot, std::string* error) {
   std::vector<slurm::NodeInfo> all;
   if (!slurm_.nodes(&all, error)) return false;
   const nlohmann::json record = {{"job", job_name_}, {"node", node}, {"reservation", cfg_.reservation}};
-  if (!may("slurm.resume", record, error)) return false;
+  if (!fence("slurm.resume", record, error)) return false;
   for (const auto& n : all)
     if (n.name == node && n.drained() && !slurm_.resume(node, error)) return false;  // a person may have resumed it
   if (!slurm_.reserve(cfg_.reservation, node, error)) return false;
@@ -513,8 +566,8 @@ bool SlurmBackend::signal(int rank, int sig) {
   // Through Slurm to the rank's node: a step beside the job's that signals the rank's group.
   std::string error;
   const std::string& node = names_[size_t(it->second.slot)];
-  if (!may("slurm.signal", {{"job", job_name_}, {"slurm_job", job_}, {"node", node}, {"rank", rank}, {"signal", sig}},
-           &error))
+  if (!fence("slurm.signal", {{"job", job_name_}, {"slurm_job", job_}, {"node", node}, {"rank", rank}, {"signal", sig}},
+             &error))
     return false;
   return slurm_.run({"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", node, "kill",
                      "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
@@ -527,7 +580,7 @@ void SlurmBackend::stop_all(double) {
   stop_error_.clear();
   slurm::JobInfo info;
   const bool ran = job_ != 0 && !ranks_.empty() && !(slurm_.job(job_, &info, &stop_error_) && info.state == "PENDING");
-  if (ran && !may("slurm.requeue", {{"job", job_name_}, {"slurm_job", job_}}, &stop_error_)) {
+  if (ran && !fence("slurm.requeue", {{"job", job_name_}, {"slurm_job", job_}}, &stop_error_)) {
     // Not this controller's to stop any more.
   } else if (ran && !slurm_.requeue(job_, &stop_error_)) {
     std::string ignored;
@@ -590,7 +643,7 @@ void SlurmBackend::release() {
   if (job_ == 0 && !made_reservation_) return;
   nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}};
   if (made_reservation_) record["reservation"] = cfg_.reservation;
-  if (!may("slurm.cancel", record, &ignored)) return;
+  if (!fence("slurm.cancel", record, &ignored)) return;
   if (job_ != 0) slurm_.cancel(job_, &ignored);
   if (made_reservation_) slurm_.delete_reservation(cfg_.reservation, &ignored);
 }

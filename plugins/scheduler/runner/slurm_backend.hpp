@@ -18,7 +18,12 @@
 // the last attempt's nodes and the nodes drained and not resumed; the job is
 // requeued (fenced) and restarted by the new executor from its newest
 // checkpoint. A job of the same name in Slurm that the log does not show
-// submitted is not submitted again, nor adopted.
+// submitted is not submitted again, nor adopted. After each launch, and
+// before a record when kSnapshotEvery records came since the last, the
+// backend records its whole state (slurm.snapshot: the slots, the attempt's
+// nodes and run, the drained nodes, the spares' reservation), which replaces
+// its earlier records in the log: the log of a job that runs for months
+// stays at most 1 + kSnapshotEvery of its records.
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
 // back as files there, and the job's state from squeue --json. Liveness is
@@ -62,6 +67,7 @@ class SlurmBackend : public Backend {
   void release() override;
 
   long job_id() const { return job_; }
+  static constexpr int kSnapshotEvery = 16;
 
  private:
   struct Rank {
@@ -71,6 +77,9 @@ class SlurmBackend : public Backend {
   bool choose_nodes(int standby, std::string* error);
   bool not_submitted(std::string* error);
   bool adopt(const std::vector<nlohmann::json>& records, long id, TakeOver* out, std::string* error);
+  // Backend::may, a snapshot first when kSnapshotEvery records came since the last.
+  bool fence(const std::string& kind, const nlohmann::json& record, std::string* error);
+  bool snapshot(std::string* error);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
   void read_pids();
 
@@ -82,7 +91,9 @@ class SlurmBackend : public Backend {
   int slots_ = 0;
   bool nodes_deferred_ = false;     // a job of this name was in Slurm at prepare: the nodes come from take_over
   std::vector<std::string> names_;  // slot -> node
-  std::set<int> drained_;           // slots this job drained
+  std::map<int, bool> drained_;     // slots this job drained -> for node.silent
+  std::vector<std::string> nodes_;  // the current attempt's
+  int since_snapshot_ = 0;          // records fenced since the last slurm.snapshot
   bool hold_spares_ = false;        // the spares' reservation is to be made at the first launch
   bool made_reservation_ = false;
   long job_ = 0;

@@ -13,6 +13,13 @@
 // up to the successor's starting cursor), and by the emitted index on the
 // successor's bus.
 #include "cluster_harness.hpp"
+#include "controller.hpp"
+#include "etcd.hpp"
+#include "host.hpp"
+#include "leader.hpp"
+
+#include <ballast/events.h>
+#include <ballast/status.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -20,7 +27,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <mutex>
+
 using namespace cluster_test;
+using ballast::cluster::Controller;
+using ballast::cluster::EtcdLeadership;
 
 TEST_CASE("the leader of two controllers is killed: the other leads, every event applied exactly once") {
   std::string dir = scratch_dir("ha");
@@ -163,4 +174,235 @@ TEST_CASE("etcd over TLS: a candidate with a client certificate leads, one witho
   CHECK(rc != 0);
   CHECK(err.find("cluster.etcd") != std::string::npos);
   CHECK(err.find(etcd) != std::string::npos);
+}
+
+namespace {
+
+// A controller candidate in this process: its host, its leadership through
+// etcd and its controller (one event loop), as the cluster role makes them.
+struct Candidate {
+  std::unique_ptr<ballast::Host> host;
+  std::unique_ptr<EtcdLeadership> leadership;
+  std::unique_ptr<Controller> controller;
+  std::mutex mutex;
+  std::vector<nlohmann::json> leader_events;  // controller.leader payloads
+
+  Candidate(const std::string& name, const std::string& dir, const std::string& certs, const std::string& etcd,
+            const std::string& job, int port, int lease_s) {
+    ballast::HostOptions options;
+    options.node = name;
+    host = std::make_unique<ballast::Host>(options);
+    uint64_t id = 0;
+    REQUIRE(host->subscribe("controller.leader", nullptr, on_leader, this, "test", &id) == BALLAST_OK);
+    REQUIRE(host->start() == BALLAST_OK);
+    ballast::cluster::EtcdOptions e;
+    e.endpoint = etcd;
+    e.job = job;
+    e.name = name;
+    e.value = "127.0.0.1:" + std::to_string(port);
+    e.lease_s = lease_s;
+    REQUIRE(EtcdLeadership::create(*host, e, &leadership) == BALLAST_OK);
+    REQUIRE(leadership->start() == BALLAST_OK);
+    ballast::cluster::ControllerOptions c;
+    c.listen = e.value;
+    c.tls = {certs + "/ca.crt", certs + "/controller.crt", certs + "/controller.key"};
+    c.ingest_journal = dir + "/" + name + "-ingest.journal";
+    c.durable = false;
+    c.heartbeat_ms = 250;
+    c.silent_after_ms = 1000;
+    c.loops = 1;  // every agent on the one loop: an ack that waited for etcd would hold the others
+    REQUIRE(Controller::create(*host, c, leadership.get(), &controller) == BALLAST_OK);
+    REQUIRE(controller->start() == BALLAST_OK);
+  }
+  ~Candidate() {
+    controller->stop();
+    leadership->stop();
+    host->stop();
+  }
+  static int on_leader(void* user, const ballast_event* ev) {
+    auto* self = static_cast<Candidate*>(user);
+    const auto* text = static_cast<const char*>(ev->payload);
+    std::lock_guard lock(self->mutex);
+    self->leader_events.push_back(nlohmann::json::parse(text, text + ev->payload_size, nullptr, false));
+    return 0;
+  }
+  int64_t counter(const char* name) const {
+    const auto j = controller->counters();
+    return j.contains(name) ? j[name].get<int64_t>() : -1;
+  }
+};
+
+// The keys under `prefix` in etcd.
+std::vector<std::string> keys(ballast::cluster::Etcd& etcd, const std::string& prefix) {
+  std::vector<std::pair<std::string, std::string>> kvs;
+  REQUIRE(etcd.range_prefix(prefix, &kvs) == BALLAST_OK);
+  std::vector<std::string> out;
+  for (auto& [k, v] : kvs) out.push_back(k);
+  return out;
+}
+
+struct EtcdUp {
+  std::string dir, endpoint;
+  pid_t pid = -1;
+  EtcdUp(const std::string& d, int port) : dir(d), endpoint("http://127.0.0.1:" + std::to_string(port)) {
+    int up = sh(engines() + "/etcd-up " + dir + " " + std::to_string(port) + " >/dev/null");
+    REQUIRE_MESSAGE(up == 0, "etcd did not start: " << read_file(dir + "/stdout.log"));
+    pid = std::atoi(read_file(dir + "/etcd.pid").c_str());
+  }
+  ~EtcdUp() { sh(engines() + "/etcd-down " + dir); }
+};
+
+}  // namespace
+
+// Bounded cleanup of the action log: a plugin records 1,000 actions through
+// fence_action, a snapshot (kind *.snapshot) every 16th, and each snapshot
+// deletes the plugin's earlier records in its own fenced transaction; the
+// plugin's part of the log never holds more than 1 + 15 records. A leader
+// deposed (its key deleted while it believes it leads) has its snapshot
+// refused by the fence: nothing deleted. The successor's controller.leader
+// hands over the newest snapshot and the records after it, and nothing
+// older.
+TEST_CASE(
+    "the action log stays bounded: a snapshot deletes the plugin's earlier records, fenced; the successor reads "
+    "from the newest snapshot") {
+  std::string dir = scratch_dir("ha-log");
+  const int base = 27000 + static_cast<int>(getpid() % 1000) * 4;
+  EtcdUp etcd(dir + "/etcd", base);
+  const std::string certs = dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1") == 0);
+  const std::string job = "log" + std::to_string(getpid()), records = "/ballast/" + job + "/records/tp/";
+  ballast::cluster::Etcd client(etcd.endpoint);
+  auto c1 = std::make_unique<Candidate>("c1", dir, certs, etcd.endpoint, job, base + 1, 5);
+  REQUIRE(eventually(20, [&] { return c1->leadership->is_leader(); }));
+  // Another plugin's record, older than all of tp's: read with its own part, first in the log.
+  REQUIRE(c1->controller->fence_action("aa", "other.op", {{"i", -1}}) == BALLAST_OK);
+  size_t most = 0;
+  const int total = 1000, every = 16;
+  for (int i = 0; i < total; ++i) {
+    const std::string kind = i % every == every - 1 ? "test.snapshot" : "test.op";
+    REQUIRE(c1->controller->fence_action("tp", kind, {{"i", i}}) == BALLAST_OK);
+    if (i % 50 == 0 || i % every == every - 2) most = std::max(most, keys(client, records).size());
+  }
+  const auto before = keys(client, records);
+  MESSAGE(total << " records written, " << total / every << " snapshots; the log held at most " << most << " of them, "
+                << before.size() << " at the end");
+  CHECK(most == size_t(every));  // a snapshot and the 15 records after it, just before the next one
+  CHECK(before.size() == 9);     // the snapshot of i = 991 and i = 992..999
+  CHECK(c1->leadership->counters()["cluster.log_snapshots"] == total / every);
+  // A bad plugin name (it would be a part of the keys) is refused.
+  CHECK(c1->controller->fence_action("t/p", "test.op", nlohmann::json::object()) == BALLAST_EINVAL);
+
+  // Deposed: c2 campaigns, c1's leader key goes (as when its lease lapses) while c1 believes it leads.
+  auto c2 = std::make_unique<Candidate>("c2", dir, certs, etcd.endpoint, job, base + 2, 5);
+  std::vector<std::pair<std::string, std::string>> leaders;
+  REQUIRE(eventually(10, [&] {
+    return client.range_prefix("/ballast/" + job + "/leader", &leaders) == BALLAST_OK && leaders.size() == 2;
+  }));
+  for (auto& [k, v] : leaders)
+    if (v == "127.0.0.1:" + std::to_string(base + 1)) {
+      nlohmann::json reply;
+      REQUIRE(client.call("/v3/kv/deleterange", {{"key", ballast::cluster::Etcd::b64(k)}}, &reply) == BALLAST_OK);
+    }
+  REQUIRE(eventually(20, [&] { return c2->leadership->is_leader(); }));
+  CHECK(c1->leadership->is_leader());  // it does not know yet
+  CHECK(c1->controller->fence_action("tp", "test.snapshot", {{"i", total}}) == BALLAST_EFENCED);
+  CHECK_FALSE(c1->leadership->is_leader());
+  CHECK(keys(client, records) == before);  // nothing deleted, nothing written
+
+  // The successor's log: the newest snapshot, then the records after it.
+  nlohmann::json leader;
+  REQUIRE(eventually(10, [&] {
+    std::lock_guard lock(c2->mutex);
+    if (c2->leader_events.empty()) return false;
+    leader = c2->leader_events.back();
+    return true;
+  }));
+  REQUIRE(leader["log"].is_array());
+  CHECK(leader["log_complete"] == true);
+  REQUIRE(leader["log"].size() == 1 + before.size());
+  CHECK(leader["log"][0]["plugin"] == "aa");
+  CHECK(leader["log"][0]["record"]["i"] == -1);
+  const auto log = nlohmann::json(std::vector<nlohmann::json>(leader["log"].begin() + 1, leader["log"].end()));
+  CHECK(log[0]["kind"] == "test.snapshot");
+  CHECK(log[0]["record"]["i"] == 991);
+  for (size_t k = 1; k < log.size(); ++k) {
+    CHECK(log[k]["kind"] == "test.op");
+    CHECK(log[k]["record"]["i"] == int(991 + k));
+  }
+  // The successor goes on compacting: its snapshot deletes its predecessor's records.
+  REQUIRE(c2->controller->fence_action("tp", "test.snapshot", {{"i", total}}) == BALLAST_OK);
+  CHECK(keys(client, records).size() == 1);
+}
+
+// Acknowledged actions' records are deleted in the group commit, not by the
+// event loop that read the acknowledgement: 40 actions queued for n1 while
+// its agent is away, etcd paused, n1's agent back: it receives and
+// acknowledges them while etcd cannot answer, and n2's agent, on the same
+// event loop, stays heard (no node.silent). Once etcd answers, every record
+// is gone, each counted once.
+TEST_CASE(
+    "an agent's acknowledgements do not hold the controller's event loop on etcd; their records are deleted in "
+    "the group commit") {
+  std::string dir = scratch_dir("ha-ack");
+  const int base = 31000 + static_cast<int>(getpid() % 1000) * 4;
+  EtcdUp etcd(dir + "/etcd", base);
+  const std::string certs = dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string job = "ack" + std::to_string(getpid()), actions = "/ballast/" + job + "/actions/";
+  ballast::cluster::Etcd client(etcd.endpoint);
+  Candidate c1("c1", dir, certs, etcd.endpoint, job, base + 1, 5);
+  REQUIRE(eventually(20, [&] { return c1.leadership->is_leader(); }));
+  const std::vector<std::string> at = {"127.0.0.1:" + std::to_string(base + 1)};
+  auto agent = [&](const std::string& node) {
+    write_file(dir + "/" + node + ".lua", agent_config(node, certs, at, 0, 1, 100, dir + "/spool-" + node));
+    return spawn({BALLAST_EXE, "run", dir + "/" + node + ".lua", "--json"}, dir + "/" + node + ".out",
+                 dir + "/" + node + ".err");
+  };
+  Proc a1 = agent("n1"), a2 = agent("n2");
+  REQUIRE(eventually(20, [&] { return c1.counter("cluster.connected") == 2; }));
+  a1.signal(SIGKILL);
+  a1.wait();
+  // n1 gone: node.silent once (before the count below, so that only n2 could add to it).
+  REQUIRE(eventually(20, [&] { return c1.counter("cluster.node_silent") == 1; }));
+  const int count = 40;
+  for (int i = 0; i < count; ++i) {
+    ballast_recovery_action a{};
+    a.size = sizeof a;
+    a.action = "checkpoint_now";
+    a.subject = "n1";
+    a.reason = "test";
+    a.policy = "test";
+    ballast_event ev{};
+    ev.size = sizeof ev;
+    ev.schema = BALLAST_SCHEMA_RECOVERY_ACTION;
+    ev.topic = "recovery.action";
+    ev.payload = &a;
+    ev.payload_size = sizeof a;
+    REQUIRE(c1.host->publish(ev, "test") == BALLAST_OK);
+  }
+  REQUIRE(eventually(20, [&] { return keys(client, actions).size() == size_t(count); }));
+  const std::string last = keys(client, actions).back();
+  const uint64_t last_id = std::strtoull(last.substr(last.rfind('/') + 1).c_str(), nullptr, 10);
+  const int64_t silent_before = c1.counter("cluster.node_silent");
+  // Paused for less than etcd's client timeout (3 s), so that c1's lease keep-alive survives it.
+  kill(etcd.pid, SIGSTOP);
+  a1 = agent("n1");
+  const bool acked = eventually(
+      2, [&] { return std::strtoull(read_file(dir + "/spool-n1/actions").c_str(), nullptr, 10) == last_id; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past silent_after_ms, etcd still paused
+  const int64_t silent_during = c1.counter("cluster.node_silent");
+  kill(etcd.pid, SIGCONT);
+  const bool gone = eventually(20, [&] { return keys(client, actions).empty(); });
+  a1.signal(SIGTERM);
+  a2.signal(SIGTERM);
+  CHECK(a1.wait() == 0);
+  CHECK(a2.wait() == 0);
+  INFO("n1: " << read_file(dir + "/n1.err"));
+  CHECK(acked);
+  CHECK(silent_during == silent_before);  // n2 heard all along: the loop never waited for etcd
+  CHECK(gone);
+  CHECK(c1.counter("cluster.acks_committed") == count);
+  const auto n1 = nlohmann::json::parse(read_file(dir + "/n1.out"), nullptr, false);
+  REQUIRE(n1.is_object());
+  CHECK(n1["cluster.actions"] == count);  // carried out once each
 }

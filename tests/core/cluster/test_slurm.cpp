@@ -421,11 +421,12 @@ TEST_CASE(
   }));
   // The replace done (every rank up again): a node silent from now on is a new fault.
   REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c1.err").find("replace: ok") != std::string::npos; }));
-  const std::string records = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only");
+  // The runner's records: submit, drain, requeue and release, replaced by the snapshot after the
+  // second launch, which names n1 drained.
+  const std::string records = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/records/ --print-value-only");
   INFO("etcd: " << records);
-  for (const char* kind : {"slurm.submit", "slurm.drain", "slurm.requeue", "slurm.release"})
-    CHECK(records.find(std::string("\"kind\":\"") + kind + "\"") != std::string::npos);
-  CHECK(records.find("\"node\":\"n1\",\"reason\"") != std::string::npos);  // the drain of n1
+  CHECK(records.find("\"kind\":\"slurm.snapshot\"") != std::string::npos);
+  CHECK(records.find("\"drained\":[{\"node\":\"n1\",\"silent\":true}]") != std::string::npos);
 
   // Deposed: another candidate waits; c1's leader key goes (as when its lease lapses), so c2 leads
   // while c1 still believes it does. Then n2's agent dies: c1's policy evicts n2, and the drain's
@@ -460,7 +461,7 @@ TEST_CASE(
   const std::string out = read_file(job_dir + "/slurm/job.out");
   CHECK(out.find("run 2") == std::string::npos);
   CHECK(out.find("restart 2") == std::string::npos);
-  const std::string after = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only");
+  const std::string after = etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/records/ --print-value-only");
   CHECK(after.find("\"node\":\"n2\",\"reason\"") == std::string::npos);  // no drain of n2 recorded
   const auto report = nlohmann::json::parse(read_file(c.dir + "/c1.out"), nullptr, false);
   REQUIRE(report.is_object());
@@ -595,9 +596,13 @@ TEST_CASE(
               "00000000000000000002 '{\"node\":\"c0\",\"plugin\":\"runner\",\"kind\":\"slurm.drain\",\"record\":[],"
               "\"term\":1}'");
 
-  // The leader dies at once; c2 leads after the lease (3 s) and takes the job over.
+  // The leader dies at once; c2 leads after the lease (3 s) and takes the job over. n1's agent
+  // comes back meanwhile, knowing only c2: its first connection is to the new leader (refused
+  // until c2 leads), so n1 is heard by c2 through node.connected, never node.silent/node.back.
   c1.signal(SIGKILL);
   c1.wait();
+  CHECK(node(slurm, "n1").drained());
+  a1 = start_agent(c.dir, certs, l2, "n1", 1500);
   REQUIRE(eventually(20, [&] {
     return read_file(c.dir + "/c2.err")
                .find("took over the job an earlier leader ran: Slurm job " + std::to_string(id)) != std::string::npos;
@@ -617,9 +622,7 @@ TEST_CASE(
   CHECK(jobs.size() == 1);
   CHECK(jobs[0].id == id);
 
-  // n1 stays drained while its agent is gone, and is resumed (by c2) once it connects to c2.
-  CHECK(node(slurm, "n1").drained());
-  a1 = agent("n1");
+  // n1, drained by c1, is resumed by c2 on its agent's first node.connected.
   CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
 
   // The job ends under c2, trained to the end from a checkpoint.
@@ -644,26 +647,49 @@ TEST_CASE(
   INFO(out);
   CHECK(out.find("run 3") == std::string::npos);
 
-  // etcd's action log: each operation once per term; one submit in all.
-  std::map<uint64_t, std::map<std::string, int>> per_term;
-  std::istringstream records(etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/actions/ --print-value-only"));
+  // c2 heard n1 once, by node.connected (never silent, never back), and resumed it once.
+  const std::string bus2 = c.dir + "/c2-bus.journal";
+  CHECK(bus_count(bus2, "node.connected", "n1") == 1);
+  CHECK(bus_count(bus2, "node.silent", "n1") == 0);
+  CHECK(bus_count(bus2, "node.back", "n1") == 0);
+  size_t repaired = 0;
+  for (size_t at = log2.find("n1 is repaired: a standby again"); at != std::string::npos;
+       at = log2.find("n1 is repaired: a standby again", at + 1))
+    ++repaired;
+  CHECK(repaired == 1);
+  CHECK(log2.find("drained and not resumed: n1") != std::string::npos);
+
+  // What c2 took over from: c1's snapshot (after its second launch: submit, drain, requeue and
+  // release replaced by it), nothing older, and the records after it (none).
+  const auto leader = nlohmann::json::parse(last_json(bus2, "controller.leader"), nullptr, false);
+  REQUIRE(leader.is_object());
+  INFO("controller.leader: " << leader.dump());
+  std::vector<nlohmann::json> handed;
+  for (const auto& r : leader["log"])
+    if (r.value("plugin", "") == "runner") handed.push_back(r);
+  REQUIRE(handed.size() == 1);
+  CHECK(handed[0]["kind"] == "slurm.snapshot");
+  CHECK(handed[0]["record"]["run"] == 1);
+  auto nodes = handed[0]["record"]["nodes"].get<std::vector<std::string>>();  // in rank order: n4 took n1's place
+  std::sort(nodes.begin(), nodes.end());
+  CHECK(nodes == std::vector<std::string>{"n2", "n4"});
+  CHECK(handed[0]["record"]["drained"] == nlohmann::json::parse(R"([{"node":"n1","silent":true}])"));
+
+  // etcd's action log at the end: c2's newest snapshot and the records after it, nothing of c1's
+  // term (replaced by c2's first snapshot); the job's end (slurm.cancel) last.
+  std::vector<nlohmann::json> left;
+  std::istringstream records(etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/records/ --print-value-only"));
   for (std::string line; std::getline(records, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("kind") && j["node"] != "c0")  // not the malformed one
-      per_term[j["term"].get<uint64_t>()][j["kind"].get<std::string>()]++;
+    if (j.is_object() && j.contains("kind")) left.push_back(j);
   }
-  INFO("records: " << nlohmann::json(per_term).dump());
-  REQUIRE(per_term.size() == 2);
-  const auto& t1 = per_term.begin()->second;
-  const auto& t2 = per_term.rbegin()->second;
-  CHECK(t1.at("slurm.submit") == 1);
-  CHECK(t1.at("slurm.drain") == 1);
-  CHECK(t1.at("slurm.requeue") == 1);
-  CHECK(t1.at("slurm.release") == 1);
-  CHECK(t2.count("slurm.submit") == 0);
-  CHECK(t2.at("slurm.requeue") == 1);  // the takeover's
-  CHECK(t2.at("slurm.release") == 1);
-  CHECK(t2.at("slurm.resume") == 1);
-  CHECK(t2.at("slurm.cancel") == 1);
-  CHECK(t2.count("slurm.drain") == 0);
+  INFO("records: " << nlohmann::json(left).dump());
+  REQUIRE(!left.empty());
+  CHECK(left.front()["kind"] == "slurm.snapshot");
+  CHECK(left.back()["kind"] == "slurm.cancel");
+  CHECK(left.size() <= 1 + 16);  // a snapshot and at most SlurmBackend::kSnapshotEvery records
+  for (const auto& r : left) CHECK(r["term"] == left.front()["term"]);
+  CHECK(left.front()["term"].get<uint64_t>() > handed[0]["term"].get<uint64_t>());
+  CHECK(std::count_if(left.begin(), left.end(), [](const nlohmann::json& r) { return r["kind"] == "slurm.submit"; }) ==
+        0);
 }
