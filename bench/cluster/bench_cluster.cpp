@@ -20,6 +20,8 @@
 //               evict + replace -> the executor's Slurm backend drains it and
 //               requeues the job onto the spare -> training resumed from its
 //               checkpoint, by part
+//   slurm_relay the same with the ranks reporting only through their nodes'
+//               agents (the relayed job channel; the spare's agent too)
 #include "certs.hpp"
 #include "link.hpp"
 
@@ -45,6 +47,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -634,12 +637,15 @@ bool first_event(const std::string& journal, const std::string& topic, double* a
 // Ballast's heartbeats find it (node.silent), the policy evicts and replaces
 // it, the executor's Slurm backend drains it, requeues the job onto the spare
 // held in a reservation, and the trainer resumes from its checkpoint.
-void bench_slurm(const std::string& dir) {
+// relay: the ranks report through their node's agent (job.relay_socket), an
+// agent on the spare too; case "slurm_recovery_relay".
+void bench_slurm(const std::string& dir, bool relay) {
+  const std::string kase = relay ? "slurm_recovery_relay" : "slurm_recovery";
   std::vector<double> detection, decision, drain_requeue, slurm_start, resume_part, total;
   const std::string trainer = BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py";
   const int silent_after_ms = 3000;
   for (int run = 0; run < g_runs; ++run) {
-    std::string d = dir + "/slurm-" + std::to_string(run);
+    std::string d = dir + "/" + kase + "-" + std::to_string(run);
     int port = 30000 + static_cast<int>(getpid() % 300) * 110;
     if (sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + d + " 4 >/dev/null") != 0) {
       std::fprintf(stderr, "slurm: slurm-up failed; see %s/log\n", d.c_str());
@@ -650,7 +656,8 @@ void bench_slurm(const std::string& dir) {
       ~Down() { sh(engines() + "/slurm-down " + d); }
     } down{d};
     const std::string certs = d + "/certs", listen = "127.0.0.1:" + std::to_string(port + 50);
-    sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2 >/dev/null");
+    sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2 n4 >/dev/null");
+    const std::string sockets = d + "/relay-{node}.sock";
     auto tls = [&](const std::string& who) {
       return "tls = { ca = \"" + certs + "/ca.crt\", cert = \"" + certs + "/" + who + ".crt\", key = \"" + certs + "/" +
              who + ".key\" }";
@@ -673,9 +680,9 @@ void bench_slurm(const std::string& dir) {
                                           trainer +
                                           "\", \"--steps\", \"60\", \"--step-seconds\", \"0.1\",\n"
                                           "                \"--checkpoint-every\", \"5\" },\n"
-                                          "    repair_seconds = 600, placement_timeout_seconds = 10,\n"
-                                          "    slurm = { conf = \"" +
-                                          d +
+                                          "    repair_seconds = 600, placement_timeout_seconds = 10,\n" +
+                                          (relay ? "    relay_socket = \"" + sockets + "\",\n" : std::string()) +
+                                          "    slurm = { conf = \"" + d +
                                           "/slurm.conf\", nodes = { \"n1\", \"n2\" }, spares = { \"n4\" },\n"
                                           "              reservation = \"ballast-spares\" } },\n"
                                           "  policy = { script = \"" +
@@ -690,18 +697,22 @@ void bench_slurm(const std::string& dir) {
                                           "    heartbeat_ms = 250, silent_after_ms = " +
                                           std::to_string(silent_after_ms) + " } }\n");
     auto agent = [&](const std::string& node) {
-      write_file(d + "/" + node + ".lua", "return { node = \"" + node +
-                                              "\", role = \"agent\", log_level = \"warn\",\n"
-                                              "  cluster = { controller = { \"" +
-                                              listen + "\" }, " + tls(node) +
-                                              ",\n"
-                                              "    spool = { dir = \"" +
-                                              d + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = " +
-                                              std::to_string(silent_after_ms) + " } }\n");
+      write_file(
+          d + "/" + node + ".lua",
+          "return { node = \"" + node + "\", role = \"agent\", log_level = \"warn\",\n" +
+              (relay ? "  plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },\n"
+                     : std::string()) +
+              "  cluster = { controller = { \"" + listen + "\" }, " + tls(node) +
+              ",\n"
+              "    spool = { dir = \"" +
+              d + "/spool-" + node + "\" }, heartbeat_ms = 250, silent_after_ms = " + std::to_string(silent_after_ms) +
+              " } }\n");
       return spawn({BALLAST_EXE, "run", d + "/" + node + ".lua"}, d + "/" + node + ".out", d + "/" + node + ".err");
     };
     Proc ctl = spawn({BALLAST_EXE, "run", d + "/controller.lua", "--json"}, d + "/ctl.out", d + "/ctl.err");
     Proc a1 = agent("n1"), a2 = agent("n2");
+    std::optional<Proc> a4;
+    if (relay) a4.emplace(agent("n4"));
     ballast::slurm::Slurm slurm(d + "/slurm.conf");
     bool up = eventually(60, [&] {
       std::string log = read_file(d + "/ctl.err");
@@ -712,6 +723,7 @@ void bench_slurm(const std::string& dir) {
       std::fprintf(stderr, "slurm: the job did not checkpoint; see %s\n", d.c_str());
       ctl.signal(SIGTERM), a1.signal(SIGTERM), a2.signal(SIGTERM);
       ctl.wait(), a1.wait(), a2.wait();
+      if (a4) a4->signal(SIGTERM), a4->wait();
       return;
     }
     const double killed = wall_s();
@@ -732,6 +744,7 @@ void bench_slurm(const std::string& dir) {
     ctl.wait();
     a2.signal(SIGTERM);
     a2.wait();
+    if (a4) a4->signal(SIGTERM), a4->wait();
     // The executor's action journal (wall seconds): when each action was
     // received, started and ended; the replace ends at the trainer's hello
     // from its checkpoint.
@@ -751,6 +764,10 @@ void bench_slurm(const std::string& dir) {
       std::fprintf(stderr, "slurm: run %d incomplete (see %s)\n", run, d.c_str());
       continue;
     }
+    if (relay && all_json(d + "/bus.journal", "job.rank_report").empty()) {
+      std::fprintf(stderr, "slurm: run %d: no report came through the agents (see %s)\n", run, d.c_str());
+      continue;
+    }
     detection.push_back(silent_at - killed);
     decision.push_back(decided_at - silent_at);
     drain_requeue.push_back(evict_end - evict_start);
@@ -758,14 +775,14 @@ void bench_slurm(const std::string& dir) {
     resume_part.push_back(resumed_at - running_again);
     total.push_back(resumed_at - killed);
   }
-  emit("slurm_recovery", "runs_complete", static_cast<double>(total.size()), "runs");
-  emit("slurm_recovery", "detection", median(detection), "s");
-  emit("slurm_recovery", "detection_silent_after", silent_after_ms / 1000.0, "s");
-  emit("slurm_recovery", "decision", median(decision), "s");
-  emit("slurm_recovery", "evict_drain_and_requeue", median(drain_requeue), "s");
-  emit("slurm_recovery", "replace_to_job_running_on_the_spare", median(slurm_start), "s");
-  emit("slurm_recovery", "job_running_to_trainer_resumed_from_checkpoint", median(resume_part), "s");
-  emit("slurm_recovery", "fault_to_training_resumed", median(total), "s");
+  emit(kase.c_str(), "runs_complete", static_cast<double>(total.size()), "runs");
+  emit(kase.c_str(), "detection", median(detection), "s");
+  emit(kase.c_str(), "detection_silent_after", silent_after_ms / 1000.0, "s");
+  emit(kase.c_str(), "decision", median(decision), "s");
+  emit(kase.c_str(), "evict_drain_and_requeue", median(drain_requeue), "s");
+  emit(kase.c_str(), "replace_to_job_running_on_the_spare", median(slurm_start), "s");
+  emit(kase.c_str(), "job_running_to_trainer_resumed_from_checkpoint", median(resume_part), "s");
+  emit(kase.c_str(), "fault_to_training_resumed", median(total), "s");
 }
 
 }  // namespace
@@ -781,7 +798,7 @@ int main(int argc, char** argv) {
   app.add_option("--controller-exe", g_controller_exe,
                  "the ballast binary the ingest case runs as its controller (to compare builds)");
   app.add_option("--only", only, "one case")
-      ->check(CLI::IsMember({"codec", "ingest", "nodes", "agent", "failover", "slurm"}));
+      ->check(CLI::IsMember({"codec", "ingest", "nodes", "agent", "failover", "slurm", "slurm_relay"}));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   if (g_quick && app.count("--runs") == 0) g_runs = 1;
   signal(SIGPIPE, SIG_IGN);
@@ -802,6 +819,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "nodes") bench_nodes(dir, certs);
   if (only.empty() || only == "agent") bench_agent(dir);
   if (only.empty() || only == "failover") bench_failover(dir);
-  if (only.empty() || only == "slurm") bench_slurm(dir);
+  if (only.empty() || only == "slurm") bench_slurm(dir, false);
+  if (only.empty() || only == "slurm_relay") bench_slurm(dir, true);
   return 0;
 }
