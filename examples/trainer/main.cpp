@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -124,9 +125,10 @@ class Trainer {
         local = std::numeric_limits<float>::quiet_NaN();
         std::fill(buffer.begin(), buffer.begin() + int64_t(n), local);
       }
-      if (slow_ > 1) {
-        const double compute = wall_seconds() - t0;
-        std::this_thread::sleep_for(std::chrono::duration<double>((slow_ - 1) * compute));
+      double delay = 0;
+      if (slow_ > 1) {  // the whole step, all-reduce included, factor times as long as usual
+        delay = (slow_ - 1) * usual_step(wall_seconds() - t0);
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay));
       }
       const double t2 = wall_seconds();
       ops.push_back({"backward-compute", t1, t2 - t1});
@@ -160,6 +162,8 @@ class Trainer {
       adam_.step(model_.params(), buffer.data(), step);
       const double t4 = wall_seconds();
       ops.push_back({"optimizer", t3, t4 - t3});
+      recent_steps_.push_back(t4 - t0 - delay);
+      if (recent_steps_.size() > 5) recent_steps_.pop_front();
       step_ = step;
       if (std::isnan(first_loss)) {
         first_loss = loss;
@@ -197,6 +201,17 @@ class Trainer {
     throw Failure(kInternal, "internal",
                   "the gradient all-reduce of step " + std::to_string(step) + " joined ranks out of step: " + ahead +
                       ", the others at step " + std::to_string(uint64_t(low)) + " (a rank left a collective out)");
+  }
+
+  // What a step takes on this machine now without an injected delay: the
+  // median of the last few. On a busy machine the all-reduce is most of a
+  // step, so a delay in proportion to the compute alone would hardly slow
+  // the job. Before the first step: the compute so far.
+  double usual_step(double compute) const {
+    if (recent_steps_.empty()) return compute;
+    std::vector<double> v(recent_steps_.begin(), recent_steps_.end());
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
   }
 
   static trainer::Shape shape_of(const Options& o, const trainer::Corpus& corpus) {
@@ -280,6 +295,7 @@ class Trainer {
   uint64_t saved_ = std::numeric_limits<uint64_t>::max();
   bool skip_next_ = false;
   double slow_ = 1;
+  std::deque<double> recent_steps_;  // the last steps' durations without the injected delay
 };
 
 int fail(trainer::JobChannel* channel, int rank, uint64_t step, const Failure& f) {

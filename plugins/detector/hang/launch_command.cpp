@@ -73,8 +73,9 @@ class StopSignals {
 // to kGraceSeconds for the groups to empty, then SIGKILL to those left. A
 // group outlives its leader when the rank's own children ignore SIGTERM, so
 // the group is watched, not only the rank. A stop signal that comes during
-// the grace (a second Ctrl-C) cuts it short.
-void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
+// the grace (a second Ctrl-C) cuts it short: any beyond the first `handled`
+// (those that caused the stop), however early it came.
+void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes, int handled) {
   constexpr double kGraceSeconds = 3;
   const size_t n = pids.size();
   auto reap = [&](size_t r) {
@@ -87,9 +88,8 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes) {
       kill(-pids[r], SIGCONT);
     }
   const auto t_term = std::chrono::steady_clock::now();
-  const int signals_before = g_stop_signals;
   for (bool any = true; any && since(t_term) < kGraceSeconds;) {
-    if (g_stop_signals != signals_before) {
+    if (g_stop_signals > handled) {
       std::fprintf(stderr, "ballast launch: SIG%s during the stop: killing the ranks now\n",
                    sigabbrev_np(g_stop_signal));
       break;
@@ -401,7 +401,7 @@ int report_and_stop(const LaunchArgs& a, const WatchEnd& end, const std::vector<
                  !stack.empty() && stack.back() == '\n' ? "" : "\n");
   std::string err;
   if (!write_launch_record(a.dir, record, &err)) std::fprintf(stderr, "ballast launch: warning: %s\n", err.c_str());
-  stop_ranks(pids, codes);
+  stop_ranks(pids, codes, g_stop_signals);
   record.stopped_ns = wall_now();
   for (auto& k : record.ranks)
     if (k.stopped_by_launcher) k.ended = ended_words(codes[size_t(k.rank)]) + ", stopped by the launcher";
@@ -435,7 +435,7 @@ int launch_main(int argc, char** argv) {
   if (const int sig = g_stop_signal) {
     std::fprintf(stderr, "ballast launch: interrupted by SIG%s: stopping the %d running rank(s)\n", sigabbrev_np(sig),
                  end.running);
-    stop_ranks(pids, codes);
+    stop_ranks(pids, codes, 1);
     std::fprintf(stderr, "ballast launch: job interrupted (SIG%s); traces kept in %s\n", sigabbrev_np(sig),
                  a.dir.c_str());
     return 128 + sig;

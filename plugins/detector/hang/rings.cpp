@@ -81,37 +81,86 @@ std::string wchan(int32_t pid) {
   return w == "0" ? "" : w;
 }
 
+// The time all of pid's threads waited on a run queue, in ns: the second
+// field of /proc/PID/task/TID/schedstat. False where the kernel keeps no
+// such statistics.
+bool run_queue_ns(int32_t pid, uint64_t* ns) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/task", pid);
+  DIR* dir = opendir(path);
+  if (!dir) return false;
+  uint64_t sum = 0;
+  bool any = false;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    char stat[320];
+    std::snprintf(stat, sizeof stat, "/proc/%d/task/%s/schedstat", pid, e->d_name);
+    FILE* f = std::fopen(stat, "r");
+    if (!f) continue;
+    unsigned long long ran = 0, waited = 0;
+    if (std::fscanf(f, "%llu %llu", &ran, &waited) == 2) {
+      sum += waited;
+      any = true;
+    }
+    std::fclose(f);
+  }
+  closedir(dir);
+  *ns = sum;
+  return any;
+}
+
+struct Sample {
+  char state = 0;  // 0: unreadable
+  uint64_t cpu_ticks = 0;
+  bool has_queued = false;
+  uint64_t queued_ns = 0;
+};
+
+Sample sample(int32_t pid) {
+  Sample s;
+  s.state = read_stat(pid, &s.cpu_ticks);
+  s.has_queued = s.state && run_queue_ns(pid, &s.queued_ns);
+  return s;
+}
+
 }  // namespace
 
 std::map<int32_t, std::string> activity_of(const std::vector<int32_t>& pids, std::chrono::milliseconds window) {
-  std::map<int32_t, uint64_t> before;
-  for (const int32_t pid : pids) {
-    uint64_t ticks = 0;
-    if (pid > 0 && read_stat(pid, &ticks)) before[pid] = ticks;
-  }
+  // The window runs from before the first sample to after the last, so that
+  // what was counted between them fits in it however long the reads take.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<int32_t, Sample> before;
+  for (const int32_t pid : pids)
+    if (pid > 0)
+      if (const Sample s = sample(pid); s.state) before[pid] = s;
   std::map<int32_t, std::string> out;
   if (before.empty()) return out;
-  const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(window);
+  std::map<int32_t, Sample> after;
+  for (const auto& [pid, s0] : before) after[pid] = sample(pid);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   const long hz = sysconf(_SC_CLK_TCK);
-  for (const auto& [pid, ticks0] : before) {
-    uint64_t ticks = 0;
-    const char st = read_stat(pid, &ticks);
+  for (const auto& [pid, s0] : before) {
+    const Sample& s1 = after[pid];
     const std::string last = " in the last " + std::to_string(ms) + " ms";
-    if (st == 0 || st == 'Z' || st == 'X')
+    if (s1.state == 0 || s1.state == 'Z' || s1.state == 'X')
       out[pid] = "gone";
-    else if (st == 'T' || st == 't')
+    else if (s1.state == 'T' || s1.state == 't')
       out[pid] = "stopped";
     else {
-      // Busy from a quarter of the window on: an endless loop takes a whole
-      // core on an idle host and still a good share on a loaded one, while a
-      // sleeping process's helper threads (a communication library's poll
-      // loop, a heartbeat writer) are charged a clock tick now and then.
-      const uint64_t cpu_ms = (ticks - ticks0) * 1000 / uint64_t(hz);
+      // Busy from a quarter of the window on, counting the time it waited
+      // for a CPU: an endless loop takes a whole core on an idle host, and
+      // on a loaded one waits on the run queue for most of what it does not
+      // get, while a sleeping process's helper threads (a communication
+      // library's poll loop, a heartbeat writer) run a moment now and then.
+      const uint64_t cpu_ms = (s1.cpu_ticks - s0.cpu_ticks) * 1000 / uint64_t(hz);
       const std::string cpu = cpu_ms == 0 ? "no CPU" : std::to_string(cpu_ms) + " ms of CPU";
+      const uint64_t queued_ms =
+          s0.has_queued && s1.has_queued && s1.queued_ns > s0.queued_ns ? (s1.queued_ns - s0.queued_ns) / 1000000 : 0;
       if (cpu_ms * 4 >= uint64_t(ms)) {
         out[pid] = "busy (" + cpu + last + ")";
+      } else if ((cpu_ms + queued_ms) * 4 >= uint64_t(ms)) {
+        out[pid] = "busy (" + cpu + " and " + std::to_string(queued_ms) + " ms waiting for one" + last + ")";
       } else {
         const std::string w = wchan(pid);
         out[pid] = "sleeping (" + cpu + last + (w.empty() ? "" : ", waiting in the kernel at " + w) + ")";

@@ -47,8 +47,10 @@ ProcState probe(int32_t pid, const char* host);
 
 // What the writers of rings that run on this host do over `window` (it
 // sleeps that long, once): "busy (N ms of CPU in the last M ms)" when their
-// CPU time was at least a quarter of the window, else "sleeping (no CPU ...)"
-// or "sleeping (N ms of CPU ...)", "stopped" or "gone"; keyed by pid.
+// CPU time was at least a quarter of the window, "busy (N ms of CPU and Q ms
+// waiting for one ...)" when that and the time their threads waited on a run
+// queue were (a loaded host), else "sleeping (no CPU ...)" or "sleeping (N
+// ms of CPU ...)", "stopped" or "gone"; keyed by pid.
 std::map<int32_t, std::string> activity(const std::vector<const RankRing*>& rings, std::chrono::milliseconds window);
 // The same for processes of this host by pid; a sleeping one's evidence
 // says where it waits in the kernel (/proc/PID/wchan) when known.

@@ -506,9 +506,10 @@ TEST_CASE("a second SIGINT to ballast launch kills the ranks without waiting out
   Launcher l(dir, {"-n", "2", "--trace-dir", dir, "--", "sh", "-c",
                    "trap '' TERM; sleep 60 & echo $$ $! > \"$BALLAST_TRACE_DIR/pids.$RANK\"; wait"});
   REQUIRE(eventually(30, [&] { return sleeping_ranks(2, &l); }));
-  const auto t0 = std::chrono::steady_clock::now();
   REQUIRE(kill(l.pid, SIGINT) == 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The second only once the first has been taken (two pending are one).
+  REQUIRE(eventually(30, [&] { return l.err().find("interrupted by SIGINT") != std::string::npos; }));
+  const auto t0 = std::chrono::steady_clock::now();
   REQUIRE(kill(l.pid, SIGINT) == 0);
   const int code = l.wait(15);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -188,7 +188,7 @@ TEST_CASE("the verdict from heartbeats names the rank that stopped making progre
   }
   SUBCASE("a stopped process: stuck, before any other reason") {
     kill(b.pid, SIGSTOP);
-    for (int i = 0; i < 200 && probe(b.pid, host_name().c_str()) != ProcState::stopped; ++i) usleep(5000);
+    for (int i = 0; i < 6000 && probe(b.pid, host_name().c_str()) != ProcState::stopped; ++i) usleep(5000);
     Beat r2 = in_comm(2, c.pid, 40);
     r2.comm = false;
     const auto v = analyze_heartbeats(beats_of({in_comm(0, a.pid, 40), in_comm(1, b.pid, 40), r2}));
@@ -254,7 +254,7 @@ TEST_CASE("stacks: none asked of processes without a stack signal, stopped or go
   const std::string dir = fresh_dir("hb-stacks");
   Child stopped;
   kill(stopped.pid, SIGSTOP);
-  for (int i = 0; i < 200 && probe(stopped.pid, host_name().c_str()) != ProcState::stopped; ++i) usleep(5000);
+  for (int i = 0; i < 6000 && probe(stopped.pid, host_name().c_str()) != ProcState::stopped; ++i) usleep(5000);
   Child plain;
   std::vector<Heartbeat> beats(3);
   beats[0].rank = 0;
@@ -348,7 +348,7 @@ TEST_CASE("the plugin, with no ring in its folder, watches heartbeats and names 
   uint64_t sub = 0;
   REQUIRE(ballast_host_subscribe(host, "fault.confirmed", nullptr, on_fault, &seen, &sub) == BALLAST_OK);
   REQUIRE(ballast_host_start(host) == BALLAST_OK);
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 3000; ++i) {  // up to 30 s
     {
       std::lock_guard<std::mutex> lock(seen.mu);
       if (!seen.kinds.empty()) break;

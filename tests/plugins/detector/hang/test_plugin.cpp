@@ -104,7 +104,7 @@ TEST_CASE("the plugin publishes fault.confirmed naming the crashed rank after th
   uint64_t sub = 0;
   REQUIRE(ballast_host_subscribe(host, "fault.confirmed", nullptr, on_fault, &seen, &sub) == BALLAST_OK);
   REQUIRE(ballast_host_start(host) == BALLAST_OK);
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 3000; ++i) {  // up to 30 s
     {
       std::lock_guard<std::mutex> lock(seen.mu);
       if (!seen.kinds.empty()) break;
