@@ -19,12 +19,14 @@ int64_t wall_ms() {
 
 // A record of the action log: an agent's action ({"node","event"}) or a
 // plugin's fence_action ({"node","plugin","kind","record","term"}); null
-// with *why when it is neither (or larger than kMaxLogRecordBytes).
+// with *why when it is neither (or larger than kMaxLogRecordBytes, a
+// snapshot than kMaxSnapshotBytes).
 nlohmann::json parse_logged(const std::string& value, std::string* why) {
-  if (value.size() > EtcdLeadership::kMaxLogRecordBytes) {
-    *why = std::to_string(value.size()) + " bytes, more than " + std::to_string(EtcdLeadership::kMaxLogRecordBytes);
+  const auto too_large = [&](size_t bound) {
+    *why = std::to_string(value.size()) + " bytes, more than " + std::to_string(bound);
     return nullptr;
-  }
+  };
+  if (value.size() > EtcdLeadership::kMaxSnapshotBytes) return too_large(EtcdLeadership::kMaxSnapshotBytes);
   nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
   if (!j.is_object()) {
     *why = "not a JSON object";
@@ -35,7 +37,10 @@ nlohmann::json parse_logged(const std::string& value, std::string* why) {
     *why = "field 'node' is missing or not a string";
     return nullptr;
   }
-  if (j.contains("event")) return j;
+  if (j.contains("event")) {
+    if (value.size() > EtcdLeadership::kMaxLogRecordBytes) return too_large(EtcdLeadership::kMaxLogRecordBytes);
+    return j;
+  }
   for (const char* field : {"plugin", "kind"})
     if (!text(field)) {
       *why = std::string("field '") + field + "' is missing or not a string";
@@ -49,6 +54,8 @@ nlohmann::json parse_logged(const std::string& value, std::string* why) {
     *why = "field 'term' is missing or not a number";
     return nullptr;
   }
+  if (value.size() > EtcdLeadership::kMaxLogRecordBytes && !j["kind"].get<std::string>().ends_with(".snapshot"))
+    return too_large(EtcdLeadership::kMaxLogRecordBytes);
   return j;
 }
 
@@ -290,6 +297,12 @@ int EtcdLeadership::record_action(const std::string& node, uint64_t id, const st
 int EtcdLeadership::record_own_action(const std::string& plugin, uint64_t id, const std::string& record_json,
                                       bool snapshot) {
   const std::string part = prefix() + "records/" + plugin + "/", key = part + id_key(id);
+  // Refused here rather than skipped by a successor's read.
+  const size_t bound = snapshot ? kMaxSnapshotBytes : kMaxLogRecordBytes;
+  if (record_json.size() > bound)
+    return fail(BALLAST_EINVAL, "a record of plugin " + plugin + " of " + std::to_string(record_json.size()) +
+                                    " bytes, more than " + std::to_string(bound) +
+                                    (snapshot ? "" : " (a .snapshot record may hold up to 1 MiB)"));
   // A snapshot and the deletion of what it replaces are one transaction: a
   // crash or a deposition leaves both or neither.
   std::vector<Etcd::Delete> older;

@@ -44,6 +44,10 @@ class EtcdLeadership : public Leadership {
   // this large (a larger one is skipped, named in the log).
   static constexpr size_t kMaxLogRecords = 4096;
   static constexpr size_t kMaxLogRecordBytes = 16 * 1024;
+  // A `.snapshot` record holds a plugin's whole state (a Slurm job's every
+  // node): up to 1 MiB, which etcd 3.4's default request bound (1.5 MiB)
+  // takes once the gateway's base64 has grown it by a third.
+  static constexpr size_t kMaxSnapshotBytes = 1024 * 1024;
   static constexpr size_t kMaxLogPlugins = 64;  // plugins' parts read, each up to kMaxLogRecords
   static int create(Host& host, EtcdOptions options, std::unique_ptr<EtcdLeadership>* out);
   ~EtcdLeadership() override;

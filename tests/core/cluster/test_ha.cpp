@@ -280,7 +280,11 @@ TEST_CASE(
   const int total = 1000, every = 16;
   for (int i = 0; i < total; ++i) {
     const std::string kind = i % every == every - 1 ? "test.snapshot" : "test.op";
-    REQUIRE(c1->controller->fence_action("tp", kind, {{"i", i}}) == BALLAST_OK);
+    nlohmann::json record = {{"i", i}};
+    // The last snapshot as large as a Slurm job's of 10,000 nodes (over 16 KiB, under 1 MiB).
+    if (i == 991)
+      for (int n = 0; n < 10000; ++n) record["nodes"].push_back("node" + std::to_string(10000 + n));
+    REQUIRE(c1->controller->fence_action("tp", kind, record) == BALLAST_OK);
     if (i % 50 == 0 || i % every == every - 2) most = std::max(most, keys(client, records).size());
   }
   const auto before = keys(client, records);
@@ -291,6 +295,11 @@ TEST_CASE(
   CHECK(c1->leadership->counters()["cluster.log_snapshots"] == total / every);
   // A bad plugin name (it would be a part of the keys) is refused.
   CHECK(c1->controller->fence_action("t/p", "test.op", nlohmann::json::object()) == BALLAST_EINVAL);
+  // Records a successor could not read are refused when written: over 16 KiB, a snapshot over 1 MiB.
+  CHECK(c1->controller->fence_action("tp", "test.op", {{"blob", std::string(20 * 1024, 'x')}}) == BALLAST_EINVAL);
+  CHECK(c1->controller->fence_action("tp", "test.snapshot", {{"blob", std::string(1100 * 1024, 'x')}}) ==
+        BALLAST_EINVAL);
+  CHECK(keys(client, records) == before);
 
   // Deposed: c2 campaigns, c1's leader key goes (as when its lease lapses) while c1 believes it leads.
   auto c2 = std::make_unique<Candidate>("c2", dir, certs, etcd.endpoint, job, base + 2, 5);
@@ -325,6 +334,7 @@ TEST_CASE(
   const auto log = nlohmann::json(std::vector<nlohmann::json>(leader["log"].begin() + 1, leader["log"].end()));
   CHECK(log[0]["kind"] == "test.snapshot");
   CHECK(log[0]["record"]["i"] == 991);
+  CHECK(log[0]["record"]["nodes"].size() == 10000);
   for (size_t k = 1; k < log.size(); ++k) {
     CHECK(log[k]["kind"] == "test.op");
     CHECK(log[k]["record"]["i"] == int(991 + k));
