@@ -3,6 +3,7 @@
 // same parser and state machine as those of its own socket, once they are
 // known to come from where the rank runs, in the current attempt.
 #include "executor.hpp"
+#include "relay.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -10,19 +11,13 @@ namespace ballast::runner {
 
 std::string Executor::job_socket(int node) const {
   if (cfg_.relay_socket.empty()) return socket_path_;
-  std::string path = cfg_.relay_socket;
-  const std::string& name = slots_[size_t(node_slot_[size_t(node)])].name;
-  for (size_t at; (at = path.find("{node}")) != std::string::npos;) path.replace(at, 6, name);
-  return path;
+  return relay_socket_of(cfg_.relay_socket, slots_[size_t(node_slot_[size_t(node)])].name);
 }
 
 void Executor::handle_relayed(const Message& m) {
-  // Counted always; logged for the first 100, then every 1000th (a flood
-  // through a node's agent must not flood the log).
   const auto refuse = [&](const char* counter, int level, const std::string& why) {
     host_->counter_add(host_, counter, 1);
-    ++relay_refused_;
-    if (relay_refused_ <= 100 || relay_refused_ % 1000 == 0)
+    if (log_refusal(++relay_refused_))
       log(level, "relayed report refused: " + why + " (" + std::to_string(relay_refused_) + " refused so far)");
   };
   const nlohmann::json j = nlohmann::json::parse(m.text, nullptr, false);

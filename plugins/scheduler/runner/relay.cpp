@@ -76,8 +76,12 @@ Relay::Relay(const ballast_host_api* host, RelayConfig cfg) : host_(host), cfg_(
   char buf[256] = "";
   if (!name && gethostname(buf, sizeof buf - 1) == 0) name = buf;
   node_ = name ? name : "";
-  path_ = cfg_.socket;
-  for (size_t at; (at = path_.find("{node}")) != std::string::npos;) path_.replace(at, 6, node_);
+  path_ = relay_socket_of(cfg_.socket, node_);
+}
+
+std::string relay_socket_of(std::string path, const std::string& node) {
+  for (size_t at; (at = path.find("{node}")) != std::string::npos;) path.replace(at, 6, node);
+  return path;
 }
 
 Relay::~Relay() { stop(); }
@@ -209,12 +213,9 @@ void Relay::receive() {
   }
 }
 
-// Counted always; logged for the first 100, then every 1000th (a flood of
-// garbage must not flood the log).
 void Relay::refuse(const std::string& why) {
   host_->counter_add(host_, "relay.refused", 1);
-  ++refused_;
-  if (refused_ <= 100 || refused_ % 1000 == 0)
+  if (log_refusal(++refused_))
     log(BALLAST_LOG_WARN,
         "relay " + path_ + ": a report was refused: " + why + " (" + std::to_string(refused_) + " refused so far)");
 }

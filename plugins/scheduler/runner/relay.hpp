@@ -28,6 +28,14 @@ struct RelayConfig {
 // Parse the plugin's `relay` table (JSON). Throws std::runtime_error naming the field.
 RelayConfig parse_relay_config(const std::string& json);
 
+// A node's relay socket: "{node}" in the configured path replaced by its name
+// (the agent binds it, the executor hands it to the node's ranks).
+std::string relay_socket_of(std::string path, const std::string& node);
+
+// Refused reports are counted always and logged for the first 100, then
+// every 1000th: a flood of bad datagrams must not flood the log.
+inline bool log_refusal(uint64_t refused) { return refused <= 100 || refused % 1000 == 0; }
+
 class Relay {
  public:
   Relay(const ballast_host_api* host, RelayConfig cfg);
