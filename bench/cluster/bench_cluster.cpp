@@ -318,9 +318,6 @@ std::vector<std::string> emu_names(int n) {
   return v;
 }
 
-int g_port = 0;
-int next_port() { return g_port++; }
-
 // CPU seconds the whole machine spent busy (all cores), from /proc/stat.
 double machine_busy_s() {
   std::istringstream in(read_file("/proc/stat"));
@@ -356,7 +353,7 @@ void bench_ingest(const std::string& dir, const std::string& certs) {
       Figures& f = figures[mode];
       std::string d = dir + "/ingest-" + std::to_string(mode) + "-" + std::to_string(run);
       sh("mkdir -p " + d);
-      int port = next_port();
+      int port = test::reserve_ports(1);
       f.loads.push_back(load_average());
       Controller c = start_controller(d, certs, port, durable);
       Emulator emu;
@@ -469,7 +466,7 @@ void bench_nodes(const std::string& dir, const std::string& certs) {
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/nodes-" + std::to_string(run);
     sh("mkdir -p " + d);
-    int port = next_port();
+    int port = test::reserve_ports(1);
     Controller c = start_controller(d, certs, port, true);
     double rss0 = rss_bytes(c.proc.pid);
     Emulator emu;
@@ -505,7 +502,7 @@ void bench_agent(const std::string& dir) {
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/agent-" + std::to_string(run);
     sh("mkdir -p " + d);
-    int port = next_port();
+    int port = test::reserve_ports(1);
     Controller c = start_controller(d, certs, port, true);
     std::string cfg = d + "/a1.lua";
     write_file(cfg,
@@ -549,7 +546,7 @@ void bench_failover(const std::string& dir) {
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/failover-" + std::to_string(run);
     sh("mkdir -p " + d);
-    int etcd_port = next_port();
+    int etcd_port = test::reserve_ports(11);  // and its peer port, +10
     if (sh(engines() + "/etcd-up " + d + "/etcd " + std::to_string(etcd_port) + " >/dev/null") != 0) {
       std::fprintf(stderr, "failover: etcd did not start\n");
       return;
@@ -557,7 +554,7 @@ void bench_failover(const std::string& dir) {
     std::string certs = d + "/certs";
     sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2");
     std::string etcd = "http://127.0.0.1:" + std::to_string(etcd_port);
-    int p1 = next_port(), p2 = next_port();
+    int p1 = test::reserve_ports(1), p2 = test::reserve_ports(1);
     auto ctl = [&](const std::string& name, int port) {
       write_file(d + "/" + name + ".lua",
                  controller_config("127.0.0.1:" + std::to_string(port), certs, d + "/" + name, etcd, 5));
@@ -646,7 +643,7 @@ void bench_slurm(const std::string& dir, bool relay) {
   const int silent_after_ms = 3000;
   for (int run = 0; run < g_runs; ++run) {
     std::string d = dir + "/" + kase + "-" + std::to_string(run);
-    int port = 30000 + static_cast<int>(getpid() % 300) * 110;
+    int port = test::reserve_ports(128);  // slurmctld, slurmd +101..+104, the controller +50
     if (sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + d + " 4 >/dev/null") != 0) {
       std::fprintf(stderr, "slurm: slurm-up failed; see %s/log\n", d.c_str());
       return;
@@ -802,7 +799,6 @@ int main(int argc, char** argv) {
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   if (g_quick && app.count("--runs") == 0) g_runs = 1;
   signal(SIGPIPE, SIG_IGN);
-  g_port = 41000 + static_cast<int>(getpid() % 2000) * 8;
   std::string dir = scratch_dir("bench-cluster");
   std::string certs = dir + "/certs";
   sh("mkdir -p " + certs);

@@ -196,6 +196,7 @@ std::string controller_config(const std::string& listen, const std::string& cert
 
 Cluster::Cluster() {
   dir = scratch_dir("slurm");
+  if (port < 0) return;  // no ports: not up
   int rc = sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + dir + " 4 >/dev/null");
   up = rc == 0;
   conf = dir + "/slurm.conf";

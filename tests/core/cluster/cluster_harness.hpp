@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_ports.hpp"
+
 namespace cluster_test {
 
 std::string engines();  // tools/engines of the source tree
@@ -60,12 +62,13 @@ std::string agent_config(const std::string& node, const std::string& certs, cons
 std::string controller_config(const std::string& listen, const std::string& certs, const std::string& prefix,
                               const std::string& etcd_endpoint = "", int lease_s = 5);
 
-// A 4-node Slurm of its own (tools/engines/slurm-up: munged, slurmctld, four slurmd n1..n4 on
-// ports from `port`), in a scratch folder; torn down with the object.
+// A 4-node Slurm of its own (tools/engines/slurm-up: munged, slurmctld on `port`, four slurmd
+// n1..n4 on port+101..port+104), in a scratch folder; torn down with the object. The ports from
+// `port` to port+127 are the test's (test::reserve_ports): port+60 is free for a controller.
 struct Cluster {
   std::string dir, conf;
   bool up = false;
-  int port = 30000 + static_cast<int>(getpid() % 300) * 110;
+  int port = test::reserve_ports(128);
   Cluster();
   ~Cluster();
 };

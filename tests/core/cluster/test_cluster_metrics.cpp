@@ -4,6 +4,7 @@
 // controller's events applied, connections, and the silence it notices when
 // the agent is killed; SIGUSR1 and the stop line carry the same counters.
 #include "cluster_harness.hpp"
+#include "test_ports.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -24,20 +25,6 @@ namespace {
 const std::string kBallast = BALLAST_EXE;
 
 bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
-
-// A loopback port free a moment ago (the controller binds it next).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The config with its own /metrics on a free loopback port.
 std::string with_metrics(std::string config) {
@@ -88,7 +75,7 @@ TEST_CASE("the cluster counters of a controller and an agent on /metrics, SIGUSR
   const std::string dir = scratch_dir("cluster-metrics");
   const std::string certs = dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1") == 0);
-  const std::string controller = "127.0.0.1:" + std::to_string(free_port());
+  const std::string controller = "127.0.0.1:" + std::to_string(test::reserve_ports(1));
   const uint64_t count = 200;
 
   write_file(dir + "/ctl.lua", with_metrics(controller_config(controller, certs, dir + "/ctl")));

@@ -35,7 +35,8 @@ using ballast::cluster::EtcdLeadership;
 
 TEST_CASE("the leader of two controllers is killed: the other leads, every event applied exactly once") {
   std::string dir = scratch_dir("ha");
-  int base = 24000 + static_cast<int>(getpid() % 3000) * 4;
+  const int base = test::reserve_ports(16);  // etcd: base and its peer port base+10
+  REQUIRE(base > 0);
   int etcd_port = base, p1 = base + 1, p2 = base + 2;
   std::string etcd_dir = dir + "/etcd";
   int up = sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(etcd_port) + " >/dev/null");
@@ -141,7 +142,8 @@ TEST_CASE("the leader of two controllers is killed: the other leads, every event
 // by etcd and exits with an error naming cluster.etcd.
 TEST_CASE("etcd over TLS: a candidate with a client certificate leads, one without fails with the reason") {
   std::string dir = scratch_dir("ha-tls");
-  int base = 21000 + static_cast<int>(getpid() % 700) * 4;
+  const int base = test::reserve_ports(16);  // etcd: base and its peer port base+10
+  REQUIRE(base > 0);
   std::string certs = dir + "/certs", etcd_dir = dir + "/etcd";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1") == 0);
   struct Down {
@@ -266,7 +268,8 @@ TEST_CASE(
     "the action log stays bounded: a snapshot deletes the plugin's earlier records, fenced; the successor reads "
     "from the newest snapshot") {
   std::string dir = scratch_dir("ha-log");
-  const int base = 27000 + static_cast<int>(getpid() % 1000) * 4;
+  const int base = test::reserve_ports(16);  // etcd: base and its peer port base+10
+  REQUIRE(base > 0);
   EtcdUp etcd(dir + "/etcd", base);
   const std::string certs = dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1") == 0);
@@ -354,7 +357,8 @@ TEST_CASE(
     "an agent's acknowledgements do not hold the controller's event loop on etcd; their records are deleted in "
     "the group commit") {
   std::string dir = scratch_dir("ha-ack");
-  const int base = 31000 + static_cast<int>(getpid() % 1000) * 4;
+  const int base = test::reserve_ports(16);  // etcd: base and its peer port base+10
+  REQUIRE(base > 0);
   EtcdUp etcd(dir + "/etcd", base);
   const std::string certs = dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);

@@ -35,7 +35,8 @@ struct World {
   explicit World(const std::string& name, int net) {
     dir = scratch_dir(name);
     tag = "bl" + std::to_string(getpid() % 100000);
-    port = 20000 + static_cast<int>(getpid() % 4000) * 4 + net % 4;
+    port = test::reserve_ports(1);
+    REQUIRE(port > 0);
     netns = netns_up(tag, nodes, net);
     std::string ips = "127.0.0.1";
     for (int i = 1; i <= nodes; ++i) ips += " 10." + std::to_string(net) + "." + std::to_string(i) + ".1";

@@ -36,7 +36,8 @@ int on_sample(void* user, const ballast_event* ev) {
 
 TEST_CASE("machine metrics read from Prometheus's query_range reach the bus as metric.sample") {
   std::string dir = scratch_dir("prom");
-  int base = 35000 + static_cast<int>(getpid() % 3000) * 2;
+  const int base = test::reserve_ports(2);
+  REQUIRE(base > 0);
   int up = sh(engines() + "/prom-up " + dir + " " + std::to_string(base) + " " + std::to_string(base + 1) +
               " n7 >/dev/null");
   struct Down {

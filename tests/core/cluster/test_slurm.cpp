@@ -11,6 +11,7 @@
 #include "cluster_harness.hpp"
 #include "journal.hpp"
 #include "slurm.hpp"
+#include "test_ports.hpp"
 
 #include <ballast/events.h>
 
@@ -507,22 +508,6 @@ std::string candidate_config(const std::string& name, const std::string& dir, co
          "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n";
 }
 
-// A TCP port free on loopback now (the kernel's choice), so that a listen does not meet a
-// client's ephemeral port on a loaded machine.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 // Every JSON payload of `topic` in a bus journal, in order.
 std::vector<nlohmann::json> json_events(const std::string& journal, const std::string& topic) {
   std::vector<nlohmann::json> out;
@@ -554,7 +539,8 @@ TEST_CASE(
   } down{etcd_dir};
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
-  const std::string l1 = "127.0.0.1:" + std::to_string(free_port()), l2 = "127.0.0.1:" + std::to_string(free_port());
+  const std::string l1 = "127.0.0.1:" + std::to_string(test::reserve_ports(1)),
+                    l2 = "127.0.0.1:" + std::to_string(test::reserve_ports(1));
   REQUIRE(l1 != l2);
   const std::string job_key = "tk" + std::to_string(getpid()), job_dir = c.dir + "/job-tk";
   write_file(c.dir + "/policy.lua",

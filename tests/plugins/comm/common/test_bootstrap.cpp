@@ -1,6 +1,8 @@
 // The bootstrap against hostile peers: forged, unauthenticated, malformed
 // and idle connections to rank 0's port are dropped without failing the job
 // or delaying it, and a rank with the wrong secret is told so.
+#include "test_ports.hpp"
+
 #include <bootstrap.hpp>
 
 #include <ballast/status.h>
@@ -22,18 +24,6 @@ using namespace ballast::comm;
 namespace {
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef";
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
 
 int connect_to(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -103,7 +93,7 @@ void send_forged_hello(int fd, int rank, int world) {
 }  // namespace
 
 TEST_CASE("a forged hello claiming a rank is dropped and the real rank joins") {
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   auto r0 = rank_async(0, 3, port, kSecret, 20);
   const int evil = connect_to(port);
   REQUIRE(evil >= 0);
@@ -133,7 +123,7 @@ TEST_CASE("a forged hello claiming a rank is dropped and the real rank joins") {
 TEST_CASE("idle and garbage connections do not delay the bootstrap") {
   // Read one at a time with 2 s each, 30 idle connections cost a minute;
   // read together, the ranks join at once, well before a 20 s deadline.
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   auto r0 = rank_async(0, 2, port, kSecret, 20);
   std::vector<int> idle;
   for (int i = 0; i < 30; ++i) idle.push_back(connect_to(port));
@@ -149,7 +139,7 @@ TEST_CASE("idle and garbage connections do not delay the bootstrap") {
 }
 
 TEST_CASE("a rank with the wrong secret is told, and the job times out naming it") {
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   auto r0 = rank_async(0, 2, port, kSecret, 3);
   auto r1 = rank_async(1, 2, port, "another secret, 32 bytes long...", 3);
   const Outcome o0 = r0.get(), o1 = r1.get();
@@ -161,7 +151,7 @@ TEST_CASE("a rank with the wrong secret is told, and the job times out naming it
 }
 
 TEST_CASE("authenticated ranks still fail the job on a real mismatch") {
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   auto r0 = rank_async(0, 2, port, kSecret, 10);
   Outcome o1;
   o1.rc = bootstrap_exchange_with_secret(1, 3, "127.0.0.1", port, kSecret, peer(1), monotonic_ns() + 10000000000,
@@ -174,7 +164,7 @@ TEST_CASE("authenticated ranks still fail the job on a real mismatch") {
 }
 
 TEST_CASE("without a secret, a local job runs and a job across hosts is refused") {
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   auto r0 = rank_async(0, 2, port, "", 10);
   auto r1 = rank_async(1, 2, port, "", 10);
   const Outcome o0 = r0.get(), o1 = r1.get();

@@ -1,6 +1,8 @@
 // The NCCL comm plugin on a real GPU: a world of one rank per device in this
 // process (one GPU is enough). Without a GPU the test reports itself skipped
 // (exit 77): cudaGetDeviceCount failing is the signal.
+#include "test_ports.hpp"
+
 #include <doctest/doctest.h>
 
 #include <nccl_comm.hpp>
@@ -39,13 +41,12 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 // A world of one on a port of its own.
 ballast_comm* world(const ballast_comm_api* api, void* state = nullptr) {
-  static int serial = 0;
   static const std::string dir = std::filesystem::temp_directory_path().string();
   ballast_comm_config cfg{};
   cfg.size = sizeof cfg;
   cfg.rank = 0;
   cfg.nranks = 1;
-  cfg.master_port = 29000 + int(getpid() % 400) * 2 + serial++ % 2;
+  cfg.master_port = test::reserve_ports(1);
   cfg.trace_dir = dir.c_str();
   ballast_comm* comm = nullptr;
   REQUIRE_MESSAGE(api->init(state, &cfg, &comm) == BALLAST_OK, api->last_error(state));

@@ -3,6 +3,8 @@
 // a real trace ring; and the comm-nccl shared object offering itself to
 // NCCL as its profiler. NCCL itself needs a GPU to call them: these run
 // without one.
+#include "test_ports.hpp"
+
 #include <doctest/doctest.h>
 
 #include <nccl_comm.hpp>
@@ -400,7 +402,7 @@ TEST_CASE("the comm-nccl plugin exports ncclProfiler_v5 and names itself to NCCL
   cfg.size = sizeof cfg;
   cfg.rank = 0;
   cfg.nranks = 1;
-  cfg.master_port = 29400 + int(getpid() % 500);
+  cfg.master_port = test::reserve_ports(1);
   const std::string dir = std::filesystem::temp_directory_path().string();
   cfg.trace_dir = dir.c_str();
   ballast_comm* comm = nullptr;

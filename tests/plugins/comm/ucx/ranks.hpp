@@ -5,6 +5,7 @@
 #include <ucx_comm.hpp>
 
 #include "scratch_dir.hpp"
+#include "test_ports.hpp"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -24,18 +25,6 @@
 #include <vector>
 
 namespace test {
-
-inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
 
 // In the test process's scratch folder (made before any fork): test
 // executables run side by side under ctest -j.

@@ -118,7 +118,7 @@ struct BusHost {
 // Rank 1 is another process that joins the allreduce 600 ms late: meanwhile
 // rank 0's operation is in flight, and the timer publishes it as progress.
 TEST_CASE("an operation in flight appears as collective.progress, then as collective.record") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   // First in this file: the fork comes before anything here started threads
   // (the host's, UCX's).
   const pid_t child = fork();

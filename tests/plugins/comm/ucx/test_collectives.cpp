@@ -349,7 +349,7 @@ void expect_all_pass(int n, const char* tls, bool big, std::vector<uint64_t> cou
 #else
   const uint64_t big_bytes = !big ? 0 : tcp ? 16u << 20 : 64u << 20;
 #endif
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto res = test::run_ranks(n, tls, 150, [&](int r) { return worker(r, n, port, counts, big_bytes); });
   for (int r = 0; r < n; ++r) {
     INFO("ranks=" << n << " tls=" << std::string(tls) << " rank " << r << ": " << test::read_err(r));
@@ -441,7 +441,7 @@ int repeat_worker(int rank, int n, int port) {
 TEST_CASE("operations repeated on the same buffers: each gives its own result") {
   for (const char* tls : {"sm,self", "tcp"})
     for (int n : {2, 4}) {
-      const int port = test::free_port();
+      const int port = test::reserve_ports(1);
       const auto res = test::run_ranks(n, tls, 60, [&](int r) { return repeat_worker(r, n, port); });
       for (int r = 0; r < n; ++r) {
         INFO(tls, " ", n, " ranks, rank ", r, ": ", test::read_err(r));

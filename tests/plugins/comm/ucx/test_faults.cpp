@@ -97,7 +97,7 @@ void expect_failed(const test::Result& res, const std::vector<int>& failing, con
 
 TEST_CASE("a rank killed in the middle of large allreduces: the others fail naming it") {
   for (const char* tls : {"sm,self", "tcp"}) {
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(
         3, tls, 20, [&](int r) { return loop(r, 3, port, 1 << 20, 100000, nullptr); },
         [](std::vector<pid_t>& pids) {
@@ -123,7 +123,7 @@ TEST_CASE("a send started to a rank that died: the start's failure is the operat
   // Rank 1 leaves at once; rank 0 keeps its worker running in a receive
   // from rank 2 (which sends late) until the connection to rank 1 has
   // failed, then starts a send to rank 1.
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto res = test::run_ranks(3, "tcp", 60, [&](int rank) {
     ballast_comm_config cfg = config(rank, 3, port, 5000);
     Comm* c = nullptr;
@@ -183,7 +183,7 @@ TEST_CASE("a send started to a rank that died: the start's failure is the operat
 TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("tls " << std::string(tls));
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(
         3, tls, 20,
         [&](int r) {
@@ -220,7 +220,7 @@ TEST_CASE("a stopped rank (SIGSTOP): the others time out naming it as stopped") 
 TEST_CASE("a rank that skips a collective: the others time out waiting for it") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("tls " << std::string(tls));
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(3, tls, 20, [&](int r) {
       const int rc =
           loop(r, 3, port, 16, 10, [](int rank, int it, ballast_comm_args&) { return !(rank == 0 && it == 9); });
@@ -238,7 +238,7 @@ TEST_CASE("a rank that skips a collective: the others time out waiting for it") 
 TEST_CASE("start, test and wait with a per-operation deadline: a silent peer fails the operation within it") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("tls " << std::string(tls));
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(3, tls, 20, [&](int r) {
       ballast_comm_config cfg = config(r, 3, port, 20000);
       Comm* comm = nullptr;
@@ -286,7 +286,7 @@ TEST_CASE("start, test and wait with a per-operation deadline: a silent peer fai
 TEST_CASE("two ranks in a different collective: every rank reports the mismatch") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("tls " << std::string(tls));
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(4, tls, 20, [&](int r) {
       return loop(r, 4, port, 64, 5, [](int rank, int it, ballast_comm_args& a) {
         if (it == 3 && rank >= 2) a.op = BALLAST_OP_BROADCAST;
@@ -303,7 +303,7 @@ TEST_CASE("a rank that finds a mismatch tells the others: they fail with its not
   // nothing wrong until its notice comes.
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO("tls " << std::string(tls));
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(3, tls, 20, [&](int r) {
       return loop(r, 3, port, 1024, 5, [](int rank, int it, ballast_comm_args& a) {
         if (it == 3 && rank == 1) a.op = BALLAST_OP_BROADCAST;
@@ -317,7 +317,7 @@ TEST_CASE("a rank that finds a mismatch tells the others: they fail with its not
 
 TEST_CASE("mismatched dtypes and counts across ranks: a clear error on every rank") {
   for (int variant = 0; variant < 2; ++variant) {
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto res = test::run_ranks(3, variant ? "tcp" : "sm,self", 20, [&](int r) {
       return loop(r, 3, port, 100000, 3, [variant](int rank, int, ballast_comm_args& a) {
         if (rank == 1) {
@@ -335,7 +335,7 @@ TEST_CASE("mismatched dtypes and counts across ranks: a clear error on every ran
 }
 
 TEST_CASE("a wrong world size fails on every rank") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto res = test::run_ranks(2, "sm,self", 20, [&](int r) {
     ballast_comm_config cfg = config(r, r == 1 ? 3 : 2, port, kTimeoutMs);
     Comm* comm = nullptr;
@@ -349,7 +349,7 @@ TEST_CASE("a wrong world size fails on every rank") {
 // A world of 3 whose rank 2 never comes: rank 0 is still gathering when the
 // second claimant of rank 1 arrives, however late.
 TEST_CASE("a rank that joins twice fails every rank") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto res = test::run_ranks(3, "sm,self", 20, [&](int r) {
     const int rank = r == 2 ? 1 : r;
     ballast_comm_config cfg = config(rank, 3, port, kTimeoutMs);
@@ -363,7 +363,7 @@ TEST_CASE("a rank that joins twice fails every rank") {
 }
 
 TEST_CASE("an unreachable master, and a port in use, fail within the deadline") {
-  const int port = test::free_port();  // nobody listens there
+  const int port = test::reserve_ports(1);  // nobody listens there
   ballast_comm_config cfg = test::config(1, 2, port, 800);
   Comm* comm = nullptr;
   CHECK(comm_init(&cfg, &comm) == BALLAST_ETIMEDOUT);
@@ -394,7 +394,7 @@ TEST_CASE("an unreachable master, and a port in use, fail within the deadline") 
 TEST_CASE("abort from another thread ends a wait at once") {
   // A world of one waits on nothing; a two-rank world whose peer never comes
   // would block in init, so the abort is tested on a send to a silent peer.
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto res = test::run_ranks(2, "sm,self", 20, [&](int r) {
     ballast_comm_config cfg = config(r, 2, port, 10000);
     Comm* comm = nullptr;

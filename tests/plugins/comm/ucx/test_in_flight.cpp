@@ -112,7 +112,7 @@ TEST_CASE("collectives started together run in start order and each gives its ow
     for (int n : {2, 4})
       for (bool last_first : {false, true}) {
         INFO(tls, " ", n, " ranks", last_first ? ", the last one polled first" : ", waited in reverse");
-        const int port = test::free_port();
+        const int port = test::reserve_ports(1);
         expect_all_ok(
             test::run_ranks(n, tls, 120, [&](int rank) { return queued_collectives(rank, n, port, last_first); }));
       }
@@ -123,7 +123,7 @@ TEST_CASE("a send and a receive in flight together: both ways at once, beside a 
   // send would wait for a receive the peer has not posted yet.
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO(tls);
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     const auto r = test::run_ranks(2, tls, 120, [&](int rank) {
       auto cfg = test::config(rank, 2, port, 20000);
       Comm* c = nullptr;
@@ -205,7 +205,7 @@ TEST_CASE("start sends an operation's first messages: a peer completes while the
         INFO(tls, " ", ballast_op_name(op), queued ? ", queued behind another collective" : "");
         int fds[2];
         REQUIRE(pipe(fds) == 0);
-        const int port = test::free_port();
+        const int port = test::reserve_ports(1);
         expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) {
           return completes_while_starter_computes(rank, port, op, rank == 0 ? fds[0] : fds[1], queued);
         }));
@@ -272,7 +272,7 @@ int final_progress(int rank, int port) {
 TEST_CASE("a finished operation's record holds its final progress") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO(tls);
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) { return final_progress(rank, port); }));
   }
 }
@@ -315,7 +315,7 @@ int records_of_reused_requests(int rank, int port) {
 }
 
 TEST_CASE("requests reused for other operations: each record describes its own") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   expect_all_ok(test::run_ranks(2, "sm,self", 60, [&](int rank) { return records_of_reused_requests(rank, port); }));
 }
 
@@ -374,13 +374,13 @@ int record_in_flight_while_ring_laps(int rank, int port) {
 TEST_CASE("an operation in flight keeps its record while the ring goes round it") {
   for (const char* tls : {"sm,self", "tcp"}) {
     INFO(tls);
-    const int port = test::free_port();
+    const int port = test::reserve_ports(1);
     expect_all_ok(test::run_ranks(2, tls, 60, [&](int rank) { return record_in_flight_while_ring_laps(rank, port); }));
   }
 }
 
 TEST_CASE("a failure ends every operation queued behind it, each with the first failure's cause") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto r = test::run_ranks(2, "sm,self", 60, [&](int rank) {
     auto cfg = test::config(rank, 2, port, 20000);
     Comm* c = nullptr;
@@ -416,7 +416,7 @@ TEST_CASE("a failure ends every operation queued behind it, each with the first 
 }
 
 TEST_CASE("a communicator takes 64 operations not yet completed; the 65th start says so") {
-  const int port = test::free_port();
+  const int port = test::reserve_ports(1);
   const auto r = test::run_ranks(1, "sm,self", 60, [&](int rank) {
     auto cfg = test::config(rank, 1, port, 20000);
     Comm* c = nullptr;

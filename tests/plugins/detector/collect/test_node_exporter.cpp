@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "prometheus.hpp"
+#include "test_ports.hpp"
 
 #include <ballast/events.h>
 #include <netinet/in.h>
@@ -27,18 +28,6 @@ std::string g_url;
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 }  // namespace
@@ -105,7 +94,7 @@ int main(int argc, char** argv) {
     std::puts("prometheus-node-exporter is not installed: skipped");
     return 77;
   }
-  int port = free_port();
+  int port = test::reserve_ports(1);
   std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(port);
   pid_t pid = fork();
   if (pid == 0) {

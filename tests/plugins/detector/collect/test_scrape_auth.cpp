@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "prometheus.hpp"
+#include "test_ports.hpp"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -29,18 +30,6 @@ namespace {
 std::string g_dir, g_https, g_bearer;
 const char* kPassword = "s3cret";
 const char* kToken = "tok-31";
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 HttpOptions tls_options() {
   HttpOptions o;
@@ -156,7 +145,7 @@ int main(int argc, char** argv) {
                                     << "  key_file: " << g_dir << "/controller.key\n"
                                     << "basic_auth_users:\n"
                                     << "  prom: $2b$04$QsjLjxqsXCKOTvJEyVQ18uX2R7IslLiF8J/0zYZ7Kq/sxheppL0PG\n";
-  const int port = free_port();
+  const int port = test::reserve_ports(1);
   const std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(port);
   const std::string config = "--web.config.file=" + g_dir + "/web.yml";
   const pid_t ne = fork();
