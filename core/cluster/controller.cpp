@@ -954,9 +954,13 @@ uint64_t Controller::next_action_id() {
 int Controller::fence_action(const std::string& plugin, const std::string& kind, const nlohmann::json& record) {
   if (!leadership_) return BALLAST_OK;
   const std::string what = kind + " (" + plugin + ")";
-  auto refused = [&](int rc) {
+  // Worded by the cause: not leading (or the term lost), a record a successor
+  // could not read back (its size and bound in why), or what failed.
+  auto refused = [&](int rc, bool record) {
     const std::string why = last_error();
-    return fail(rc == BALLAST_ESTATE ? BALLAST_EFENCED : rc, what + " fenced off: " + why);
+    if (rc == BALLAST_ESTATE || rc == BALLAST_EFENCED) return fail(BALLAST_EFENCED, what + " fenced off: " + why);
+    if (rc == BALLAST_EINVAL && record) return fail(rc, what + " refused, too large for the action log: " + why);
+    return fail(rc, what + " not recorded: " + why);
   };
   // The plugin's name is a part of the log's keys (records/<plugin>/<id>).
   if (plugin.empty() || plugin.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
@@ -973,7 +977,7 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
       if (n.published > 0) published[name] = n.published;
   }
   if (!published.empty())
-    if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc);
+    if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc, false);
   const nlohmann::json j = {
       {"node", host_.node()}, {"plugin", plugin}, {"kind", kind}, {"record", record}, {"term", leadership_->epoch()}};
   const bool snapshot = kind.size() > 9 && kind.ends_with(".snapshot");
@@ -981,7 +985,7 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
   // that a snapshot deletes only what came before it.
   std::lock_guard order(records_mutex_);
   if (int rc = leadership_->record_own_action(plugin, next_action_id(), j.dump(), snapshot); rc != BALLAST_OK)
-    return refused(rc);
+    return refused(rc, true);
   return BALLAST_OK;
 }
 

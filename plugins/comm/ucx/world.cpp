@@ -94,8 +94,8 @@ int place(const ballast_comm_config* cfg, Placement* out, std::string* err) {
 }
 
 // The algorithm thresholds, each overridable by its BALLAST_COMM_* variable.
-// docs/benchmarks.md ("comm", the thresholds) has the measurements behind
-// each default.
+// README.md ("Measurements behind the defaults") has the measurements
+// behind each default.
 void tune(World* w, bool tcp) {
   // Over tcp alone a rendezvous costs a round trip both ranks must be
   // scheduled for, so fewer and larger chunks win.

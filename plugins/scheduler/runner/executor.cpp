@@ -2,6 +2,7 @@
 
 #include "launch_env.hpp"
 #include "proc_stat.hpp"
+#include "relay.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -147,12 +148,27 @@ Executor::Executor(const ballast_host_api* host, JobConfig config, std::unique_p
 // (while waiting to lead, the asks of each second are not).
 int Executor::fence(const std::string& kind, const nlohmann::json& record, std::string* why) {
   if (!BALLAST_COVERS(host_->size, ballast_host_api, fence_action)) return BALLAST_OK;
-  const int rc = host_->fence_action(host_, kind.c_str(), record.dump().c_str());
+  const std::string json = record.dump();
+  const int rc = host_->fence_action(host_, kind.c_str(), json.c_str());
   if (rc == BALLAST_OK) return rc;
   *why = std::string(ballast_status_name(rc)) + ": " + host_->last_error(host_);
+  // A refused snapshot deletes nothing: the log keeps the job's earlier
+  // records, which a successor still reads until there are too many. Shown
+  // even while waiting to lead (a snapshot follows a start the fence let
+  // through, the one that ends the wait), bounded: it may recur after
+  // every launch and every few records.
+  if (kind.ends_with(".snapshot")) {
+    host_->counter_add(host_, "snapshots_refused", 1);
+    if (log_refusal(++snapshots_refused_))
+      log(BALLAST_LOG_WARN, "job " + cfg_.name + ": " + kind + " of " + std::to_string(json.size()) +
+                                " bytes not recorded (" + *why +
+                                "); the action log keeps the job's earlier records, the next snapshot tries again (" +
+                                std::to_string(snapshots_refused_) + " refused so far)");
+    return rc;
+  }
   if (waiting_to_lead_) return rc;
   host_->counter_add(host_, "fenced_off", 1);
-  log(BALLAST_LOG_WARN, kind + " " + record.dump() + " not carried out: " + *why);
+  log(BALLAST_LOG_WARN, kind + " " + json + " not carried out: " + *why);
   return rc;
 }
 

@@ -212,6 +212,7 @@ class Executor {
   bool channel_open_ = false;        // the job channel's socket is bound and the control file made
   bool channel_busy_ = false;        // the last start found another executor's socket answering
   uint64_t relay_refused_ = 0;       // relayed reports refused (handle_relayed), for the log's bound
+  uint64_t snapshots_refused_ = 0;   // backend snapshots the fence refused, for the log's bound
   Summary final_;
   bool summarised_ = false;
 };

@@ -14,6 +14,7 @@
 // successor's bus.
 #include "cluster_harness.hpp"
 #include "controller.hpp"
+#include "error.hpp"
 #include "etcd.hpp"
 #include "host.hpp"
 #include "leader.hpp"
@@ -298,10 +299,18 @@ TEST_CASE(
   CHECK(c1->leadership->counters()["cluster.log_snapshots"] == total / every);
   // A bad plugin name (it would be a part of the keys) is refused.
   CHECK(c1->controller->fence_action("t/p", "test.op", nlohmann::json::object()) == BALLAST_EINVAL);
-  // Records a successor could not read are refused when written: over 16 KiB, a snapshot over 1 MiB.
+  // Records a successor could not read are refused when written: over 16 KiB, a snapshot over 1 MiB;
+  // the refusal names the size and the bound, not a fence.
+  auto refusal = [] { return std::string(ballast::last_error()); };
   CHECK(c1->controller->fence_action("tp", "test.op", {{"blob", std::string(20 * 1024, 'x')}}) == BALLAST_EINVAL);
+  CHECK(refusal().find("test.op (tp) refused, too large") == 0);
+  CHECK(refusal().find("more than " + std::to_string(EtcdLeadership::kMaxLogRecordBytes)) != std::string::npos);
+  CHECK(refusal().find("fenced") == std::string::npos);
   CHECK(c1->controller->fence_action("tp", "test.snapshot", {{"blob", std::string(1100 * 1024, 'x')}}) ==
         BALLAST_EINVAL);
+  CHECK(refusal().find("test.snapshot (tp) refused, too large") == 0);
+  CHECK(refusal().find(std::to_string(EtcdLeadership::kMaxSnapshotBytes)) != std::string::npos);
+  CHECK(refusal().find("fenced") == std::string::npos);
   CHECK(keys(client, records) == before);
 
   // Deposed: c2 campaigns, c1's leader key goes (as when its lease lapses) while c1 believes it leads.
@@ -318,6 +327,7 @@ TEST_CASE(
   REQUIRE(eventually(20, [&] { return c2->leadership->is_leader(); }));
   CHECK(c1->leadership->is_leader());  // it does not know yet
   CHECK(c1->controller->fence_action("tp", "test.snapshot", {{"i", total}}) == BALLAST_EFENCED);
+  CHECK(refusal().find("test.snapshot (tp) fenced off: ") == 0);
   CHECK_FALSE(c1->leadership->is_leader());
   CHECK(keys(client, records) == before);  // nothing deleted, nothing written
 

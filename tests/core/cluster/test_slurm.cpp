@@ -9,6 +9,10 @@
 // Ballast itself: agents' heartbeats, the controller's node.silent, the
 // policy's evict and the executor's Slurm backend.
 #include "cluster_harness.hpp"
+#include "config_file.hpp"
+#include "error.hpp"
+#include "host.hpp"
+#include "host_config.hpp"
 #include "journal.hpp"
 #include "slurm.hpp"
 #include "test_ports.hpp"
@@ -19,15 +23,19 @@
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 using namespace cluster_test;
@@ -678,4 +686,69 @@ TEST_CASE(
   CHECK(left.front()["term"].get<uint64_t>() > handed[0]["term"].get<uint64_t>());
   CHECK(std::count_if(left.begin(), left.end(), [](const nlohmann::json& r) { return r["kind"] == "slurm.submit"; }) ==
         0);
+}
+
+// A controller candidate's host, in process: its fence refuses everything until the candidate
+// leads (controller.leader, published here with an empty log), then every slurm.snapshot, as a
+// controller refuses one over its bound. The snapshot after the launch that ends the wait to lead
+// is shown (the job, the reason, the earlier records kept) and counted, and the job runs on.
+TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job runs on") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string job_dir = c.dir + "/job";
+  nlohmann::json config;
+  REQUIRE(ballast::eval_lua_table("return { node = \"ctl\", plugins = { { path = \"runner\", config = {\n"
+                                  "  job = { name = \"snap\", backend = \"slurm\", ranks = 2, standby = 0, dir = \"" +
+                                      job_dir +
+                                      "\", progress = false,\n"
+                                      "    command = { \"python3\", \"" +
+                                      kTrainer +
+                                      "\", \"--steps\", \"100000\", \"--step-seconds\", \"0.1\", "
+                                      "\"--checkpoint-every\", \"5\" },\n"
+                                      "    slurm = { conf = \"" +
+                                      c.conf + "\", nodes = { \"n1\", \"n2\" } } } } } } }",
+                                  true, &config) == BALLAST_OK);
+  std::unique_ptr<ballast::Host> host;
+  REQUIRE_MESSAGE(ballast::host_from_config(config, c.dir, &host) == BALLAST_OK, ballast::last_error());
+  std::vector<std::string> kinds;
+  std::mutex kinds_mutex;
+  std::atomic<bool> leading{false};
+  host->set_action_fence([&](const std::string&, const std::string& kind, const nlohmann::json&) {
+    std::lock_guard lock(kinds_mutex);
+    kinds.push_back(kind);
+    if (!leading) return ballast::fail(BALLAST_EFENCED, "ctl is not the leader");
+    return kind.ends_with(".snapshot") ? ballast::fail(BALLAST_EINVAL, "a record of 2000000 bytes, more than 1048576")
+                                       : BALLAST_OK;
+  });
+  // The host logs to stderr: kept in a file while it runs.
+  const std::string log_path = c.dir + "/host.err";
+  const int saved = dup(2), log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(log_fd >= 0);
+  dup2(log_fd, 2);
+  const bool started = host->start() == BALLAST_OK;
+  leading = true;
+  const bool term = started && host->publish_json("controller.leader", R"({"log":[]})", "test") == BALLAST_OK;
+  const bool trained =
+      term && eventually(60, [&] { return !read_file(job_dir + "/checkpoints/step-00000010.safetensors").empty(); });
+  const int64_t refused = host->counter("runner.snapshots_refused"), fenced = host->counter("runner.fenced_off");
+  host->stop();
+  host.reset();
+  dup2(saved, 2);
+  close(saved);
+  close(log_fd);
+  const std::string log = read_file(log_path);
+  INFO("host: " << log);
+  REQUIRE(started);
+  REQUIRE(term);
+  CHECK(log.find("this controller leads: the job is started") != std::string::npos);
+  CHECK(trained);  // the refusal after the launch does not stop the job
+  CHECK(refused == 1);
+  CHECK(fenced == 0);  // not a fence's refusal of an operation
+  CHECK(std::count(kinds.begin(), kinds.end(), "slurm.submit") == 1);
+  CHECK(log.find("job snap: slurm.snapshot of ") != std::string::npos);
+  CHECK(log.find("not recorded (BALLAST_EINVAL: a record of 2000000 bytes, more than 1048576); the action log "
+                 "keeps the job's earlier records") != std::string::npos);
+  std::string error;
+  Slurm slurm(c.conf);
+  CHECK(slurm.run({"scancel", "--name=snap"}, nullptr, &error));
 }
