@@ -395,7 +395,9 @@ void Host::set_action_fence(ActionFence fence) {
 }
 
 int Host::fence_action(const std::string& plugin, const char* kind, const char* record_json) {
-  constexpr size_t kMaxKind = 64, kMaxRecord = 64 * 1024;
+  // A snapshot holds a plugin's whole state (a Slurm job's node list: about 100 bytes a node), an
+  // action one operation. The action log may bound them lower (etcd's: 16 KiB and 1 MiB).
+  constexpr size_t kMaxKind = 64, kMaxRecord = 64 * 1024, kMaxSnapshot = 1024 * 1024;
   auto refuse = [&](int rc) {
     counter_add("fence.refused", 1);
     return rc;
@@ -409,9 +411,10 @@ int Host::fence_action(const std::string& plugin, const char* kind, const char* 
   if (!kind_ok)
     return refuse(fail(BALLAST_EINVAL, "fence_action: kind '" + k.substr(0, kMaxKind) + "' is not [a-z0-9_.-]{1,64}"));
   const size_t size = std::strlen(record_json);
-  if (size > kMaxRecord)
-    return refuse(
-        fail(BALLAST_EINVAL, "fence_action " + k + ": record of " + std::to_string(size) + " bytes, above 64 KiB"));
+  const bool snapshot = k.size() > 9 && k.compare(k.size() - 9, 9, ".snapshot") == 0;
+  if (size > (snapshot ? kMaxSnapshot : kMaxRecord))
+    return refuse(fail(BALLAST_EINVAL, "fence_action " + k + ": record of " + std::to_string(size) + " bytes, above " +
+                                           (snapshot ? "1 MiB" : "64 KiB")));
   nlohmann::json record = nlohmann::json::parse(record_json, record_json + size, nullptr, false);
   if (!record.is_object()) return refuse(fail(BALLAST_EINVAL, "fence_action " + k + ": record is not a JSON object"));
   std::shared_lock lock(fence_mutex_);

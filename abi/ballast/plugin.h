@@ -123,7 +123,8 @@ struct ballast_host_api {
    * records the action, and says whether this process may carry it out.
    * `kind` names the action ("drain", "requeue", ...; [a-z0-9_.-], at most
    * 64 bytes); `record_json` is a JSON object describing it (what, on
-   * which node or job, why; at most 64 KiB), kept in the host's action log.
+   * which node or job, why; at most 64 KiB, a ".snapshot" at most 1 MiB),
+   * kept in the host's action log.
    * A kind ending in ".snapshot" records the plugin's whole state instead:
    * with etcd it replaces every earlier record of this plugin in the log (a
    * successor's log starts from it), so a plugin that records many actions

@@ -161,9 +161,18 @@ TEST_CASE("fence_action: a plugin is told BALLAST_EFENCED when the host's fence 
   CHECK(host.fence_action("p", "drain", "[1]") == BALLAST_EINVAL);
   CHECK(std::string(last_error()).find("not a JSON object") != std::string::npos);
   CHECK(host.fence_action("p", "drain", std::string(70000, ' ').c_str()) == BALLAST_EINVAL);
+  CHECK(std::string(last_error()).find("above 64 KiB") != std::string::npos);
   CHECK(host.fence_action("p", nullptr, "{}") == BALLAST_EINVAL);
-  CHECK(host.counter("fence.refused") == 5);
-  CHECK(asked.size() == 2);
+  // A snapshot (a plugin's whole state: a large job's node list) may be larger than an action's
+  // record, up to 1 MiB.
+  const std::string nodes = "{\"nodes\":\"" + std::string(200 * 1024, 'n') + "\"}";
+  CHECK(host.fence_action("p", "slurm.snapshot", nodes.c_str()) == BALLAST_OK);
+  CHECK(host.fence_action("p", "slurm.drain", nodes.c_str()) == BALLAST_EINVAL);
+  const std::string huge = "{\"nodes\":\"" + std::string(1100 * 1024, 'n') + "\"}";
+  CHECK(host.fence_action("p", "slurm.snapshot", huge.c_str()) == BALLAST_EINVAL);
+  CHECK(std::string(last_error()).find("above 1 MiB") != std::string::npos);
+  CHECK(host.counter("fence.refused") == 7);
+  CHECK(asked.size() == 3);
   // Removed: every action may run again.
   leading = false;
   host.set_action_fence({});
