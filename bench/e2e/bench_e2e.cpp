@@ -5,7 +5,8 @@
 // (report -> the policy's action), recovery time (report -> the first step
 // trained after the recovery), steps lost; medians and maxima. Then the
 // default demonstration (examples/configs/demo.lua), --demo-repeats times
-// (1), for its ETTR (median). More kinds, not run by default: `slow` (rank 1
+// (1), for its ETTR, its seconds lost and each fault's time to the first new
+// step (medians). More kinds, not run by default: `slow` (rank 1
 // at a fifth of its speed, the straggler analysis loaded, 600 steps), `skip`
 // (rank 2 leaves a collective out) and `net` (root: node1's link degraded in
 // job.netns, the machine detector loaded, 2000 steps, the fault 8 s after
@@ -163,8 +164,11 @@ int main(int argc, char** argv) {
     }
   }
   if (demo) {
-    // The demonstration, demo_repeats times: ETTR and wall time, medians.
-    std::vector<double> ettr, wall;
+    // The demonstration, demo_repeats times: ETTR, wall time and the time
+    // lost (wall - kept steps), medians; each fault kind's time from the
+    // fault to the first new step, so that the lost time can be placed.
+    std::vector<double> ettr, wall, lost;
+    std::map<std::string, std::vector<double>> to_step;  // fault kind ("crash") -> seconds
     int finished = 0, incidents = 0, recovered = 0;
     for (int r = 0; r < demo_repeats; ++r) {
       const std::string dir = root + "/demo";
@@ -178,14 +182,23 @@ int main(int argc, char** argv) {
       emit("demo", "ettr_run", rep["ettr"].get<double>(), "ratio");  // each run, as it ends
       ettr.push_back(rep["ettr"].get<double>());
       wall.push_back(rep["wall_s"].get<double>());
+      lost.push_back(rep["wall_s"].get<double>() - rep["kept_step_s"].get<double>());
       incidents += int(rep["incidents"].size());
-      for (const auto& i : rep["incidents"]) recovered += i["outcome"] == "recovered";
+      for (const auto& i : rep["incidents"]) {
+        recovered += i["outcome"] == "recovered";
+        const std::string fault = i["fault"].get<std::string>();
+        if (i["injected_s"].is_number() && i["resumed_s"].is_number())
+          to_step[fault.substr(0, fault.find_first_of(":@"))].push_back(i["resumed_s"].get<double>() -
+                                                                        i["injected_s"].get<double>());
+      }
       finished += rep["state"] == "finished";
     }
     if (!ettr.empty()) {
       emit("demo", "ettr_median", median(ettr), "ratio");
       emit("demo", "ettr_min", *std::min_element(ettr.begin(), ettr.end()), "ratio");
       emit("demo", "wall_s_median", median(wall), "s");
+      emit("demo", "lost_s_median", median(lost), "s");
+      for (const auto& [kind, v] : to_step) emit("demo", kind + "_fault_to_first_new_step_s_median", median(v), "s");
       emit("demo", "incidents", incidents, "incidents");
       emit("demo", "incidents_recovered", recovered, "incidents");
       emit("demo", "runs_finished", finished, "runs");

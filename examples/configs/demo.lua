@@ -21,7 +21,10 @@ return {
     "machine",
     -- Only a clear slowdown: a busy small machine makes step times noisy.
     { path = "straggler", config = { window_steps = 50, report_every = 50, min_slowdown = 2 } },
-    { path = "hang", config = { stall_seconds = 3, period_seconds = 0.25 } },
+    -- A hang is this job's collectives standing still for 1 s: its steps
+    -- take a few ms, and its longest pause while healthy (a checkpoint, a
+    -- busy machine) stays under 0.2 s.
+    { path = "hang", config = { stall_seconds = 1, period_seconds = 0.25 } },
     "startup",
     "scheduler",
   },

@@ -44,6 +44,9 @@ constexpr size_t kMaxHello = 6 * 4 + kMaxHostBytes + kMaxAddressBytes + kNonce +
 constexpr int64_t kHelloWindowNs = 2000000000;  // a connection has 2 s to send its hello
 constexpr size_t kMaxPending = 512;             // beyond: the oldest pending connection is dropped
 constexpr size_t kMinSecret = 16;
+// After the world is complete, rank 0 waits for a second claimant of a rank
+// as long as the world's own hellos came apart, within these bounds.
+constexpr int64_t kMinGraceNs = 5000000, kMaxGraceNs = 100000000;
 
 using Nonce = std::array<uint8_t, kNonce>;
 using Mac = std::array<uint8_t, kMac>;
@@ -340,11 +343,15 @@ class Master {
  private:
   // Accepts and reads hellos until the world is complete (plus a short
   // grace, so that a second claimant of a rank started at the same time is
-  // caught), a hello fails the job, or the deadline passes.
+  // caught), a hello fails the job, or the deadline passes. A claimant
+  // started with the others comes about as late as they came one after
+  // another: the grace is the spread of their hellos, within bounds.
   void gather() {
     int64_t grace_end = 0;
     while (failure_.empty()) {
-      if (joined_ == nranks_ && grace_end == 0) grace_end = std::min(deadline_, monotonic_ns() + 100000000);
+      if (joined_ == nranks_ && grace_end == 0)
+        grace_end =
+            std::min(deadline_, monotonic_ns() + std::clamp(last_join_ns_ - first_join_ns_, kMinGraceNs, kMaxGraceNs));
       const int64_t until = grace_end ? grace_end : deadline_;
       if (remaining_ms(until) == 0) break;
       poll_once(until);
@@ -517,6 +524,8 @@ class Master {
       slot = j;
       peers_[size_t(rank)] = std::move(peer);
       ++joined_;
+      last_join_ns_ = monotonic_ns();
+      if (first_join_ns_ == 0) first_join_ns_ = last_join_ns_;
     }
   }
 
@@ -532,6 +541,7 @@ class Master {
   std::vector<Joined> extra_;  // authenticated connections that are not ranks of the world
   std::vector<PeerInfo> peers_;
   int joined_ = 1;
+  int64_t first_join_ns_ = 0, last_join_ns_ = 0;  // the first and the last hello of a rank
   int told_ = 0;
   int dropped_ = 0;
   bool telling_ = false;
@@ -542,7 +552,7 @@ class Master {
 // One connection to rank 0 made; false (with *why) when none could be made
 // before the deadline.
 bool connect_master(const sockaddr_in& sa, int64_t deadline, Fd* s, std::string* why) {
-  while (true) {
+  for (unsigned pause_us = 1000;;) {
     s->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int rc = connect(s->fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
     if (rc != 0 && errno == EINPROGRESS) {
@@ -559,7 +569,10 @@ bool connect_master(const sockaddr_in& sa, int64_t deadline, Fd* s, std::string*
     close(s->fd);
     s->fd = -1;
     if (remaining_ms(deadline) == 0) return false;
-    usleep(20000);
+    // Rank 0 starts listening at about the time the others first try: 1 ms,
+    // then twice as long each time, up to 20 ms.
+    usleep(pause_us);
+    pause_us = std::min(2 * pause_us, 20000u);
   }
 }
 

@@ -195,6 +195,16 @@ uint64_t progress_signature(const std::vector<RankRing>& rings) {
   return h;
 }
 
+int64_t last_progress_ns(const std::vector<RankRing>& rings) {
+  int64_t last = 0;
+  for (const auto& r : rings)
+    for (const auto& s : r.records) {
+      const uint64_t tick = std::max({s.issue_tick, s.start_tick, s.progress_tick, s.end_tick});
+      if (tick) last = std::max(last, r.wall_ns(tick));
+    }
+  return last;
+}
+
 namespace {
 
 using Members = std::map<int, Member>;  // by rank

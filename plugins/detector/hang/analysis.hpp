@@ -45,6 +45,9 @@ bool in_flight(const std::vector<RankRing>& rings);
 bool any_failed(const std::vector<RankRing>& rings);
 // Changes whenever any rank makes progress.
 uint64_t progress_signature(const std::vector<RankRing>& rings);
+// Wall clock of the latest progress any rank recorded (an operation issued,
+// started, advanced or ended); 0 when there is none.
+int64_t last_progress_ns(const std::vector<RankRing>& rings);
 
 // Chrome/Perfetto trace-event JSON of every record: one process per rank
 // (pid = the rank), one thread per communicator (tid = 1, 2, ... in the

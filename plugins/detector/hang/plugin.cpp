@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -42,6 +43,7 @@ struct State {
   std::mutex mu;  // the timer thread and stop()
   uint64_t signature = 0;
   int64_t last_change_ns = 0;
+  int64_t last_tick_ns = 0;
   std::set<std::pair<uint64_t, uint64_t>> reported;  // (comm, seq) already published
   bool paused = false;                               // the executor stopped the job on purpose (job.state "paused")
   uint64_t sub_state = 0;
@@ -135,9 +137,15 @@ void on_tick(void* user) {
     return;
   }
   const uint64_t sig = progress_signature(rings);
+  const int64_t previous_tick_ns = s->last_tick_ns;
+  s->last_tick_ns = now;
   if (sig != s->signature) {
     s->signature = sig;
-    s->last_change_ns = now;
+    // The stall clock starts at the last progress the rings recorded, up to
+    // a period before this tick saw it: never before the last tick or the
+    // clock's last start, nor after now, whatever the writers' clocks say.
+    const int64_t earliest = std::min(std::max(previous_tick_ns, s->last_change_ns), now);
+    s->last_change_ns = std::clamp(last_progress_ns(rings), earliest, now);
     if (!any_failed(rings)) return;
   }
   const bool stalled = in_flight(rings) && double(now - s->last_change_ns) / 1e9 >= s->stall_s;

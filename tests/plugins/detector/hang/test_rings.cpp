@@ -439,3 +439,25 @@ TEST_CASE("a process forked after its ring was made writes a ring of its own") {
   CHECK(names == std::set<std::string>{fs::path(ring_path(dir, 0, int(getpid()), "ucx")).filename().string(),
                                        fs::path(ring_path(dir, 1, int(kid), "ucx")).filename().string()});
 }
+
+TEST_CASE("the rings' last progress is their newest tick on the wall clock, 0 before any record") {
+  const std::string dir = fresh_dir("last-progress");
+  const int self = int(getpid());
+  TraceRing* r0 = make_ring(ring_path(dir, 0, self, "ucx"), 0);
+  TraceRing* r1 = make_ring(ring_path(dir, 1, self, "ucx"), 1);
+  std::vector<std::string> errors;
+  CHECK(ballast::hang::last_progress_ns(ballast::hang::read_dir(dir, &errors)) == 0);
+  add(r0, 0x11, 1, true);
+  add(r1, 0x11, 1, false, 0, 0, 5000000);  // started 5 ms after rank 0's ended: the newest
+  const auto rings = ballast::hang::read_dir(dir, &errors);
+  CHECK(errors.empty());
+  const RankRing* a = of_rank(rings, 0);
+  const RankRing* b = of_rank(rings, 1);
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(a->records.size() == 1);
+  REQUIRE(b->records.size() == 1);
+  const int64_t newest = b->wall_ns(b->records[0].start_tick);
+  CHECK(newest > a->wall_ns(a->records[0].end_tick));
+  CHECK(ballast::hang::last_progress_ns(rings) == newest);
+}
