@@ -267,9 +267,11 @@ TEST_CASE("a 2-node job in network namespaces ends with the weights of a shared-
 TEST_CASE("a degraded link shows in the node's network metrics, and the default policy evicts and replaces the node" *
           doctest::skip(kSanitized)) {
   require_namespaces();
-  constexpr int kSteps = 800;
+  // The fault comes at step 1000, a second or more into training: node1's link has been sampled at
+  // full speed (every 0.5 s) before it (at step 200, soon after a fast start, it had not).
+  constexpr int kSteps = 2000;
   const std::string job =
-      "'--steps', '800', '--checkpoint-every', '20', '--log-every', '1000'}, ranks = 4, standby = 1, "
+      "'--steps', '2000', '--checkpoint-every', '20', '--log-every', '1000'}, ranks = 4, standby = 1, "
       "netns = true, metrics_period_seconds = 0.5";
   std::string clean;
   {
@@ -277,7 +279,7 @@ TEST_CASE("a degraded link shows in the node's network metrics, and the default 
     REQUIRE(healthy.events.wait_state("finished", 120));
     clean = healthy.final_weights(kSteps);
   }
-  Job j("netns-fault", job, "inject = {'machine:node=1,kind=net@step200'}", true);
+  Job j("netns-fault", job, "inject = {'machine:node=1,kind=net@step1000'}", true);
   REQUIRE(j.events.wait_state("finished", 180));
   auto injected = j.events.topic("job.injected");
   REQUIRE(injected.size() == 1);
