@@ -244,6 +244,7 @@ bool SlurmBackend::launch(std::string* error) {
   const bool submit = job_ == 0;
   nlohmann::json record = {{"job", job_name_}, {"run", run_}, {"nodes", nodes}, {"exclude", exclude}};
   if (!submit) record["slurm_job"] = job_;
+  if (!attempt_.is_null()) record["attempt"] = attempt_;
   if (submit) record["slots"] = names_;  // what a successor taking the job over needs
   if (submit && hold_spares_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   bool ok = fence(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
@@ -311,6 +312,7 @@ bool SlurmBackend::snapshot(std::string* error) {
   nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}, {"run", run_},
                            {"slots", names_},  {"nodes", nodes_},   {"drained", std::move(drained)}};
   if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
+  if (!attempt_.is_null()) record["attempt"] = attempt_;
   if (!may("slurm.snapshot", record, error)) return false;
   since_snapshot_ = 0;
   return true;
@@ -427,8 +429,11 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   std::vector<std::string> names, nodes;
   int run = -1;
   bool made_reservation = false;
+  nlohmann::json attempt;  // the last launch record's, while no action followed it
+  std::string in_flight;   // an action recorded after the last launch
   for (const auto& r : records) {
     const std::string kind = r["kind"];
+    if (kind == "slurm.requeue" || kind == "slurm.drain") in_flight = kind + " " + r.dump();
     if (kind == "slurm.snapshot" && !names_of(r.value("slots", nlohmann::json()), &names)) {
       *error = where + ": a slurm.snapshot record without its slots as a list of names";
       return false;
@@ -453,6 +458,8 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
         return false;
       }
       run = r["run"].get<int>();
+      attempt = r.value("attempt", nlohmann::json());
+      in_flight.clear();
     }
   }
   if (int(names.size()) != slots_) {
@@ -510,11 +517,14 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
     drained_[slot] = silent;
     drained.push_back(names_[size_t(slot)]);
   }
-  // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL): the ranks reported
-  // to the earlier leader's executor; this one starts the next run.
   slurm::JobInfo info;
   if (!slurm_.job(id, &info, error)) return false;
-  if (info.state != "PENDING") {
+  out->restart = reattachable(info, run, attempt, in_flight);
+  if (out->restart.empty()) {
+    out->attempt = attempt;
+    attempt_ = attempt;
+  } else if (info.state != "PENDING") {
+    // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL); this executor starts the next one.
     if (!fence("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
     if (!slurm_.requeue(id, error)) return false;
   }
@@ -523,6 +533,49 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   out->detail = "Slurm job " + std::to_string(id) + " (" + info.state + ", run " + std::to_string(run) + " on " +
                 slurm::join(nodes) + "; drained and not resumed: " + (drained.empty() ? "none" : slurm::join(drained)) +
                 ")";
+  return true;
+}
+
+// Why the adopted job's run cannot be carried on as it runs ("" when it
+// can): Slurm runs it on the nodes and in the run of the last launch record,
+// which has the attempt, and no requeue or drain (an action in flight at the
+// earlier leader) came after it.
+std::string SlurmBackend::reattachable(const slurm::JobInfo& info, int run, const nlohmann::json& attempt,
+                                       const std::string& in_flight) {
+  if (info.state != "RUNNING") return "Slurm has the job " + info.state + ", not RUNNING";
+  if (!attempt.is_object()) return "the last launch record has no attempt (an older leader's)";
+  if (!in_flight.empty()) return "an action was in flight at the earlier leader: " + in_flight.substr(0, 200);
+  std::vector<std::string> running, recorded = nodes_;
+  std::string why;
+  if (!slurm_.expand(info.nodes, &running, &why)) return "Slurm's node list " + info.nodes + ": " + why;
+  std::sort(running.begin(), running.end());
+  std::sort(recorded.begin(), recorded.end());
+  if (running != recorded)
+    return "Slurm runs the job on " + info.nodes + ", the records on " + slurm::join(nodes_);
+  long current = -1;
+  if (!read_number(dir_ + "/current", &current) || current != run)
+    return dir_ + "/current is not the records' run " + std::to_string(run);
+  return "";
+}
+
+bool SlurmBackend::reattach(const std::map<int, int>& rank_slots, std::string* error) {
+  ranks_.clear();
+  for (const auto& [rank, slot] : rank_slots) {
+    if (slot < 0 || slot >= int(names_.size()) ||
+        std::find(nodes_.begin(), nodes_.end(), names_[size_t(slot)]) == nodes_.end()) {
+      *error = "rank " + std::to_string(rank) + " on slot " + std::to_string(slot) + ", not one of the run's nodes";
+      ranks_.clear();
+      return false;
+    }
+    ranks_[rank] = Rank{slot, -1};
+  }
+  read_pids();
+  seen_running_ = true;
+  next_files_ns_ = next_state_ns_ = 0;
+  // The adopted attempt recorded in this leader's term (a refused or failed
+  // snapshot leaves the earlier leader's records: the log stays whole).
+  std::string ignored;
+  snapshot(&ignored);
   return true;
 }
 

@@ -53,6 +53,7 @@ class SlurmBackend : public Backend {
   bool evict(int slot, const std::string& reason, const std::string& cause, std::string* error) override;
   bool acts_outside() const override { return true; }
   bool take_over(const nlohmann::json& log, TakeOver* out, std::string* error) override;
+  bool reattach(const std::map<int, int>& rank_slots, std::string* error) override;
   bool restore(int slot, std::string* error) override;
   bool repaired_when_back() const override { return true; }
   bool signal(int rank, int sig) override;
@@ -80,6 +81,8 @@ class SlurmBackend : public Backend {
   // Backend::may, a snapshot first when kSnapshotEvery records came since the last.
   bool fence(const std::string& kind, const nlohmann::json& record, std::string* error);
   bool snapshot(std::string* error);
+  std::string reattachable(const slurm::JobInfo& info, int run, const nlohmann::json& attempt,
+                           const std::string& in_flight);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
   void read_pids();
 
