@@ -355,8 +355,7 @@ bool Executor::open_channel(std::string* error, bool keep_commands) {
     *error = "another executor's job channel answers at " + socket_path_;
     return false;
   }
-  channel_open_ =
-      socket_.open(socket_path_, error) && control_.open(job_dir_ + "/control.jsonl", keep_commands, error);
+  channel_open_ = socket_.open(socket_path_, error) && control_.open(job_dir_ + "/control.jsonl", keep_commands, error);
   commands_kept_ = channel_open_ && keep_commands;
   return channel_open_;
 }

@@ -550,8 +550,7 @@ std::string SlurmBackend::reattachable(const slurm::JobInfo& info, int run, cons
   if (!slurm_.expand(info.nodes, &running, &why)) return "Slurm's node list " + info.nodes + ": " + why;
   std::sort(running.begin(), running.end());
   std::sort(recorded.begin(), recorded.end());
-  if (running != recorded)
-    return "Slurm runs the job on " + info.nodes + ", the records on " + slurm::join(nodes_);
+  if (running != recorded) return "Slurm runs the job on " + info.nodes + ", the records on " + slurm::join(nodes_);
   long current = -1;
   if (!read_number(dir_ + "/current", &current) || current != run)
     return dir_ + "/current is not the records' run " + std::to_string(run);

@@ -664,7 +664,8 @@ TEST_CASE(
   write_file(c.dir + "/c3.lua", candidate_config("c3", c.dir, l2, certs, etcd, job_key, c.conf));
   // Its injection (rank 0 slowed twofold from step 200) goes through the control file, kept for the ranks.
   Proc c3 = spawn({kBallast, "run", c.dir + "/c3.lua", "--json", "--timeline", c.dir + "/c3-timeline.json", "--inject",
-                   "slow:rank=0,factor=2@step200"}, c.dir + "/c3.out", c.dir + "/c3.err");
+                   "slow:rank=0,factor=2@step200"},
+                  c.dir + "/c3.out", c.dir + "/c3.err");
   INFO("c3: " << read_file(c.dir + "/c3.err"));
   REQUIRE(eventually(20, [&] {
     return read_file(c.dir + "/c3.err").find("this controller leads: re-attached to the running attempt 0") !=
