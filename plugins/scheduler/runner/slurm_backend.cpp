@@ -241,6 +241,7 @@ bool SlurmBackend::launch(std::string* error) {
   pending_slots_.clear();
   seen_running_ = false;
   next_state_ns_ = 0;
+  stopped_.clear();
   const bool submit = job_ == 0;
   nlohmann::json record = {{"job", job_name_}, {"run", run_}, {"nodes", nodes}, {"exclude", exclude}};
   if (!submit) record["slurm_job"] = job_;
@@ -313,6 +314,7 @@ bool SlurmBackend::snapshot(std::string* error) {
                            {"slots", names_},  {"nodes", nodes_},   {"drained", std::move(drained)}};
   if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   if (!attempt_.is_null()) record["attempt"] = attempt_;
+  if (!stopped_.empty()) record["stopped"] = stopped_;
   if (!may("slurm.snapshot", record, error)) return false;
   since_snapshot_ = 0;
   return true;
@@ -431,9 +433,16 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   bool made_reservation = false;
   nlohmann::json attempt;  // the last launch record's, while no action followed it
   std::string in_flight;   // an action recorded after the last launch
+  std::set<int> stopped;   // ranks sent SIGSTOP since the last launch, and no SIGCONT
   for (const auto& r : records) {
     const std::string kind = r["kind"];
     if (kind == "slurm.requeue" || kind == "slurm.drain") in_flight = kind + " " + r.dump();
+    // Ranks stopped (a pause, an injected hang) and not continued since.
+    if (kind == "slurm.signal" && r.value("signal", 0) == SIGSTOP) stopped.insert(r.value("rank", -1));
+    if (kind == "slurm.signal" && r.value("signal", 0) == SIGCONT) stopped.erase(r.value("rank", -1));
+    if (kind == "slurm.snapshot" && r.contains("stopped") && r["stopped"].is_array())
+      for (const auto& x : r["stopped"])
+        if (x.is_number_integer()) stopped.insert(x.get<int>());
     if (kind == "slurm.snapshot" && !names_of(r.value("slots", nlohmann::json()), &names)) {
       *error = where + ": a slurm.snapshot record without its slots as a list of names";
       return false;
@@ -460,6 +469,7 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
       run = r["run"].get<int>();
       attempt = r.value("attempt", nlohmann::json());
       in_flight.clear();
+      if (kind != "slurm.snapshot") stopped.clear();
     }
   }
   if (int(names.size()) != slots_) {
@@ -519,6 +529,12 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   }
   slurm::JobInfo info;
   if (!slurm_.job(id, &info, error)) return false;
+  for (const auto& [slot, silent] : out->drained)
+    if (in_flight.empty() && std::find(nodes.begin(), nodes.end(), names[size_t(slot)]) != nodes.end())
+      in_flight = "the attempt's node " + names[size_t(slot)] + " is drained (an evict in flight)";
+  if (in_flight.empty() && !stopped.empty())
+    in_flight =
+        "ranks stopped (SIGSTOP: a pause, an injected hang) and not continued: " + nlohmann::json(stopped).dump();
   out->restart = reattachable(info, run, attempt, in_flight);
   if (out->restart.empty()) {
     out->attempt = attempt;
@@ -621,6 +637,8 @@ bool SlurmBackend::signal(int rank, int sig) {
   if (!fence("slurm.signal", {{"job", job_name_}, {"slurm_job", job_}, {"node", node}, {"rank", rank}, {"signal", sig}},
              &error))
     return false;
+  if (sig == SIGSTOP) stopped_.insert(rank);
+  if (sig == SIGCONT) stopped_.erase(rank);
   return slurm_.run({"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", node, "kill",
                      "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
                     nullptr, &error);
