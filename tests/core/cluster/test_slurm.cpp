@@ -11,8 +11,10 @@
 #include "cluster_harness.hpp"
 #include "journal.hpp"
 #include "slurm.hpp"
+#include "slurm_backend.hpp"
 
 #include <ballast/events.h>
+#include <ballast/status.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -477,6 +479,102 @@ TEST_CASE(
     std::string left;
     return slurm.run({"squeue", "-h", "--name=job"}, &left, &error) && left.empty();
   }));
+}
+
+TEST_CASE(
+    "takeover against Slurm's state: re-attach only to the run Slurm runs as the records say, with no action in "
+    "flight; else a restart, naming why") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  Slurm slurm(c.conf);
+  std::string error;
+  const std::string name = "ra" + std::to_string(getpid()), dir = c.dir + "/job-ra";
+  long id = 0;
+  REQUIRE_MESSAGE(
+      slurm.submit({"-J", name, "--requeue", "-N2", "--nodelist=n1,n2", "-o", "/dev/null", "--wrap", "sleep 300"}, &id,
+                   &error),
+      error);
+  REQUIRE(eventually(20, [&] {
+    JobInfo info;
+    return slurm.job(id, &info, &error) && info.state == "RUNNING";
+  }));
+  ballast::runner::SlurmConfig cfg;
+  cfg.conf = c.conf;
+  cfg.nodes = {"n1", "n2"};
+  cfg.spares = {"n4"};
+  const nlohmann::json attempt = {
+      {"number", 3}, {"wall_ns", 1}, {"master_port", 29500}, {"from_step", 10}, {"checkpoint", ""}};
+  const nlohmann::json snapshot = {{"job", name},
+                                   {"slurm_job", id},
+                                   {"run", 0},
+                                   {"slots", {"n1", "n2", "n4"}},
+                                   {"nodes", {"n2", "n1"}},
+                                   {"drained", nlohmann::json::array()},
+                                   {"attempt", attempt}};
+  auto entry = [](const std::string& kind, const nlohmann::json& record) {
+    return nlohmann::json{{"kind", kind}, {"record", record}};
+  };
+  // The backend of a successor, whose requeue is refused: the job stays as it runs for the next case.
+  auto take = [&](const nlohmann::json& log, const std::string& current, ballast::runner::TakeOver* t) {
+    ballast::runner::SlurmBackend b(cfg, name, 2);
+    b.set_fence([](const std::string& kind, const nlohmann::json&, std::string* why) {
+      *why = "refused by the test";
+      return kind == "slurm.requeue" ? BALLAST_EFENCED : BALLAST_OK;
+    });
+    REQUIRE_MESSAGE(b.prepare(3, dir, &error), error);
+    write_file(dir + "/slurm/current", current + "\n");
+    error.clear();
+    const bool ok = b.take_over(log, t, &error);
+    if (ok && t->attempt.is_object()) CHECK_MESSAGE(b.reattach({{0, 1}, {1, 0}}, &error), error);
+    return ok;
+  };
+  ballast::runner::TakeOver t;
+  // As recorded (the nodes in any order): re-attached, nothing requeued.
+  REQUIRE_MESSAGE(take(nlohmann::json::array({entry("slurm.snapshot", snapshot)}), "0", &t), error);
+  CHECK(t.outcome == ballast::runner::TakeOver::adopted);
+  CHECK(t.attempt == attempt);
+  CHECK(t.restart.empty());
+  const nlohmann::json stop = {{"job", name}, {"slurm_job", id}, {"node", "n1"}, {"rank", 0}, {"signal", SIGSTOP}};
+  nlohmann::json cont = stop;
+  cont["signal"] = SIGCONT;
+  REQUIRE(take(nlohmann::json::array(
+                   {entry("slurm.snapshot", snapshot), entry("slurm.signal", stop), entry("slurm.signal", cont)}),
+               "0", &t));
+  CHECK(t.restart.empty());
+  // Otherwise a restart: its requeue asked (refused here), the reason kept.
+  const auto restarted = [&](const nlohmann::json& log, const std::string& current, const std::string& why) {
+    CHECK_FALSE(take(log, current, &t));
+    CHECK(error.find("slurm.requeue not carried out") != std::string::npos);
+    CHECK_MESSAGE(t.restart.find(why) != std::string::npos, t.restart);
+    CHECK(t.attempt.is_null());
+  };
+  nlohmann::json older = snapshot;
+  older.erase("attempt");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", older)}), "0", "has no attempt");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot),
+                                   entry("slurm.drain", {{"job", name}, {"node", "n4"}, {"cause", "node.silent"}})}),
+            "0", "in flight at the earlier leader: slurm.drain");
+  restarted(nlohmann::json::array(
+                {entry("slurm.snapshot", snapshot), entry("slurm.requeue", {{"job", name}, {"slurm_job", id}})}),
+            "0", "in flight at the earlier leader: slurm.requeue");
+  nlohmann::json drained = snapshot;
+  drained["drained"] = {{{"node", "n2"}, {"silent", true}}};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", drained)}), "0", "node n2 is drained");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot), entry("slurm.signal", stop)}), "0",
+            "ranks stopped");
+  nlohmann::json stopped = snapshot;
+  stopped["stopped"] = {1};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", stopped)}), "0", "ranks stopped");
+  nlohmann::json elsewhere = snapshot;
+  elsewhere["nodes"] = {"n1", "n4"};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", elsewhere)}), "0", "the records on n1,n4");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot)}), "1", "is not the records' run 0");
+  // Slurm's job as it was: running, never requeued.
+  JobInfo info;
+  REQUIRE(slurm.job(id, &info, &error));
+  CHECK(info.state == "RUNNING");
+  CHECK(info.restarts == 0);
+  CHECK(slurm.run({"scancel", std::to_string(id)}, nullptr, &error));
 }
 
 namespace {
