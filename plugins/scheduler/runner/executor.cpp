@@ -371,9 +371,10 @@ bool Executor::reattach(const nlohmann::json& a, std::string* error) {
       *error = std::string("the records' attempt has no '") + key + "' (a number): " + a.dump().substr(0, 200);
       return false;
     }
-  const int number = a["number"].get<int>();
-  if (number < 0) {
-    *error = "the records' attempt number " + std::to_string(number) + " is negative";
+  const int64_t number = a["number"].get<int64_t>(), port = a["master_port"].get<int64_t>();
+  if (number < 0 || number > INT32_MAX || port < 0 || port > 65535) {
+    *error = "the records' attempt number " + std::to_string(number) + " or MASTER_PORT " + std::to_string(port) +
+             " is out of range";
     return false;
   }
   std::map<int, int> rank_slots;
@@ -381,8 +382,8 @@ bool Executor::reattach(const nlohmann::json& a, std::string* error) {
   if (!channel_open_ && !open_channel(error, true)) return false;
   if (!backend_->reattach(rank_slots, error)) return false;
   commands_kept_ = false;  // the ranks read on where they are
-  attempt_ = number;
-  master_port_ = a["master_port"].get<int>();
+  attempt_ = int(number);
+  master_port_ = int(port);
   resume_step_ = a["from_step"].get<int64_t>();
   attempt_start_wall_ns_ = a["wall_ns"].get<int64_t>();
   attempt_start_ns_ = now();  // the ranks' grace for their first report here

@@ -343,6 +343,14 @@ std::string field(const nlohmann::json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// A record's whole-number field, -1 when missing or not a number that fits an int.
+int integer(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return -1;
+  const int64_t v = it->get<int64_t>();
+  return v >= 0 && v <= INT32_MAX ? int(v) : -1;
+}
+
 bool names_of(const nlohmann::json& j, std::vector<std::string>* out) {
   if (!j.is_array()) return false;
   out->clear();
@@ -438,11 +446,12 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
     const std::string kind = r["kind"];
     if (kind == "slurm.requeue" || kind == "slurm.drain") in_flight = kind + " " + r.dump();
     // Ranks stopped (a pause, an injected hang) and not continued since.
-    if (kind == "slurm.signal" && r.value("signal", 0) == SIGSTOP) stopped.insert(r.value("rank", -1));
-    if (kind == "slurm.signal" && r.value("signal", 0) == SIGCONT) stopped.erase(r.value("rank", -1));
+    if (kind == "slurm.signal" && integer(r, "signal") == SIGSTOP) stopped.insert(integer(r, "rank"));
+    if (kind == "slurm.signal" && integer(r, "signal") == SIGCONT) stopped.erase(integer(r, "rank"));
     if (kind == "slurm.snapshot" && r.contains("stopped") && r["stopped"].is_array())
       for (const auto& x : r["stopped"])
-        if (x.is_number_integer()) stopped.insert(x.get<int>());
+        if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX)
+          stopped.insert(int(x.get<int64_t>()));
     if (kind == "slurm.snapshot" && !names_of(r.value("slots", nlohmann::json()), &names)) {
       *error = where + ": a slurm.snapshot record without its slots as a list of names";
       return false;

@@ -541,6 +541,11 @@ TEST_CASE(
                    {entry("slurm.snapshot", snapshot), entry("slurm.signal", stop), entry("slurm.signal", cont)}),
                "0", &t));
   CHECK(t.restart.empty());
+  // A signal record of another writer's form (text, not numbers) stops no rank.
+  REQUIRE(take(nlohmann::json::array({entry("slurm.snapshot", snapshot),
+                                      entry("slurm.signal", {{"job", name}, {"rank", "0"}, {"signal", "STOP"}})}),
+               "0", &t));
+  CHECK(t.restart.empty());
   // Otherwise a restart: its requeue asked (refused here), the reason kept.
   const auto restarted = [&](const nlohmann::json& log, const std::string& current, const std::string& why) {
     CHECK_FALSE(take(log, current, &t));
