@@ -49,6 +49,13 @@ struct TakeOver {
   // adopted: slots an earlier leader drained and none resumed; true when the
   // drain was for node.silent (resumed once the node's agent connects).
   std::map<int, bool> drained;
+  // adopted: the attempt that still runs as the last launch record left it
+  // (what set_attempt gave that leader's backend), when Slurm confirms it
+  // running on the recorded nodes and no action was in flight at that leader:
+  // the executor re-attaches to its ranks. Null: the job was requeued, and
+  // `restart` says why.
+  nlohmann::json attempt;
+  std::string restart;
   std::string detail;  // in words, for the log
 };
 
@@ -108,6 +115,18 @@ class Backend {
     *out = TakeOver{};
     return true;
   }
+  // What the executor knows of the attempt it launches next (its number,
+  // start, MASTER_PORT, checkpoint), kept in the records a successor reads
+  // (TakeOver::attempt). Called before launch().
+  void set_attempt(nlohmann::json attempt) { attempt_ = std::move(attempt); }
+  // After take_over found TakeOver::attempt: carry on the running ranks
+  // (rank -> slot) of the adopted attempt instead of starting new ones.
+  // False with *error; then the executor restarts the job.
+  virtual bool reattach(const std::map<int, int>& rank_slots, std::string* error) {
+    (void)rank_slots;
+    *error = std::string("the ") + name() + " backend cannot re-attach to running ranks";
+    return false;
+  }
   // Whether an evicted slot is repaired when its node is heard again
   // (node.back from the cluster controller) rather than repair_seconds after
   // its eviction: true where slots are machines with agents (Slurm).
@@ -162,6 +181,7 @@ class Backend {
   // Ask the fence (when there is one) before a command with effects; false
   // with *error naming `kind` when refused.
   bool may(const std::string& kind, const nlohmann::json& record, std::string* error);
+  nlohmann::json attempt_;  // set_attempt's
 
  private:
   Fence fence_;

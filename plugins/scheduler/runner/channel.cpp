@@ -1,5 +1,7 @@
 #include "channel.hpp"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -196,12 +198,15 @@ void ReportSocket::close() {
   path_.clear();
 }
 
-bool ControlFile::open(const std::string& path, std::string* error) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+bool ControlFile::open(const std::string& path, bool keep, std::string* error) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | (keep ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
   if (fd < 0) {
     *error = "cannot create " + path + ": " + std::strerror(errno);
     return false;
   }
+  seq_ = 0;
+  char buf[65536];
+  for (ssize_t n; keep && (n = ::read(fd, buf, sizeof buf)) > 0;) seq_ += uint64_t(std::count(buf, buf + n, '\n'));
   ::close(fd);
   path_ = path;
   return true;

@@ -62,7 +62,8 @@ class ReportSocket {
 // The control file: whole JSON lines, appended, each with a new seq.
 class ControlFile {
  public:
-  bool open(const std::string& path, std::string* error);  // created empty
+  // Created empty; or kept (keep: the commands there stay, and seq goes on from them).
+  bool open(const std::string& path, bool keep, std::string* error);
   const std::string& path() const { return path_; }
   // Append {"seq", "command", "rank" (-1 = all), extra fields...}.
   bool send(const std::string& command, int rank, const std::string& extra_json_fields, std::string* error);

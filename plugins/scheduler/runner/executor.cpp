@@ -236,7 +236,7 @@ bool Executor::start(std::string* error) {
   // leader, still alive): its ranks' reports stay its own. Opened when this
   // one starts the job, once that socket is gone.
   if (!ReportSocket::answers(socket_path_)) {
-    if (!open_channel(error)) return false;
+    if (!open_channel(error, backend_->acts_outside())) return false;
   } else if (!backend_->acts_outside()) {
     *error = "job.dir " + job_dir_ + ": another executor's job channel answers at " + socket_path_;
     return false;
@@ -303,6 +303,15 @@ void Executor::try_to_lead() {
     return;
   }
   if (ended_) return;
+  if (adopted_attempt_.is_object()) {
+    const nlohmann::json a = std::exchange(adopted_attempt_, nlohmann::json());
+    if (reattach(a, &why)) {
+      waiting_to_lead_ = false;
+      log(BALLAST_LOG_INFO, "this controller leads: re-attached to the running attempt " + std::to_string(attempt_));
+      return;
+    }
+    log(BALLAST_LOG_WARN, "cannot re-attach to the running attempt (" + why + "): the job is restarted");
+  }
   attempt_ = -1;
   // Adopted, or started before by this executor: from the newest checkpoint.
   const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
@@ -346,21 +355,62 @@ bool Executor::take_over(std::string* error) {
       s.back = silent && connected_.count(s.name) > 0;
     }
     log(BALLAST_LOG_INFO, "took over the job an earlier leader ran: " + t.detail);
+    adopted_attempt_ = t.attempt;
+    if (!t.restart.empty()) log(BALLAST_LOG_INFO, "the adopted job is restarted from its checkpoint: " + t.restart);
   }
   write_topology();
   return true;
 }
 
 // The job channel: its socket bound (replacing a socket no process
-// answers at) and the control file made anew.
-bool Executor::open_channel(std::string* error) {
+// answers at) and the control file made anew, or kept for ranks that read
+// it on (re-attached: they are at its end).
+bool Executor::open_channel(std::string* error, bool keep_commands) {
   channel_busy_ = ReportSocket::answers(socket_path_);
   if (channel_busy_) {
     *error = "another executor's job channel answers at " + socket_path_;
     return false;
   }
-  channel_open_ = socket_.open(socket_path_, error) && control_.open(job_dir_ + "/control.jsonl", error);
+  channel_open_ = socket_.open(socket_path_, error) && control_.open(job_dir_ + "/control.jsonl", keep_commands, error);
+  commands_kept_ = channel_open_ && keep_commands;
   return channel_open_;
+}
+
+// The attempt an earlier leader launched, still running as its records say
+// (TakeOver::attempt): carried on in the state "running". What the ranks
+// said to that leader is not known here; their next reports are (a rank's
+// steps from its first report on, each once), and the detectors start again
+// from this controller's events.
+bool Executor::reattach(const nlohmann::json& a, std::string* error) {
+  for (const char* key : {"number", "wall_ns", "master_port", "from_step"})
+    if (!a.contains(key) || !a[key].is_number_integer()) {
+      *error = std::string("the records' attempt has no '") + key + "' (a number): " + a.dump().substr(0, 200);
+      return false;
+    }
+  const int64_t number = a["number"].get<int64_t>(), port = a["master_port"].get<int64_t>();
+  if (number < 0 || number > INT32_MAX || port < 0 || port > 65535) {
+    *error = "the records' attempt number " + std::to_string(number) + " or MASTER_PORT " + std::to_string(port) +
+             " is out of range";
+    return false;
+  }
+  std::map<int, int> rank_slots;
+  for (int r = 0; r < cfg_.ranks; ++r) rank_slots[r] = node_slot_[size_t(r / cfg_.ranks_per_node)];
+  if (!channel_open_ && !open_channel(error, true)) return false;
+  if (!backend_->reattach(rank_slots, error)) return false;
+  commands_kept_ = false;  // the ranks read on where they are
+  attempt_ = int(number);
+  master_port_ = int(port);
+  resume_step_ = a["from_step"].get<int64_t>();
+  attempt_start_wall_ns_ = a["wall_ns"].get<int64_t>();
+  attempt_start_ns_ = now();  // the ranks' grace for their first report here
+  failed_ns_ = 0;
+  for (auto& r : ranks_) {
+    r = RankState{};
+    r.hello = r.running = true;
+  }
+  spans_.push_back({"job", "re-attach " + std::to_string(attempt_), attempt_start_ns_, attempt_start_ns_, a});
+  set_state(State::running, "re-attached to attempt " + std::to_string(attempt_) + " of an earlier leader");
+  return true;
 }
 
 // The placement plugin picks standbys on this topology: one switch.
@@ -560,6 +610,9 @@ void Executor::loop() {
     }
     if (quit_) break;
     for (const auto& d : socket_.drain()) {
+      // Not this controller's job yet (the ranks of a leader that died): not
+      // applied, as relayed reports are not; it re-attaches or restarts them.
+      if (waiting_to_lead_) continue;
       std::string why;
       if (auto r = parse_report(d, cfg_.ranks, &why)) {
         host_->counter_add(host_, "reports_direct", 1);
@@ -670,6 +723,12 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
     *error = std::string("cannot make a bootstrap secret: ") + std::strerror(errno);
     return false;
   }
+  // Open before the ranks' environment names the control file. Kept for
+  // running ranks this executor might have re-attached to: new ranks read
+  // it from its start.
+  if (!channel_open_ && !open_channel(error, false)) return false;
+  if (commands_kept_ && !control_.open(control_.path(), false, error)) return false;
+  commands_kept_ = false;
   for (auto& r : ranks_) r = RankState{};
   failed_ns_ = 0;
   resume_step_ = from.step;
@@ -711,10 +770,11 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
     }
     for (int l = 0; l < rpn; ++l) ranks_[size_t(n * rpn + l)].running = true;
   }
-  if (!channel_open_ && !open_channel(error)) {
-    stop_ranks();
-    return false;
-  }
+  backend_->set_attempt({{"number", attempt_},
+                         {"wall_ns", attempt_start_wall_ns_},
+                         {"master_port", master_port_},
+                         {"from_step", from.step},
+                         {"checkpoint", from.path}});
   if (!backend_->launch(error)) {
     stop_ranks();
     return false;

@@ -112,7 +112,8 @@ class Executor {
   int fence(const std::string& kind, const nlohmann::json& record, std::string* why);
   void try_to_lead();
   bool take_over(std::string* error);
-  bool open_channel(std::string* error);
+  bool open_channel(std::string* error, bool keep_commands);
+  bool reattach(const nlohmann::json& attempt, std::string* error);
   void write_topology();
   void handle_term(const Message& m);
   void stand_down();
@@ -208,8 +209,10 @@ class Executor {
   bool ha_ = false;
   uint64_t terms_seen_ = 0, taken_over_ = 0;  // controller.leader events read; the one taken over
   nlohmann::json leader_log_ = nlohmann::json::array();
+  nlohmann::json adopted_attempt_;   // take_over's TakeOver::attempt, until re-attached
   std::set<std::string> connected_;  // nodes whose agent connected in this term
   bool channel_open_ = false;        // the job channel's socket is bound and the control file made
+  bool commands_kept_ = false;       // the control file was kept (running ranks may read on): emptied at a start
   bool channel_busy_ = false;        // the last start found another executor's socket answering
   uint64_t relay_refused_ = 0;       // relayed reports refused (handle_relayed), for the log's bound
   uint64_t snapshots_refused_ = 0;   // backend snapshots the fence refused, for the log's bound

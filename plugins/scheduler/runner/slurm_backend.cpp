@@ -241,9 +241,11 @@ bool SlurmBackend::launch(std::string* error) {
   pending_slots_.clear();
   seen_running_ = false;
   next_state_ns_ = 0;
+  stopped_.clear();
   const bool submit = job_ == 0;
   nlohmann::json record = {{"job", job_name_}, {"run", run_}, {"nodes", nodes}, {"exclude", exclude}};
   if (!submit) record["slurm_job"] = job_;
+  if (!attempt_.is_null()) record["attempt"] = attempt_;
   if (submit) record["slots"] = names_;  // what a successor taking the job over needs
   if (submit && hold_spares_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   bool ok = fence(submit ? "slurm.submit" : "slurm.release", record, error) && (!submit || not_submitted(error)) &&
@@ -316,6 +318,8 @@ bool SlurmBackend::snapshot(std::string* error) {
   nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}, {"run", run_},
                            {"slots", names_},  {"nodes", nodes_},   {"drained", std::move(drained)}};
   if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
+  if (!attempt_.is_null()) record["attempt"] = attempt_;
+  if (!stopped_.empty()) record["stopped"] = stopped_;
   if (!may("slurm.snapshot", record, error)) return false;
   since_snapshot_ = 0;
   return true;
@@ -342,6 +346,14 @@ namespace {
 std::string field(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// A record's whole-number field, -1 when missing or not a number that fits an int.
+int integer(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return -1;
+  const int64_t v = it->get<int64_t>();
+  return v >= 0 && v <= INT32_MAX ? int(v) : -1;
 }
 
 bool names_of(const nlohmann::json& j, std::vector<std::string>* out) {
@@ -432,8 +444,19 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   std::vector<std::string> names, nodes;
   int run = -1;
   bool made_reservation = false;
+  nlohmann::json attempt;  // the last launch record's, while no action followed it
+  std::string in_flight;   // an action recorded after the last launch
+  std::set<int> stopped;   // ranks sent SIGSTOP since the last launch, and no SIGCONT
   for (const auto& r : records) {
     const std::string kind = r["kind"];
+    if (kind == "slurm.requeue" || kind == "slurm.drain") in_flight = kind + " " + r.dump();
+    // Ranks stopped (a pause, an injected hang) and not continued since.
+    if (kind == "slurm.signal" && integer(r, "signal") == SIGSTOP) stopped.insert(integer(r, "rank"));
+    if (kind == "slurm.signal" && integer(r, "signal") == SIGCONT) stopped.erase(integer(r, "rank"));
+    if (kind == "slurm.snapshot" && r.contains("stopped") && r["stopped"].is_array())
+      for (const auto& x : r["stopped"])
+        if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX)
+          stopped.insert(int(x.get<int64_t>()));
     if (kind == "slurm.snapshot" && !names_of(r.value("slots", nlohmann::json()), &names)) {
       *error = where + ": a slurm.snapshot record without its slots as a list of names";
       return false;
@@ -458,6 +481,9 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
         return false;
       }
       run = r["run"].get<int>();
+      attempt = r.value("attempt", nlohmann::json());
+      in_flight.clear();
+      if (kind != "slurm.snapshot") stopped.clear();
     }
   }
   if (int(names.size()) != slots_) {
@@ -515,11 +541,20 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
     drained_[slot] = silent;
     drained.push_back(names_[size_t(slot)]);
   }
-  // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL): the ranks reported
-  // to the earlier leader's executor; this one starts the next run.
   slurm::JobInfo info;
   if (!slurm_.job(id, &info, error)) return false;
-  if (info.state != "PENDING") {
+  for (const auto& [slot, silent] : out->drained)
+    if (in_flight.empty() && std::find(nodes.begin(), nodes.end(), names[size_t(slot)]) != nodes.end())
+      in_flight = "the attempt's node " + names[size_t(slot)] + " is drained (an evict in flight)";
+  if (in_flight.empty() && !stopped.empty())
+    in_flight =
+        "ranks stopped (SIGSTOP: a pause, an injected hang) and not continued: " + nlohmann::json(stopped).dump();
+  out->restart = reattachable(info, run, attempt, in_flight);
+  if (out->restart.empty()) {
+    out->attempt = attempt;
+    attempt_ = attempt;
+  } else if (info.state != "PENDING") {
+    // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL); this executor starts the next one.
     if (!fence("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
     if (!slurm_.requeue(id, error)) return false;
   }
@@ -528,6 +563,48 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   out->detail = "Slurm job " + std::to_string(id) + " (" + info.state + ", run " + std::to_string(run) + " on " +
                 slurm::join(nodes) + "; drained and not resumed: " + (drained.empty() ? "none" : slurm::join(drained)) +
                 ")";
+  return true;
+}
+
+// Why the adopted job's run cannot be carried on as it runs ("" when it
+// can): Slurm runs it on the nodes and in the run of the last launch record,
+// which has the attempt, and no requeue or drain (an action in flight at the
+// earlier leader) came after it.
+std::string SlurmBackend::reattachable(const slurm::JobInfo& info, int run, const nlohmann::json& attempt,
+                                       const std::string& in_flight) {
+  if (info.state != "RUNNING") return "Slurm has the job " + info.state + ", not RUNNING";
+  if (!attempt.is_object()) return "the last launch record has no attempt (an older leader's)";
+  if (!in_flight.empty()) return "an action was in flight at the earlier leader: " + in_flight.substr(0, 200);
+  std::vector<std::string> running, recorded = nodes_;
+  std::string why;
+  if (!slurm_.expand(info.nodes, &running, &why)) return "Slurm's node list " + info.nodes + ": " + why;
+  std::sort(running.begin(), running.end());
+  std::sort(recorded.begin(), recorded.end());
+  if (running != recorded) return "Slurm runs the job on " + info.nodes + ", the records on " + slurm::join(nodes_);
+  long current = -1;
+  if (!read_number(dir_ + "/current", &current) || current != run)
+    return dir_ + "/current is not the records' run " + std::to_string(run);
+  return "";
+}
+
+bool SlurmBackend::reattach(const std::map<int, int>& rank_slots, std::string* error) {
+  ranks_.clear();
+  for (const auto& [rank, slot] : rank_slots) {
+    if (slot < 0 || slot >= int(names_.size()) ||
+        std::find(nodes_.begin(), nodes_.end(), names_[size_t(slot)]) == nodes_.end()) {
+      *error = "rank " + std::to_string(rank) + " on slot " + std::to_string(slot) + ", not one of the run's nodes";
+      ranks_.clear();
+      return false;
+    }
+    ranks_[rank] = Rank{slot, -1};
+  }
+  read_pids();
+  seen_running_ = true;
+  next_files_ns_ = next_state_ns_ = 0;
+  // The adopted attempt recorded in this leader's term (a refused or failed
+  // snapshot leaves the earlier leader's records: the log stays whole).
+  std::string ignored;
+  snapshot(&ignored);
   return true;
 }
 
@@ -574,6 +651,8 @@ bool SlurmBackend::signal(int rank, int sig) {
   if (!fence("slurm.signal", {{"job", job_name_}, {"slurm_job", job_}, {"node", node}, {"rank", rank}, {"signal", sig}},
              &error))
     return false;
+  if (sig == SIGSTOP) stopped_.insert(rank);
+  if (sig == SIGCONT) stopped_.erase(rank);
   return slurm_.run({"srun", "--jobid=" + std::to_string(job_), "--overlap", "-N1", "-n1", "-w", node, "kill",
                      "-" + std::to_string(sig), "--", "-" + std::to_string(it->second.pid)},
                     nullptr, &error);

@@ -15,13 +15,15 @@
 // its commands when refused. A controller that begins to lead takes over
 // the job an earlier leader submitted (take_over: the records of etcd's
 // action log): the same Slurm job (its id from squeue --json), the slots,
-// the last attempt's nodes and the nodes drained and not resumed; the job is
-// requeued (fenced) and restarted by the new executor from its newest
-// checkpoint. A job of the same name in Slurm that the log does not show
+// the last attempt's nodes and the nodes drained and not resumed. Its run is
+// re-attached to (reattach) when Slurm runs it as the records say and no
+// action was in flight; else the job is requeued (fenced) and restarted by
+// the new executor from its newest checkpoint. A job of the same name in Slurm that the log does not show
 // submitted is not submitted again, nor adopted. After each launch, and
 // before a record when kSnapshotEvery records came since the last, the
 // backend records its whole state (slurm.snapshot: the slots, the attempt's
-// nodes and run, the drained nodes, the spares' reservation), which replaces
+// nodes, run and executor's attempt, the drained nodes, the stopped ranks,
+// the spares' reservation), which replaces
 // its earlier records in the log: the log of a job that runs for months
 // stays at most 1 + kSnapshotEvery of its records.
 // Ranks are started by a script per node in the job folder (which the nodes
@@ -53,6 +55,7 @@ class SlurmBackend : public Backend {
   bool evict(int slot, const std::string& reason, const std::string& cause, std::string* error) override;
   bool acts_outside() const override { return true; }
   bool take_over(const nlohmann::json& log, TakeOver* out, std::string* error) override;
+  bool reattach(const std::map<int, int>& rank_slots, std::string* error) override;
   bool restore(int slot, std::string* error) override;
   bool repaired_when_back() const override { return true; }
   bool signal(int rank, int sig) override;
@@ -80,6 +83,8 @@ class SlurmBackend : public Backend {
   // Backend::may, a snapshot first when kSnapshotEvery records came since the last.
   bool fence(const std::string& kind, const nlohmann::json& record, std::string* error);
   bool snapshot(std::string* error);
+  std::string reattachable(const slurm::JobInfo& info, int run, const nlohmann::json& attempt,
+                           const std::string& in_flight);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
   void read_pids();
 
@@ -102,6 +107,7 @@ class SlurmBackend : public Backend {
   std::map<int, Rank> ranks_;       // ranks of the current attempt not yet reaped
   int64_t next_files_ns_ = 0, next_state_ns_ = 0;
   bool seen_running_ = false;  // the current attempt's run was seen RUNNING
+  std::set<int> stopped_;      // ranks of the current attempt sent SIGSTOP and no SIGCONT since
   std::string stop_error_;     // why the last stop_all could not requeue
 };
 

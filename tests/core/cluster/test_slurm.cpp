@@ -15,9 +15,11 @@
 #include "host_config.hpp"
 #include "journal.hpp"
 #include "slurm.hpp"
+#include "slurm_backend.hpp"
 #include "test_ports.hpp"
 
 #include <ballast/events.h>
+#include <ballast/status.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -488,6 +490,107 @@ TEST_CASE(
   }));
 }
 
+TEST_CASE(
+    "takeover against Slurm's state: re-attach only to the run Slurm runs as the records say, with no action in "
+    "flight; else a restart, naming why") {
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  Slurm slurm(c.conf);
+  std::string error;
+  const std::string name = "ra" + std::to_string(getpid()), dir = c.dir + "/job-ra";
+  long id = 0;
+  REQUIRE_MESSAGE(
+      slurm.submit({"-J", name, "--requeue", "-N2", "--nodelist=n1,n2", "-o", "/dev/null", "--wrap", "sleep 300"}, &id,
+                   &error),
+      error);
+  REQUIRE(eventually(20, [&] {
+    JobInfo info;
+    return slurm.job(id, &info, &error) && info.state == "RUNNING";
+  }));
+  ballast::runner::SlurmConfig cfg;
+  cfg.conf = c.conf;
+  cfg.nodes = {"n1", "n2"};
+  cfg.spares = {"n4"};
+  const nlohmann::json attempt = {
+      {"number", 3}, {"wall_ns", 1}, {"master_port", 29500}, {"from_step", 10}, {"checkpoint", ""}};
+  const nlohmann::json snapshot = {{"job", name},
+                                   {"slurm_job", id},
+                                   {"run", 0},
+                                   {"slots", {"n1", "n2", "n4"}},
+                                   {"nodes", {"n2", "n1"}},
+                                   {"drained", nlohmann::json::array()},
+                                   {"attempt", attempt}};
+  auto entry = [](const std::string& kind, const nlohmann::json& record) {
+    return nlohmann::json{{"kind", kind}, {"record", record}};
+  };
+  // The backend of a successor, whose requeue is refused: the job stays as it runs for the next case.
+  auto take = [&](const nlohmann::json& log, const std::string& current, ballast::runner::TakeOver* t) {
+    ballast::runner::SlurmBackend b(cfg, name, 2);
+    b.set_fence([](const std::string& kind, const nlohmann::json&, std::string* why) {
+      *why = "refused by the test";
+      return kind == "slurm.requeue" ? BALLAST_EFENCED : BALLAST_OK;
+    });
+    REQUIRE_MESSAGE(b.prepare(3, dir, &error), error);
+    write_file(dir + "/slurm/current", current + "\n");
+    error.clear();
+    const bool ok = b.take_over(log, t, &error);
+    if (ok && t->attempt.is_object()) CHECK_MESSAGE(b.reattach({{0, 1}, {1, 0}}, &error), error);
+    return ok;
+  };
+  ballast::runner::TakeOver t;
+  // As recorded (the nodes in any order): re-attached, nothing requeued.
+  REQUIRE_MESSAGE(take(nlohmann::json::array({entry("slurm.snapshot", snapshot)}), "0", &t), error);
+  CHECK(t.outcome == ballast::runner::TakeOver::adopted);
+  CHECK(t.attempt == attempt);
+  CHECK(t.restart.empty());
+  const nlohmann::json stop = {{"job", name}, {"slurm_job", id}, {"node", "n1"}, {"rank", 0}, {"signal", SIGSTOP}};
+  nlohmann::json cont = stop;
+  cont["signal"] = SIGCONT;
+  REQUIRE(take(nlohmann::json::array(
+                   {entry("slurm.snapshot", snapshot), entry("slurm.signal", stop), entry("slurm.signal", cont)}),
+               "0", &t));
+  CHECK(t.restart.empty());
+  // A signal record of another writer's form (text, not numbers) stops no rank.
+  REQUIRE(take(nlohmann::json::array({entry("slurm.snapshot", snapshot),
+                                      entry("slurm.signal", {{"job", name}, {"rank", "0"}, {"signal", "STOP"}})}),
+               "0", &t));
+  CHECK(t.restart.empty());
+  // Otherwise a restart: its requeue asked (refused here), the reason kept.
+  const auto restarted = [&](const nlohmann::json& log, const std::string& current, const std::string& why) {
+    CHECK_FALSE(take(log, current, &t));
+    CHECK(error.find("slurm.requeue not carried out") != std::string::npos);
+    CHECK_MESSAGE(t.restart.find(why) != std::string::npos, t.restart);
+    CHECK(t.attempt.is_null());
+  };
+  nlohmann::json older = snapshot;
+  older.erase("attempt");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", older)}), "0", "has no attempt");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot),
+                                   entry("slurm.drain", {{"job", name}, {"node", "n4"}, {"cause", "node.silent"}})}),
+            "0", "in flight at the earlier leader: slurm.drain");
+  restarted(nlohmann::json::array(
+                {entry("slurm.snapshot", snapshot), entry("slurm.requeue", {{"job", name}, {"slurm_job", id}})}),
+            "0", "in flight at the earlier leader: slurm.requeue");
+  nlohmann::json drained = snapshot;
+  drained["drained"] = {{{"node", "n2"}, {"silent", true}}};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", drained)}), "0", "node n2 is drained");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot), entry("slurm.signal", stop)}), "0",
+            "ranks stopped");
+  nlohmann::json stopped = snapshot;
+  stopped["stopped"] = {1};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", stopped)}), "0", "ranks stopped");
+  nlohmann::json elsewhere = snapshot;
+  elsewhere["nodes"] = {"n1", "n4"};
+  restarted(nlohmann::json::array({entry("slurm.snapshot", elsewhere)}), "0", "the records on n1,n4");
+  restarted(nlohmann::json::array({entry("slurm.snapshot", snapshot)}), "1", "is not the records' run 0");
+  // Slurm's job as it was: running, never requeued.
+  JobInfo info;
+  REQUIRE(slurm.job(id, &info, &error));
+  CHECK(info.state == "RUNNING");
+  CHECK(info.restarts == 0);
+  CHECK(slurm.run({"scancel", std::to_string(id)}, nullptr, &error));
+}
+
 namespace {
 
 // A controller candidate running the job on Slurm (c1, c2: the same job table, as a deployment's).
@@ -502,7 +605,7 @@ std::string candidate_config(const std::string& name, const std::string& dir, co
          "/job-tk\", progress = false,\n"
          "    command = { \"python3\", \"" +
          kTrainer +
-         "\", \"--steps\", \"120\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
+         "\", \"--steps\", \"240\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
          "    placement_timeout_seconds = 5,\n"
          "    slurm = { conf = \"" +
          conf +
@@ -534,8 +637,9 @@ std::vector<nlohmann::json> json_events(const std::string& journal, const std::s
 }  // namespace
 
 TEST_CASE(
-    "with etcd, kill -9 the leader: its successor takes over the Slurm job (the same job, requeued without the drained "
-    "node), training ends from a checkpoint, the node the leader drained is resumed when its agent is back") {
+    "with etcd, kill -9 the leader: its successor takes over the Slurm job (the same job); Slurm not running it, it "
+    "restarts from a checkpoint without the drained node, resumed when its agent is back; Slurm running it, the next "
+    "successor re-attaches to the running ranks (no requeue, the same processes, each step once)") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
   const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
@@ -590,9 +694,13 @@ TEST_CASE(
               "00000000000000000002 '{\"node\":\"c0\",\"plugin\":\"runner\",\"kind\":\"slurm.drain\",\"record\":[],"
               "\"term\":1}'");
 
-  // The leader dies at once; c2 leads after the lease (3 s) and takes the job over. n1's agent
-  // comes back meanwhile, knowing only c2: its first connection is to the new leader (refused
-  // until c2 leads), so n1 is heard by c2 through node.connected, never node.silent/node.back.
+  // The leader stops, Slurm requeues the job meanwhile (as a person or Slurm itself might), and the
+  // leader dies: its snapshot says run 1 runs, Slurm says it does not, and c2, leading after the
+  // lease (3 s), restarts the job from its checkpoint. n1's agent comes back meanwhile, knowing
+  // only c2: its first connection is to the new leader (refused until c2 leads), so n1 is heard by
+  // c2 through node.connected, never node.silent/node.back.
+  c1.signal(SIGSTOP);
+  REQUIRE_MESSAGE(slurm.run({"scontrol", "requeue", std::to_string(id)}, nullptr, &error), error);
   c1.signal(SIGKILL);
   c1.wait();
   CHECK(node(slurm, "n1").drained());
@@ -605,6 +713,9 @@ TEST_CASE(
     return read_file(job_dir + "/slurm/job.out").find("ballast: run 2, restart 2, nodes n[2,4]") != std::string::npos;
   }));
   const std::string log_c2 = read_file(c.dir + "/c2.err");
+  CHECK(log_c2.find("the adopted job is restarted from its checkpoint: Slurm has the job PENDING, not RUNNING") !=
+        std::string::npos);
+  CHECK(log_c2.find("re-attached") == std::string::npos);
   CHECK(log_c2.find("action log: " + actions + "00000000000000000001 is skipped: not a JSON object") !=
         std::string::npos);
   CHECK(log_c2.find("action log: " + actions +
@@ -619,27 +730,85 @@ TEST_CASE(
   // n1, drained by c1, is resumed by c2 on its agent's first node.connected.
   CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
 
-  // The job ends under c2, trained to the end from a checkpoint.
-  const auto report = finished_job(job_dir, c.dir + "/c2.out", c2, {&a1, &a2});
-  CHECK(report["state"] == "finished");
-  bool running = false;
-  for (const auto& j : json_events(c.dir + "/c2-bus.journal", "job.state"))
-    running = running || j["state"] == "running";
-  CHECK(running);
+  // c2 started the job from a checkpoint, not step 0.
   const std::string log2 = read_file(c.dir + "/c2.err");
   const size_t from = log2.find("this controller leads: the job is started from ");
   REQUIRE(from != std::string::npos);
   const size_t step_at = log2.find("step-", from);
   REQUIRE(step_at != std::string::npos);
-  CHECK(std::atoi(log2.c_str() + step_at + 5) >= 5);  // not from step 0
-  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
-  double w = 1.0;
-  for (int n = 1; n <= 120; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
-  CHECK(weights["step"] == 120);
-  CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
+  const int restart_step = std::atoi(log2.c_str() + step_at + 5);
+  CHECK(restart_step >= 5);
+
+  // c2's attempt (its first: attempt 0) trains, ten steps past its checkpoint; then c2 dies. Slurm
+  // runs the job as c2's snapshot says, and c3 (on c2's address, which the agents know)
+  // re-attaches to its ranks.
+  char next[64];
+  std::snprintf(next, sizeof next, "/checkpoints/step-%08d.safetensors", restart_step + 10);
+  REQUIRE(eventually(30, [&] { return !read_file(job_dir + next).empty(); }));
+  CHECK(eventually(10, [&] {
+    for (const auto& j : json_events(c.dir + "/c2-bus.journal", "job.state"))
+      if (j["state"] == "running") return true;
+    return false;
+  }));
+  const std::string pid0 = read_file(job_dir + "/slurm/run-2/pid-0"), pid1 = read_file(job_dir + "/slurm/run-2/pid-1");
+  REQUIRE(std::atoi(pid0.c_str()) > 0);
+  REQUIRE(std::atoi(pid1.c_str()) > 0);
+  REQUIRE(slurm.jobs_named(job_key, &jobs, &error));
+  REQUIRE(jobs.size() == 1);
+  const int restarts = jobs[0].restarts;
+  c2.signal(SIGKILL);
+  c2.wait();
+  write_file(c.dir + "/c3.lua", candidate_config("c3", c.dir, l2, certs, etcd, job_key, c.conf));
+  // Its injection (rank 0 slowed twofold from step 200) goes through the control file, kept for the ranks.
+  Proc c3 = spawn({kBallast, "run", c.dir + "/c3.lua", "--json", "--timeline", c.dir + "/c3-timeline.json", "--inject",
+                   "slow:rank=0,factor=2@step200"},
+                  c.dir + "/c3.out", c.dir + "/c3.err");
+  INFO("c3: " << read_file(c.dir + "/c3.err"));
+  REQUIRE(eventually(20, [&] {
+    return read_file(c.dir + "/c3.err").find("this controller leads: re-attached to the running attempt 0") !=
+           std::string::npos;
+  }));
+  // The same run of the same Slurm job (not requeued), the same rank processes, still alive.
+  REQUIRE(slurm.jobs_named(job_key, &jobs, &error));
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].id == id);
+  CHECK(jobs[0].restarts == restarts);
+  CHECK(read_file(job_dir + "/slurm/run-2/pid-0") == pid0);
+  CHECK(read_file(job_dir + "/slurm/run-2/pid-1") == pid1);
+  CHECK(kill(std::atoi(pid0.c_str()), 0) == 0);
+  CHECK(kill(std::atoi(pid1.c_str()), 0) == 0);
+
+  // The job ends under c3, in c2's attempt 0 carried on, trained to the end.
+  const auto report = finished_job(job_dir, c.dir + "/c3.out", c3, {&a1, &a2});
+  CHECK(report["state"] == "finished");
+  CHECK(report["attempts"] == 1);
+  const std::string log3 = read_file(c.dir + "/c3.err");
+  CHECK(log3.find("the job is started") == std::string::npos);
+  CHECK(log3.find("restarted from its checkpoint") == std::string::npos);
   const std::string out = read_file(job_dir + "/slurm/job.out");
   INFO(out);
   CHECK(out.find("run 3") == std::string::npos);
+  CHECK(out.find("restart " + std::to_string(restarts + 1)) == std::string::npos);
+  // c3 applied rank 0's steps of attempt 0 once each, in order, from past c2's checkpoint to the end.
+  const auto timeline = nlohmann::json::parse(read_file(c.dir + "/c3-timeline.json"), nullptr, false);
+  REQUIRE(timeline.contains("traceEvents"));
+  std::vector<int> steps;
+  for (const auto& e : timeline["traceEvents"])
+    if (e.value("tid", 0) == 2 && e.value("name", "").rfind("step ", 0) == 0) {
+      steps.push_back(std::atoi(e["name"].get<std::string>().c_str() + 5));
+      CHECK(e["args"]["attempt"] == 0);
+      // The rank read c3's command: its steps after it take twice the 0.1 s.
+      if (steps.back() >= 205) CHECK(e.value("dur", 0.0) >= 190000);
+    }
+  REQUIRE(!steps.empty());
+  CHECK(steps.front() > restart_step + 10);
+  CHECK(steps.back() == 240);
+  CHECK(std::adjacent_find(steps.begin(), steps.end(), [](int a, int b) { return b <= a; }) == steps.end());
+  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
+  double w = 1.0;
+  for (int n = 1; n <= 240; ++n) w = std::fmod(w * 1.0001 + n * 1e-3, 1000.0);
+  CHECK(weights["step"] == 240);
+  CHECK(std::abs(weights["w"].get<double>() - w) < 1e-9);
 
   // c2 heard n1 once, by node.connected (never silent, never back), and resumed it once.
   const std::string bus2 = c.dir + "/c2-bus.journal";
@@ -668,9 +837,19 @@ TEST_CASE(
   std::sort(nodes.begin(), nodes.end());
   CHECK(nodes == std::vector<std::string>{"n2", "n4"});
   CHECK(handed[0]["record"]["drained"] == nlohmann::json::parse(R"([{"node":"n1","silent":true}])"));
+  CHECK(handed[0]["record"]["attempt"]["number"] == 1);
+  // What c3 re-attached from: c2's snapshot of its attempt 0, run 2.
+  const auto leader3 = nlohmann::json::parse(last_json(c.dir + "/c3-bus.journal", "controller.leader"), nullptr, false);
+  REQUIRE(leader3.is_object());
+  nlohmann::json last_launch;
+  for (const auto& r : leader3["log"])
+    if (r.value("plugin", "") == "runner" && r.value("kind", "") == "slurm.snapshot") last_launch = r["record"];
+  REQUIRE(last_launch.is_object());
+  CHECK(last_launch["run"] == 2);
+  CHECK(last_launch["attempt"]["number"] == 0);
 
-  // etcd's action log at the end: c2's newest snapshot and the records after it, nothing of c1's
-  // term (replaced by c2's first snapshot); the job's end (slurm.cancel) last.
+  // etcd's action log at the end: c3's newest snapshot (the first at its re-attach) and the records
+  // after it, nothing of the earlier terms (replaced by it); the job's end (slurm.cancel) last.
   std::vector<nlohmann::json> left;
   std::istringstream records(etcdctl(c.dir, etcd, "get --prefix /ballast/" + job_key + "/records/ --print-value-only"));
   for (std::string line; std::getline(records, line);) {

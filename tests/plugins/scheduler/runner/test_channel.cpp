@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -98,7 +99,7 @@ TEST_CASE("datagrams reach the socket; commands are whole appended lines") {
   CHECK(sock.drain().empty());
 
   ControlFile control;
-  REQUIRE(control.open(dir + "/control.jsonl", &err));
+  REQUIRE(control.open(dir + "/control.jsonl", false, &err));
   REQUIRE(control.send("checkpoint_now", -1, "", &err));
   REQUIRE(control.send("slow", 2, R"({"factor": 3})", &err));
   std::ifstream in(dir + "/control.jsonl");
@@ -107,6 +108,25 @@ TEST_CASE("datagrams reach the socket; commands are whole appended lines") {
   REQUIRE(std::getline(in, b));
   CHECK(nlohmann::json::parse(a) == nlohmann::json{{"seq", 1}, {"command", "checkpoint_now"}, {"rank", -1}});
   CHECK(nlohmann::json::parse(b) == nlohmann::json{{"seq", 2}, {"command", "slow"}, {"rank", 2}, {"factor", 3}});
+  in.close();
+
+  // Kept (an executor re-attaching to ranks that read on): the lines stay, seq goes on after them.
+  ControlFile kept;
+  REQUIRE(kept.open(dir + "/control.jsonl", true, &err));
+  CHECK(kept.last_seq() == 2);
+  REQUIRE(kept.send("skip", 0, "", &err));
+  std::ifstream again(dir + "/control.jsonl");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(again, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == a);
+  CHECK(nlohmann::json::parse(lines[2]) == nlohmann::json{{"seq", 3}, {"command", "skip"}, {"rank", 0}});
+  again.close();
+  // Made anew (a new attempt's ranks read from the start): empty.
+  ControlFile fresh;
+  REQUIRE(fresh.open(dir + "/control.jsonl", false, &err));
+  CHECK(fresh.last_seq() == 0);
+  CHECK(std::filesystem::file_size(dir + "/control.jsonl") == 0);
 }
 
 TEST_CASE("the newest checkpoint at or before a step") {
