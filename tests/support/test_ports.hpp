@@ -13,6 +13,8 @@ namespace test {
 // MASTER_PORT is picked from (10000 and up, plugins/common/launch_env), so
 // a job a test starts cannot take one either. Tests running at once are
 // kept apart by lock files in /tmp/ballast-test-ports, held until exit.
+// Ports are used again soon after another test process ended: a server on
+// one must set SO_REUSEADDR (connections of the last user in TIME_WAIT).
 int reserve_ports(int count);
 
 }  // namespace test

@@ -15,8 +15,12 @@
 
 namespace {
 
+// Whether a server (SO_REUSEADDR, as every server the tests start sets it: an earlier user's
+// connection in TIME_WAIT does not hold the port) can listen on `port` on every address.
 bool listens(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
