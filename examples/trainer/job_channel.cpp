@@ -17,6 +17,7 @@ namespace trainer {
 namespace {
 
 constexpr size_t kMaxReport = 64 * 1024;
+constexpr int kFullWaitMs = 1000;            // how long a report other than a step's waits for room
 constexpr size_t kMaxReadPerPoll = 1 << 20;  // a burst of commands is read over several boundaries
 
 uint64_t parse_step(const std::string& item, const std::string& text) {
@@ -61,8 +62,17 @@ void JobChannel::report(const char* type, nlohmann::json fields) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path_.data(), socket_path_.size());
-  (void)::sendto(fd_, text.data(), text.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr),
-                 socklen_t(sizeof addr));
+  // The receiver's queue holds only net.unix.max_dgram_qlen datagrams (10 by default): a step
+  // report it has no room for is dropped (the next one carries the same progress), the others
+  // (hello, checkpoint, done, error: what the executor learns nowhere else) wait for room, up to
+  // kFullWaitMs. An executor gone (no socket, refused) drops them at once.
+  const bool may_drop = std::strcmp(type, "step") == 0;
+  for (int waited_ms = 0;; ++waited_ms) {
+    const ssize_t n = ::sendto(fd_, text.data(), text.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr),
+                               socklen_t(sizeof addr));
+    if (n >= 0 || may_drop || errno != EAGAIN || waited_ms >= kFullWaitMs) return;
+    ::usleep(1000);
+  }
 }
 
 std::vector<JobChannel::Command> JobChannel::poll() {

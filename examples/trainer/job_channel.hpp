@@ -23,7 +23,8 @@ class JobChannel {
   bool supervised() const { return !socket_path_.empty(); }
 
   // Sends one report (its "type" and "rank" are added); a report that cannot
-  // be sent is dropped, never retried and never fatal.
+  // be sent is dropped, never fatal. Only a full receiving queue is waited on
+  // (not for a step report): up to 1 s.
   void report(const char* type, nlohmann::json fields);
 
   struct Command {

@@ -61,12 +61,22 @@ class Job:
         except ValueError:  # NaN or infinity: not JSON
             self.dropped += 1
             return False
-        try:
-            self._sock.sendto(data, self.socket_path)
-            return True
-        except OSError:
-            self.dropped += 1
-            return False
+        # The receiver's queue holds only net.unix.max_dgram_qlen datagrams (10 by default): a
+        # step report it has no room for is dropped (the next one carries the same progress), the
+        # others (hello, checkpoint, done, error) wait for room, up to 1 s.
+        deadline = time.monotonic() + (0 if type_ == "step" else 1.0)
+        while True:
+            try:
+                self._sock.sendto(data, self.socket_path)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.001)
+            except OSError:
+                break
+        self.dropped += 1
+        return False
 
     def hello(self, step):
         return self.report("hello", pid=os.getpid(), step=int(step), attempt=self.attempt)

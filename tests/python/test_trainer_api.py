@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 
@@ -188,6 +189,30 @@ class JobChannelTest(unittest.TestCase):
         j = job.Job(self.env)
         self.assertFalse(j.hello(0))
         self.assertEqual(j.dropped, 1)
+
+    def test_a_full_queue_drops_step_reports_and_holds_the_others_up_to_a_second(self):
+        j = job.Job(self.env)
+        sent = 0
+        while j.step(sent, 0.5, time.time(), 0.01):  # fill the executor's queue (max_dgram_qlen)
+            sent += 1
+        self.assertGreater(sent, 0)
+        self.assertEqual(j.dropped, 1)  # the step report that found it full, at once
+        # Nobody reads: a done report waits its second, then is dropped.
+        t0 = time.monotonic()
+        self.assertFalse(j.done(7))
+        self.assertGreaterEqual(time.monotonic() - t0, 1.0)
+        self.assertEqual(j.dropped, 2)
+        # The executor reads after 0.2 s: the error report gets through, after the steps.
+        types = []
+
+        def read():
+            while not types or types[-1] != "error":
+                types.append(self.recv()["type"])
+        reader = threading.Timer(0.2, read)
+        reader.start()
+        self.assertTrue(j.error(8, "nan", "loss is NaN"))
+        reader.join()
+        self.assertEqual(types, ["step"] * sent + ["error"])
 
     def test_unsupervised_without_the_variables(self):
         j = job.Job({"RANK": "0"})

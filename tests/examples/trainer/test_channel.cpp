@@ -216,13 +216,16 @@ TEST_CASE("a rank told to skip leaves its collective out: every rank fails at th
   REQUIRE(inbox.until([](const std::vector<json>& rs) { return last_step(rs, 1) >= 5; }));
   append(control, R"({"seq":1,"command":"skip","rank":1})"
                   "\n");
+  // Read while the ranks fail: an error report waits (up to 1 s) for room in this socket's queue
+  // of 10, which their step reports fill.
+  const bool reported = inbox.until([](const std::vector<json>& rs) { return count(rs, "error") >= 1; });
   const auto r = test::finish(p, 120);
   INFO(r.out << r.err);
   CHECK(r.code == 1);
   CHECK(r.err.find("rank 1: leaving the all-reduce of step") != std::string::npos);
   inbox.pump();
   // Both ranks see it; the launcher may stop the second before it reports.
-  REQUIRE(count(inbox.all(), "error") >= 1);
+  REQUIRE(reported);
   for (const auto& e : inbox.all())
     if (e["type"] == "error") {
       CHECK(e["kind"] == "internal");
