@@ -9,7 +9,7 @@
 // step (medians). More kinds, not run by default: `slow` (rank 1
 // at a fifth of its speed, the straggler analysis loaded, 600 steps), `skip`
 // (rank 2 leaves a collective out) and `net` (root: node1's link degraded in
-// job.netns, the machine detector loaded, 2000 steps, the fault 8 s after
+// job.netns, the machine detector loaded, 10000 steps, the fault 8 s after
 // the start, once the detector's warm-up is over).
 //
 //   bench_e2e [--repeats N] [--kinds crash,hang,nan,slow,skip,net] [--stall SECONDS] [--no-demo] [--demo-repeats N]
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
                                             {"nan", {"nan@75", 200, "", ""}},
                                             {"slow", {"slow:rank=1,factor=5@step75", 600, straggler, ""}},
                                             {"skip", {"skip:rank=2@step75", 200, "", ""}},
-                                            {"net", {"machine:node=1,kind=net@8", 2000, "'machine'", "netns = true"}}};
+                                            {"net", {"machine:node=1,kind=net@8", 10000, "'machine'", "netns = true"}}};
   for (const auto& kind : kinds) {
     if (!spec.count(kind)) {
       std::fprintf(stderr, "bench_e2e: unknown kind %s\n", kind.c_str());
