@@ -411,7 +411,7 @@ int Host::fence_action(const std::string& plugin, const char* kind, const char* 
   if (!kind_ok)
     return refuse(fail(BALLAST_EINVAL, "fence_action: kind '" + k.substr(0, kMaxKind) + "' is not [a-z0-9_.-]{1,64}"));
   const size_t size = std::strlen(record_json);
-  const bool snapshot = k.size() > 9 && k.compare(k.size() - 9, 9, ".snapshot") == 0;
+  const bool snapshot = snapshot_kind(k);
   if (size > (snapshot ? kMaxSnapshot : kMaxRecord))
     return refuse(fail(BALLAST_EINVAL, "fence_action " + k + ": record of " + std::to_string(size) + " bytes, above " +
                                            (snapshot ? "1 MiB" : "64 KiB")));

@@ -119,6 +119,9 @@ class Host {
   // fence_action for `plugin`: validates, asks the fence, counts
   // fence.allowed / fence.refused. Thread-safe.
   int fence_action(const std::string& plugin, const char* kind, const char* record_json);
+  // Whether an action's kind is a snapshot ("<name>.snapshot"): the plugin's whole state, which
+  // replaces its earlier records in the action log and may be larger than one action's.
+  static bool snapshot_kind(const std::string& kind) { return kind.size() > 9 && kind.ends_with(".snapshot"); }
 
   const std::string& node() const { return node_; }
   bool running() const { return started_ && !stopped_; }

@@ -980,7 +980,7 @@ int Controller::fence_action(const std::string& plugin, const std::string& kind,
     if (int rc = commits_->commit(published); rc != BALLAST_OK) return refused(rc, false);
   const nlohmann::json j = {
       {"node", host_.node()}, {"plugin", plugin}, {"kind", kind}, {"record", record}, {"term", leadership_->epoch()}};
-  const bool snapshot = kind.size() > 9 && kind.ends_with(".snapshot");
+  const bool snapshot = Host::snapshot_kind(kind);
   // One record at a time: ids then grow in the order etcd commits them, so
   // that a snapshot deletes only what came before it.
   std::lock_guard order(records_mutex_);

@@ -54,7 +54,7 @@ nlohmann::json parse_logged(const std::string& value, std::string* why) {
     *why = "field 'term' is missing or not a number";
     return nullptr;
   }
-  if (value.size() > EtcdLeadership::kMaxLogRecordBytes && !j["kind"].get<std::string>().ends_with(".snapshot"))
+  if (value.size() > EtcdLeadership::kMaxLogRecordBytes && !Host::snapshot_kind(j["kind"].get<std::string>()))
     return too_large(EtcdLeadership::kMaxLogRecordBytes);
   return j;
 }

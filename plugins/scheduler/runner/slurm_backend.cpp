@@ -280,10 +280,7 @@ bool SlurmBackend::launch(std::string* error) {
   }
   if (ok) {
     nodes_ = nodes;
-    // The attempt's state replaces the records before it (a refused or
-    // failed snapshot leaves them: the log stays whole).
-    std::string ignored;
-    snapshot(&ignored);
+    snapshot();  // the attempt's state replaces the records before it
   }
   if (!ok) {
     if (!stop_error_.empty()) *error += " (after: " + stop_error_ + ")";
@@ -298,21 +295,20 @@ bool SlurmBackend::launch(std::string* error) {
 }
 
 bool SlurmBackend::fence(const std::string& kind, const nlohmann::json& record, std::string* error) {
-  // A refused snapshot (logged by the executor) does not hold the operation back: the log stays
-  // whole without it, and the operation's own record decides (a deposed leader's is refused too).
-  if (since_snapshot_ >= kSnapshotEvery) {
-    std::string ignored;
-    snapshot(&ignored);
-  }
+  // A refused snapshot does not hold the operation back: its own record decides (a deposed
+  // leader's is refused too).
+  if (since_snapshot_ >= kSnapshotEvery) snapshot();
   if (!may(kind, record, error)) return false;
   ++since_snapshot_;
   return true;
 }
 
 // Everything a successor needs to take the job over (adopt), in one record
-// that replaces this backend's earlier ones in the action log.
-bool SlurmBackend::snapshot(std::string* error) {
-  if (job_ == 0) return true;  // nothing submitted: nothing to take over
+// that replaces this backend's earlier ones in the action log. A refusal
+// (logged and counted by the executor's fence) deletes nothing: the log
+// stays whole, and the next launch or record tries again.
+void SlurmBackend::snapshot() {
+  if (job_ == 0) return;  // nothing submitted: nothing to take over
   nlohmann::json drained = nlohmann::json::array();
   for (const auto& [slot, silent] : drained_) drained.push_back({{"node", names_[size_t(slot)]}, {"silent", silent}});
   nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}, {"run", run_},
@@ -320,9 +316,8 @@ bool SlurmBackend::snapshot(std::string* error) {
   if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   if (!attempt_.is_null()) record["attempt"] = attempt_;
   if (!stopped_.empty()) record["stopped"] = stopped_;
-  if (!may("slurm.snapshot", record, error)) return false;
-  since_snapshot_ = 0;
-  return true;
+  std::string refused;
+  if (may("slurm.snapshot", record, &refused)) since_snapshot_ = 0;
 }
 
 // A job of this name in Slurm that take_over did not adopt (no record of
@@ -601,10 +596,7 @@ bool SlurmBackend::reattach(const std::map<int, int>& rank_slots, std::string* e
   read_pids();
   seen_running_ = true;
   next_files_ns_ = next_state_ns_ = 0;
-  // The adopted attempt recorded in this leader's term (a refused or failed
-  // snapshot leaves the earlier leader's records: the log stays whole).
-  std::string ignored;
-  snapshot(&ignored);
+  snapshot();  // the adopted attempt recorded in this leader's term
   return true;
 }
 

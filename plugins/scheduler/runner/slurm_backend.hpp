@@ -82,7 +82,7 @@ class SlurmBackend : public Backend {
   bool adopt(const std::vector<nlohmann::json>& records, long id, TakeOver* out, std::string* error);
   // Backend::may, a snapshot first when kSnapshotEvery records came since the last.
   bool fence(const std::string& kind, const nlohmann::json& record, std::string* error);
-  bool snapshot(std::string* error);
+  void snapshot();
   std::string reattachable(const slurm::JobInfo& info, int run, const nlohmann::json& attempt,
                            const std::string& in_flight);
   std::string run_dir() const { return dir_ + "/run-" + std::to_string(run_); }
