@@ -70,8 +70,8 @@ class HostTest(unittest.TestCase):
     def test_pause_waits_for_resume(self):
         actions = ballast.Actions()
         actions.deliver({"action": "pause"})
-        threading.Timer(0.2, lambda: actions.deliver({"action": "resume"})).start()
         t0 = time.monotonic()
+        threading.Timer(0.2, lambda: actions.deliver({"action": "resume"})).start()
         self.assertEqual([a.action for a in actions.poll()], ["pause"])
         self.assertGreaterEqual(time.monotonic() - t0, 0.15)
 

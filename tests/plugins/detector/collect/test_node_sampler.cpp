@@ -150,7 +150,14 @@ TEST_CASE("processes matched by name") {
     execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr));
     _exit(127);
   }
-  usleep(100000);
+  // Until the child has exec'd (its name was this test's until then).
+  std::string comm;
+  for (int i = 0; i < 2000 && comm != "sleep"; ++i) {
+    usleep(5000);
+    std::ifstream f("/proc/" + std::to_string(child) + "/comm");
+    std::getline(f, comm);
+  }
+  CHECK(comm == "sleep");
   NodeOptions o;
   o.system = false;
   o.process_name = "sleep";
