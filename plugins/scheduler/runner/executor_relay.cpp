@@ -60,8 +60,10 @@ void Executor::handle_relayed(const Message& m) {
 }
 
 // A controller leads (its agents connect and resend what their spools hold)
-// before its executor has taken the job over (Slurm's answers, the records):
-// the reports that come meanwhile are this term's, acknowledged to the
+// before its executor has taken the job over: the executor tries when the
+// term's event comes, but no sooner than a second after its start or after
+// a try the fence refused, and reports read in the same pass as that event
+// precede the try. Those reports are this term's, acknowledged to the
 // agents, so they wait and are judged once the executor leads, as any.
 // Bounded in bytes: past it the oldest are dropped, counted and logged.
 void Executor::hold_relayed(Message m) {
