@@ -22,6 +22,10 @@
 //               checkpoint, by part
 //   slurm_relay the same with the ranks reporting only through their nodes'
 //               agents (the relayed job channel; the spare's agent too)
+//   failover_reattach  the leader of two controllers (etcd, lease 3 s) killed
+//               while its Slurm job runs, ranks reporting through their
+//               agents: kill -> successor leads -> re-attached -> its first
+//               applied rank report; rank 0's steps lost / applied twice
 #include "certs.hpp"
 #include "link.hpp"
 
@@ -47,6 +51,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -782,6 +787,123 @@ void bench_slurm(const std::string& dir, bool relay) {
   emit(kase.c_str(), "fault_to_training_resumed", median(total), "s");
 }
 
+// The leader of two candidates is killed -9 while its Slurm job runs (ranks
+// reporting through their agents, as the relayed channel's spools make every
+// step countable); the successor, waiting with the same job table, leads once
+// the lease expires and re-attaches to the running attempt. Times from the
+// kill (wall clock; the controllers' log lines and bus journal); steps of rank
+// 0 lost or applied twice: c1's are those its ingest journal holds up to the
+// cursor c2 took over, c2's its executor's step.timing events.
+void bench_failover_reattach(const std::string& dir) {
+  const char* kase = "failover_reattach";
+  const int steps = 100;
+  std::vector<double> leads, reattached, first_applied;
+  double lost = 0, twice = 0, same_job = 0, held = 0;
+  for (int run = 0; run < g_runs; ++run) {
+    const std::string d = dir + "/" + kase + "-" + std::to_string(run);
+    const int port = test::reserve_ports(128);  // slurmctld, slurmd +101..+104, etcd +70 (+80), controllers +60, +61
+    if (sh("SLURM_TEST_PORT=" + std::to_string(port) + " " + engines() + "/slurm-up " + d + " 4 >/dev/null") != 0) {
+      std::fprintf(stderr, "%s: slurm-up failed; see %s/log\n", kase, d.c_str());
+      return;
+    }
+    struct Down {
+      std::string d;
+      ~Down() {
+        sh(engines() + "/etcd-down " + d + "/etcd");
+        sh(engines() + "/slurm-down " + d);
+      }
+    } down{d};
+    const std::string etcd = "http://127.0.0.1:" + std::to_string(port + 70);
+    if (sh(engines() + "/etcd-up " + d + "/etcd " + std::to_string(port + 70) + " >/dev/null") != 0) {
+      std::fprintf(stderr, "%s: etcd did not start\n", kase);
+      return;
+    }
+    const std::string certs = d + "/certs", sockets = d + "/agent-{node}.sock", job_dir = d + "/job";
+    sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2 >/dev/null");
+    const std::string key = "fr" + std::to_string(getpid()) + "-" + std::to_string(run);
+    const std::string l1 = "127.0.0.1:" + std::to_string(port + 60), l2 = "127.0.0.1:" + std::to_string(port + 61);
+    auto candidate = [&](const std::string& name, const std::string& listen) {
+      write_file(d + "/" + name + ".lua",
+                 relay_candidate_config(name, d, listen, certs, etcd, key, d + "/slurm.conf", job_dir, sockets, steps));
+      return spawn({BALLAST_EXE, "run", d + "/" + name + ".lua", "--json"}, d + "/" + name + ".out",
+                   d + "/" + name + ".err");
+    };
+    Proc c1 = candidate("c1", l1);
+    eventually(20, [&] { return read_file(d + "/c1.err").find("is the leader") != std::string::npos; });
+    Proc c2 = candidate("c2", l2);
+    const std::string relay = "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets +
+                              "\" } } } }, log_level = \"warn\",";
+    Proc a1 = start_agent(d, certs, l1 + "," + l2, "n1", 1500, relay);
+    Proc a2 = start_agent(d, certs, l1 + "," + l2, "n2", 1500, relay);
+    ballast::slurm::Slurm slurm(d + "/slurm.conf");
+    std::vector<ballast::slurm::JobInfo> before, after;
+    std::string error;
+    const bool running = eventually(60,
+                                    [&] {
+                                      const auto s = applied_steps(d + "/c1-bus.journal", 0);
+                                      return !s.empty() && s.back().step >= 10;
+                                    }) &&
+                         slurm.jobs_named(key, &before, &error) && before.size() == 1;
+    const std::string pid0 = read_file(job_dir + "/slurm/run-0/pid-0");
+    const double killed = wall_s();
+    c1.signal(SIGKILL);
+    c1.wait();
+    // Slurm's job once re-attached, while it runs (it ends with the job).
+    const bool same =
+        running && eventually(30, [&] { return read_file(d + "/c2.err").find("re-attached") != std::string::npos; }) &&
+        slurm.jobs_named(key, &after, &error) && after.size() == 1 && after[0].id == before[0].id &&
+        after[0].restarts == before[0].restarts && read_file(job_dir + "/slurm/run-0/pid-0") == pid0 &&
+        kill(std::atoi(pid0.c_str()), 0) == 0;
+    const bool finished =
+        running && eventually(90, [&] { return read_file(d + "/c2.out").find("\"state\"") != std::string::npos; });
+    c2.signal(SIGTERM);
+    c2.wait();
+    for (Proc* a : {&a1, &a2}) a->signal(SIGTERM), a->wait();
+    const double led = log_time_s(d + "/c2.err", "c2 is the leader"),
+                 attached = log_time_s(d + "/c2.err", "re-attached to the running attempt 0");
+    std::vector<AppliedStep> applied = applied_steps(d + "/c2-bus.journal", 0);
+    for (const auto& s : applied_steps(d + "/c2-bus.journal", 1))
+      if (applied.empty() || s.at_s < applied.front().at_s) applied.insert(applied.begin(), s);
+    if (!finished || led == 0 || attached == 0 || applied.empty()) {
+      std::fprintf(stderr, "%s: run %d incomplete (see %s)\n", kase, run, d.c_str());
+      continue;
+    }
+    same_job += same && read_file(job_dir + "/slurm/job.out").find("run 1") == std::string::npos;
+    const auto report = nlohmann::json::parse(read_file(d + "/c2.out"), nullptr, false);
+    if (report.is_object() && report.contains("counters")) held += report["counters"].value("runner.relay.held", 0.0);
+    leads.push_back(led - killed);
+    reattached.push_back(attached - killed);
+    first_applied.push_back(applied.front().at_s - killed);
+    const auto leader = nlohmann::json::parse(last_json(d + "/c2-bus.journal", "controller.leader"), nullptr, false);
+    const uint64_t cursor = leader.is_object() ? leader["cursors"].value("n1", uint64_t{0}) : 0;
+    auto step_of = [](const std::string& json) {
+      const auto j = nlohmann::json::parse(json, nullptr, false);
+      const auto r = nlohmann::json::parse(j.is_object() ? j.value("datagram", "") : "", nullptr, false);
+      return r.is_object() && r.value("type", "") == "step" && r.value("rank", -1) == 0 ? r.value("step", int64_t(-1))
+                                                                                        : int64_t(-1);
+    };
+    std::map<uint64_t, int64_t> c1_seqs;
+    for (const auto& i : ingested_json(d + "/c1-ingest.journal", "job.rank_report"))
+      if (i.node == "n1" && i.seq <= cursor && step_of(i.json) > 0) c1_seqs[i.seq] = step_of(i.json);
+    std::map<int64_t, int> count;
+    for (const auto& [seq, step] : c1_seqs) count[step]++;
+    for (const auto& s : applied_steps(d + "/c2-bus.journal", 0)) count[s.step]++;
+    for (int64_t s = 1; s <= steps; ++s) {
+      lost += count[s] == 0;
+      twice += count[s] > 1;
+    }
+  }
+  emit(kase, "runs_complete", static_cast<double>(leads.size()), "runs");
+  emit(kase, "runs_same_slurm_job_and_rank_pids", same_job, "runs");
+  emit(kase, "lease", 3, "s");
+  emit_runs(kase, "kill_to_successor_leads", leads, "s");
+  emit_runs(kase, "kill_to_reattached", reattached, "s");
+  emit_runs(kase, "kill_to_first_applied_rank_report", first_applied, "s");
+  emit(kase, "rank0_steps_lost", lost, "steps");
+  emit(kase, "rank0_steps_applied_twice", twice, "steps");
+  emit(kase, "relayed_reports_held_during_the_takeover", held, "reports");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -795,7 +917,8 @@ int main(int argc, char** argv) {
   app.add_option("--controller-exe", g_controller_exe,
                  "the ballast binary the ingest case runs as its controller (to compare builds)");
   app.add_option("--only", only, "one case")
-      ->check(CLI::IsMember({"codec", "ingest", "nodes", "agent", "failover", "slurm", "slurm_relay"}));
+      ->check(CLI::IsMember(
+          {"codec", "ingest", "nodes", "agent", "failover", "slurm", "slurm_relay", "failover_reattach"}));
   if (int rc = ballast::util::parse_command_line(app, argc, argv); rc >= 0) return rc;
   if (g_quick && app.count("--runs") == 0) g_runs = 1;
   signal(SIGPIPE, SIG_IGN);
@@ -817,5 +940,6 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "failover") bench_failover(dir);
   if (only.empty() || only == "slurm") bench_slurm(dir, false);
   if (only.empty() || only == "slurm_relay") bench_slurm(dir, true);
+  if (only.empty() || only == "failover_reattach") bench_failover_reattach(dir);
   return 0;
 }

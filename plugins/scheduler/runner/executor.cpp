@@ -630,12 +630,17 @@ void Executor::loop() {
       msgs.swap(inbox_);
     }
     // While waiting to lead the job is not this controller's: what comes is
-    // not acted on, but for the terms and the agents that connect.
+    // not acted on, but for the terms and the agents that connect, and the
+    // relayed reports, kept for when it leads.
     if (waiting_to_lead_) {
       for (auto& m : msgs)
-        if (m.kind == Message::leader || m.kind == Message::connected) handle_term(m);
+        if (m.kind == Message::leader || m.kind == Message::connected)
+          handle_term(m);
+        else if (m.kind == Message::relayed)
+          hold_relayed(std::move(m));
       try_to_lead();
-      continue;
+      if (waiting_to_lead_) continue;
+      msgs = take_held_relayed();
     }
     for (auto& m : msgs) handle_message(m);
     if (!ended_ && backend_->fenced_off()) stand_down();

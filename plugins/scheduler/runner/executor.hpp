@@ -119,6 +119,8 @@ class Executor {
   void stand_down();
   void handle_report(const Report& r);
   void handle_relayed(const Message& m);
+  void hold_relayed(Message m);
+  std::deque<Message> take_held_relayed();
   std::string job_socket(int node) const;
   void handle_exit(const RankExit& e);
   void stop_lingering_ranks();
@@ -215,7 +217,12 @@ class Executor {
   bool commands_kept_ = false;       // the control file was kept (running ranks may read on): emptied at a start
   bool channel_busy_ = false;        // the last start found another executor's socket answering
   uint64_t relay_refused_ = 0;       // relayed reports refused (handle_relayed), for the log's bound
-  uint64_t snapshots_refused_ = 0;   // backend snapshots the fence refused, for the log's bound
+  // Relayed reports that came while waiting to lead (hold_relayed): the
+  // controller leads already and has acknowledged them to their agents.
+  std::deque<Message> held_relayed_;
+  size_t held_relayed_bytes_ = 0;
+  static constexpr size_t kMaxHeldRelayedBytes = 64u << 20;
+  uint64_t snapshots_refused_ = 0;  // backend snapshots the fence refused, for the log's bound
   Summary final_;
   bool summarised_ = false;
 };

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <utility>
+
 namespace ballast::runner {
 
 std::string Executor::job_socket(int node) const {
@@ -55,6 +57,33 @@ void Executor::handle_relayed(const Message& m) {
   }
   host_->counter_add(host_, "relay.applied", 1);
   handle_report(*r);
+}
+
+// A controller leads (its agents connect and resend what their spools hold)
+// before its executor has taken the job over: the executor tries when the
+// term's event comes, but no sooner than a second after its start or after
+// a try the fence refused, and reports read in the same pass as that event
+// precede the try. Those reports are this term's, acknowledged to the
+// agents, so they wait and are judged once the executor leads, as any.
+// Bounded in bytes: past it the oldest are dropped, counted and logged.
+void Executor::hold_relayed(Message m) {
+  host_->counter_add(host_, "relay.held", 1);
+  held_relayed_bytes_ += m.text.size();
+  held_relayed_.push_back(std::move(m));
+  while (held_relayed_bytes_ > kMaxHeldRelayedBytes) {
+    held_relayed_bytes_ -= held_relayed_.front().text.size();
+    held_relayed_.pop_front();
+    host_->counter_add(host_, "relay.dropped_waiting", 1);
+    if (log_refusal(++relay_refused_))
+      log(BALLAST_LOG_WARN, "relayed report dropped: more than " + std::to_string(kMaxHeldRelayedBytes >> 20) +
+                                " MiB of them came while waiting to lead (" + std::to_string(relay_refused_) +
+                                " refused so far)");
+  }
+}
+
+std::deque<Executor::Message> Executor::take_held_relayed() {
+  held_relayed_bytes_ = 0;
+  return std::exchange(held_relayed_, {});
 }
 
 }  // namespace ballast::runner

@@ -1,5 +1,6 @@
 #include "cluster_harness.hpp"
 
+#include "event_codec.hpp"
 #include "journal.hpp"
 #include "wire.hpp"
 
@@ -97,6 +98,42 @@ Counts ingest_counts(const std::string& journal) {
   return counts;
 }
 
+std::vector<Ingested> ingested_json(const std::string& journal, const std::string& topic) {
+  std::vector<Ingested> out;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        ballast::cluster::Spooled sp;
+        ballast::OwnedEvent inner;
+        size_t used = 0;
+        std::string error;
+        if (!ballast::cluster::unwrap_spooled(ev.view(), &sp) ||
+            ballast::decode_frame(sp.frame.data(), sp.frame.size(), &inner, &used, &error) != BALLAST_OK)
+          return;
+        const ballast_event& e = inner.view();
+        if (e.schema == BALLAST_SCHEMA_JSON && topic == e.topic && e.payload)
+          out.push_back({sp.node, sp.seq, std::string(static_cast<const char*>(e.payload), e.payload_size)});
+      },
+      [](const ballast::JournalProblem&) {});
+  return out;
+}
+
+std::vector<AppliedStep> applied_steps(const std::string& journal, int rank) {
+  std::vector<AppliedStep> out;
+  ballast::read_journal(
+      journal, ballast::JournalMode::skip_bad,
+      [&](const ballast::OwnedEvent& ev, uint64_t) {
+        const ballast_event& e = ev.view();
+        if (e.schema != BALLAST_SCHEMA_OP_TIMING_BATCH || std::string("step.timing") != e.topic ||
+            e.source.rank != rank || e.payload == nullptr)
+          return;
+        const auto* b = static_cast<const ballast_op_timing_batch*>(e.payload);
+        if (b->count > 0) out.push_back({b->ops[0].step, static_cast<double>(e.ts_ns) / 1e9});
+      },
+      [](const ballast::JournalProblem&) {});
+  return out;
+}
+
 int bus_count(const std::string& journal, const std::string& topic, const std::string& node) {
   int n = 0;
   ballast::read_journal(
@@ -192,6 +229,31 @@ std::string controller_config(const std::string& listen, const std::string& cert
          "    " +
          tls_table(certs, "controller") + ",\n" + etcd + "    ingest_journal = \"" + prefix +
          "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 2000 } }\n";
+}
+
+std::string etcdctl(const std::string& dir, const std::string& endpoint, const std::string& args) {
+  const std::string out = dir + "/etcdctl.out";
+  sh("ETCDCTL_API=3 etcdctl --endpoints=" + endpoint + " " + args + " >" + out + " 2>&1");
+  return read_file(out);
+}
+
+std::string relay_candidate_config(const std::string& name, const std::string& dir, const std::string& listen,
+                                   const std::string& certs, const std::string& etcd, const std::string& job_key,
+                                   const std::string& conf, const std::string& job_dir, const std::string& sockets,
+                                   int steps) {
+  return "return { node = \"" + name + "\", role = \"controller\", journal = \"" + dir + "/" + name +
+         "-bus.journal\",\n  plugins = { \"runner\" },\n"
+         "  job = { name = \"" +
+         job_key + "\", backend = \"slurm\", ranks = 2, standby = 0, dir = \"" + job_dir +
+         "\", progress = false,\n    relay_socket = \"" + sockets + "\",\n    command = { \"python3\", \"" +
+         BALLAST_SOURCE_DIR "/tests/plugins/scheduler/runner/channel_trainer.py\", \"--steps\", \"" +
+         std::to_string(steps) +
+         "\", \"--step-seconds\", \"0.1\", \"--checkpoint-every\", \"5\" },\n"
+         "    slurm = { conf = \"" +
+         conf + "\", nodes = { \"n1\", \"n2\" } } },\n  cluster = { listen = \"" + listen + "\", " +
+         tls_table(certs, "controller") + ",\n    etcd = { endpoint = \"" + etcd + "\", job = \"" + job_key +
+         "\", lease_s = 3 },\n    ingest_journal = \"" + dir + "/" + name +
+         "-ingest.journal\", durable = false, heartbeat_ms = 250, silent_after_ms = 1500 } }\n";
 }
 
 Cluster::Cluster() {

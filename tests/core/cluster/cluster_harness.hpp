@@ -49,6 +49,23 @@ std::string last_json(const std::string& journal, const std::string& topic);
 // The JSON payloads of every event of `topic` in a bus journal, in order.
 std::vector<std::string> all_json(const std::string& journal, const std::string& topic);
 
+// The JSON payloads of `topic` an ingest journal holds (the agents' events as they came), with
+// each one's node and sequence, in the journal's order.
+struct Ingested {
+  std::string node;
+  uint64_t seq = 0;
+  std::string json;
+};
+std::vector<Ingested> ingested_json(const std::string& journal, const std::string& topic);
+
+// The steps of `rank` an executor applied (its step.timing events in a bus journal), in order,
+// with when each was published (wall s).
+struct AppliedStep {
+  int64_t step = 0;
+  double at_s = 0;
+};
+std::vector<AppliedStep> applied_steps(const std::string& journal, int rank);
+
 // Poll fn every 100 ms until true or timeout; its last value.
 template <class F>
 bool eventually(double timeout_s, F fn);
@@ -72,6 +89,18 @@ struct Cluster {
   Cluster();
   ~Cluster();
 };
+
+// etcdctl against the etcd at `endpoint` (its output in dir/etcdctl.out); its stdout and stderr.
+std::string etcdctl(const std::string& dir, const std::string& endpoint, const std::string& args);
+
+// A controller candidate `name` (etcd at `etcd`, the job's key `job_key`, lease 3 s) listening
+// at `listen`: a Slurm job (conf) of two ranks on n1 and n2, the channel trainer running `steps`
+// steps of 0.1 s, its ranks reporting through their nodes' agents at `sockets` ("{node}": the
+// node). Its journals: dir/NAME-bus.journal and dir/NAME-ingest.journal.
+std::string relay_candidate_config(const std::string& name, const std::string& dir, const std::string& listen,
+                                   const std::string& certs, const std::string& etcd, const std::string& job_key,
+                                   const std::string& conf, const std::string& job_dir, const std::string& sockets,
+                                   int steps);
 
 // A real agent for `node` (`ballast run`) reporting to the controller at listen (a comma-separated list of
 // candidates); its output beside its config. `extra`: more top-level fields of its config (Lua);

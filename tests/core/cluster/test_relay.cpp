@@ -6,9 +6,13 @@
 // and the other agent is killed and started again; hostile datagrams go to an
 // agent's socket. Counted: what each agent accepted reached the executor once,
 // rank 0's every step exactly once, nothing through the executor's own socket.
+// Then the same relay across a failover: the leader of two controllers is
+// killed while the job runs, and its successor re-attaches to the ranks,
+// whose reports the agents spooled meanwhile.
 #include "cluster_harness.hpp"
 #include "job_config.hpp"
 #include "relay.hpp"
+#include "slurm.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -18,12 +22,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 using namespace cluster_test;
 
@@ -228,6 +235,166 @@ TEST_CASE(
   // The link: each (node, seq) in the controller's ingest journal once.
   for (const auto& [node, seqs] : ingest_counts(c.dir + "/ingest.journal"))
     for (const auto& [seq, n] : seqs) CHECK_MESSAGE(n == 1, node << " seq " << seq << " ingested " << n << " times");
+}
+
+// Rank 0's step reports are datagrams to n1's agent, which never stops here: the rank's send
+// blocks while the agent's socket is full, so the agent takes every one, spools it under a
+// sequence number and resends what no leader acknowledged. Each step is therefore the killed
+// leader's (a sequence at or under the cursor its successor took over from etcd) or the
+// successor's; lost = one that is neither, or that reached the successor's bus and was not
+// applied by its executor.
+TEST_CASE(
+    "with etcd, kill -9 the leader of a job whose ranks report through their agents: the successor re-attaches "
+    "(the same Slurm job, attempt and processes) and applies each of rank 0's later steps once, in order") {
+  constexpr int kFailoverSteps = 90;
+  Cluster c;
+  REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
+  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
+  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
+                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
+  struct Down {
+    std::string d;
+    ~Down() { sh(engines() + "/etcd-down " + d); }
+  } down{etcd_dir};
+  const std::string certs = c.dir + "/certs";
+  REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
+  const std::string l1 = "127.0.0.1:" + std::to_string(c.port + 60), l2 = "127.0.0.1:" + std::to_string(c.port + 61);
+  const std::string key = "rf" + std::to_string(getpid()), job_dir = c.dir + "/job",
+                    sockets = c.dir + "/agent-{node}.sock";
+  for (const auto& [name, listen] : {std::pair{"c1", l1}, std::pair{"c2", l2}})
+    write_file(c.dir + "/" + name + ".lua",
+               relay_candidate_config(name, c.dir, listen, certs, etcd, key, c.conf, job_dir, sockets, kFailoverSteps));
+  Proc c1 = spawn({BALLAST_EXE, "run", c.dir + "/c1.lua", "--json"}, c.dir + "/c1.out", c.dir + "/c1.err");
+  REQUIRE(eventually(20, [&] { return read_file(c.dir + "/c1.err").find("is the leader") != std::string::npos; }));
+  const std::string relay =
+      "plugins = { { path = \"runner\", config = { relay = { socket = \"" + sockets + "\" } } } },";
+  Proc a1 = start_agent(c.dir, certs, l1 + "," + l2, "n1", 1500, relay);
+  Proc a2 = start_agent(c.dir, certs, l1 + "," + l2, "n2", 1500, relay);
+  INFO("c1: " << read_file(c.dir + "/c1.err"));
+  INFO("c2: " << read_file(c.dir + "/c2.err"));
+  // c1 applies rank 0's relayed steps; then it is killed while the attempt runs.
+  REQUIRE(eventually(30, [&] {
+    const auto steps = applied_steps(c.dir + "/c1-bus.journal", 0);
+    return !steps.empty() && steps.back().step >= 10;
+  }));
+  ballast::slurm::Slurm slurm(c.conf);
+  std::vector<ballast::slurm::JobInfo> jobs;
+  std::string error;
+  REQUIRE_MESSAGE(slurm.jobs_named(key, &jobs, &error), error);
+  REQUIRE(jobs.size() == 1);
+  const long id = jobs[0].id;
+  const int restarts = jobs[0].restarts;
+  const std::string pid0 = read_file(job_dir + "/slurm/run-0/pid-0"), pid1 = read_file(job_dir + "/slurm/run-0/pid-1");
+  REQUIRE(std::atoi(pid0.c_str()) > 0);
+  REQUIRE(std::atoi(pid1.c_str()) > 0);
+  // The agents are held (SIGSTOP) from just before the kill until the successor leads: rank 0's
+  // reports wait in n1's socket meanwhile, and the agents, let go, find their link to c1 gone
+  // and connect to c2 at once, in its first second (else their reconnection back-off picks when).
+  a1.signal(SIGSTOP);
+  a2.signal(SIGSTOP);
+  c1.signal(SIGKILL);
+  c1.wait();
+  // c2, a candidate started once c1's lease has expired (as a service manager starts a
+  // controller anew), leads at once.
+  REQUIRE(eventually(10, [&] {
+    return etcdctl(c.dir, etcd, "get --prefix /ballast/" + key + "/leader --keys-only").find_first_not_of(" \n") ==
+           std::string::npos;
+  }));
+  Proc c2 = spawn({BALLAST_EXE, "run", c.dir + "/c2.lua", "--json"}, c.dir + "/c2.out", c.dir + "/c2.err");
+  const bool leads =
+      eventually(10, [&] { return read_file(c.dir + "/c2.err").find("c2 is the leader") != std::string::npos; });
+  a1.signal(SIGCONT);
+  a2.signal(SIGCONT);
+  REQUIRE(leads);
+  REQUIRE(eventually(20, [&] {
+    return read_file(c.dir + "/c2.err").find("this controller leads: re-attached to the running attempt 0") !=
+           std::string::npos;
+  }));
+  // The same Slurm job, not requeued; the same rank processes, alive.
+  REQUIRE_MESSAGE(slurm.jobs_named(key, &jobs, &error), error);
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].id == id);
+  CHECK(jobs[0].restarts == restarts);
+  CHECK(read_file(job_dir + "/slurm/run-0/pid-0") == pid0);
+  CHECK(read_file(job_dir + "/slurm/run-0/pid-1") == pid1);
+  CHECK(kill(std::atoi(pid0.c_str()), 0) == 0);
+  CHECK(kill(std::atoi(pid1.c_str()), 0) == 0);
+
+  REQUIRE(eventually(60, [&] { return !read_file(job_dir + "/final-weights.json").empty(); }));
+  REQUIRE(eventually(30, [&] { return read_file(c.dir + "/c2.out").find("\"state\"") != std::string::npos; }));
+  CHECK(c2.wait() == 0);
+  for (Proc* a : {&a1, &a2}) {
+    a->signal(SIGTERM);
+    CHECK(a->wait() == 0);
+  }
+  const auto report = nlohmann::json::parse(read_file(c.dir + "/c2.out"), nullptr, false);
+  REQUIRE(report.is_object());
+  INFO("report: " << report.dump());
+  CHECK(report["state"] == "finished");
+  CHECK(report["attempts"] == 1);
+  const std::string log2 = read_file(c.dir + "/c2.err");
+  CHECK(log2.find("the job is started") == std::string::npos);
+  CHECK(read_file(job_dir + "/slurm/job.out").find("run 1") == std::string::npos);
+  const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
+  CHECK(weights["step"] == kFailoverSteps);
+
+  // Rank 0's steps in c1's term: the step reports c1 ingested at sequences up to n1's cursor
+  // that c2 took over (its controller.leader event).
+  const auto leader = nlohmann::json::parse(last_json(c.dir + "/c2-bus.journal", "controller.leader"), nullptr, false);
+  REQUIRE(leader.is_object());
+  const uint64_t cursor = leader["cursors"].value("n1", uint64_t{0});
+  const auto step_of = [](const std::string& json) {
+    const auto j = nlohmann::json::parse(json, nullptr, false);
+    const auto d = nlohmann::json::parse(j.value("datagram", ""), nullptr, false);
+    return d.is_object() && d.value("type", "") == "step" && d.value("rank", -1) == 0 ? d.value("step", int64_t(-1))
+                                                                                      : int64_t(-1);
+  };
+  std::map<uint64_t, int64_t> c1_seqs;  // a sequence journaled again (not acknowledged, resent) is one report
+  for (const auto& i : ingested_json(c.dir + "/c1-ingest.journal", "job.rank_report"))
+    if (i.node == "n1" && i.seq <= cursor && step_of(i.json) > 0) c1_seqs[i.seq] = step_of(i.json);
+  std::multiset<int64_t> c1_steps;
+  for (const auto& [seq, step] : c1_seqs) c1_steps.insert(step);
+  // What reached c2's bus, and what its executor applied: the same steps, each once, in order.
+  std::vector<int64_t> relayed, applied;
+  for (const auto& text : all_json(c.dir + "/c2-bus.journal", "job.rank_report"))
+    if (step_of(text) > 0) relayed.push_back(step_of(text));
+  for (const auto& s : applied_steps(c.dir + "/c2-bus.journal", 0)) applied.push_back(s.step);
+  INFO("n1's cursor " << cursor << ", c1 applied " << c1_steps.size() << " step(s), c2 applied "
+                      << nlohmann::json(applied).dump());
+  REQUIRE(!applied.empty());
+  CHECK(applied == relayed);
+  CHECK(std::adjacent_find(applied.begin(), applied.end(), [](int64_t a, int64_t b) { return b != a + 1; }) ==
+        applied.end());
+  CHECK(applied.back() == kFailoverSteps);
+  // Every step once: c1's up to where c2's begin.
+  for (int64_t s = 1; s <= kFailoverSteps; ++s)
+    CHECK_MESSAGE(int(c1_steps.count(s)) + int(std::count(applied.begin(), applied.end(), s)) == 1, "step " << s);
+  const auto& counters = report["counters"];
+  CHECK(counters.value("runner.reports_direct", 0) == 0);
+  CHECK(counters.value("runner.relay.repeated", 0) == 0);
+  CHECK(counters.value("runner.relay.stale", 0) == 0);
+  CHECK(counters.value("runner.relay.bad", 0) == 0);
+  CHECK(counters.value("runner.relay.dropped_waiting", 0) == 0);
+  CHECK(counters.value("runner.relay.applied", 0) ==
+        int(all_json(c.dir + "/c2-bus.journal", "job.rank_report").size()));
+  // The agents' resent reports reached c2 while its executor was still taking the job over (its
+  // first try comes a second after its start; the agents connect within a few hundred ms of its
+  // lead): held, then applied. Checked when n1 connected well (0.1 s) before the re-attach, as
+  // c2's log says; a machine loaded enough to delay the agents past it does not exercise that.
+  const auto log_s = [&](const std::string& what) {
+    const size_t at = log2.find(what);
+    const size_t line = at == std::string::npos ? std::string::npos : log2.rfind('\n', at) + 1;
+    if (line == std::string::npos || line + 23 > log2.size()) return -1.0;
+    return std::atoi(log2.c_str() + line + 11) * 3600.0 + std::atoi(log2.c_str() + line + 14) * 60.0 +
+           std::atof(log2.c_str() + line + 17);
+  };
+  const double connected = log_s("node n1 connected"), reattached = log_s("re-attached to the running attempt");
+  REQUIRE(connected >= 0);
+  REQUIRE(reattached >= 0);
+  if (connected + 0.1 < reattached)
+    CHECK(counters.value("runner.relay.held", 0) > 0);
+  else
+    MESSAGE("n1 connected " << connected - reattached << " s after the re-attach: no report held this run");
 }
 
 TEST_CASE("relay configuration errors name the field") {

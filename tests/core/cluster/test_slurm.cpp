@@ -353,17 +353,6 @@ TEST_CASE(
   CHECK(held.empty());
 }
 
-namespace {
-
-// etcdctl against the test's etcd; its stdout.
-std::string etcdctl(const std::string& dir, const std::string& endpoint, const std::string& args) {
-  const std::string out = dir + "/etcdctl.out";
-  sh("ETCDCTL_API=3 etcdctl --endpoints=" + endpoint + " " + args + " >" + out + " 2>&1");
-  return read_file(out);
-}
-
-}  // namespace
-
 TEST_CASE(
     "with etcd, the leader's executor acts on Slurm and a deposed leader's does not: its drain refused by the fence, "
     "the node not drained, the job neither requeued nor cancelled") {
