@@ -716,8 +716,11 @@ TEST_CASE(
   CHECK(jobs.size() == 1);
   CHECK(jobs[0].id == id);
 
-  // n1, drained by c1, is resumed by c2 on its agent's first node.connected.
+  // n1, drained by c1, is resumed by c2 on its agent's first node.connected (c2 logs it once
+  // scontrol has answered, which may be after Slurm shows it).
   CHECK(eventually(30, [&] { return !node(slurm, "n1").drained(); }));
+  CHECK(eventually(
+      10, [&] { return read_file(c.dir + "/c2.err").find("n1 is repaired: a standby again") != std::string::npos; }));
 
   // c2 started the job from a checkpoint, not step 0.
   const std::string log2 = read_file(c.dir + "/c2.err");
