@@ -173,7 +173,7 @@ bool Lineage::from_json(const nlohmann::json& j, Lineage* out, std::string* erro
     const std::string key = "checkpoints[" + std::to_string(c) + "]";
     if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || p[0].get<int64_t>() < 0 ||
         p[0].get<int64_t>() > l.base_step_ || !p[1].is_number() || !std::isfinite(p[1].get<double>()) ||
-        p[1].get<double>() < 0 || p[1].get<double>() > l.base_s_)
+        p[1].get<double>() < 0 || p[1].get<double>() > l.base_s_ * (1 + 1e-9) + 1e-9)  // sums' rounding
       return f.fail(key, "[step, seconds] up to the kept step and seconds");
     l.at_checkpoint_[p[0].get<int64_t>()] = p[1].get<double>();
   }

@@ -39,7 +39,7 @@ class Lineage {
   static bool from_json(const nlohmann::json& j, Lineage* out, std::string* error);
 
  private:
-  int64_t base_step_ = 0;  // the steps up to it are in base_s_
+  int64_t base_step_ = -1;  // the steps up to it are in base_s_
   double base_s_ = 0;
   std::map<int64_t, double> steps_;  // this term's, after base_step_
   double term_s_ = 0;                // their sum

@@ -323,7 +323,7 @@ void SlurmBackend::snapshot() {
 }
 
 void SlurmBackend::refresh() {
-  if (mono_ns() - snapshot_tried_ns_ >= kSnapshotSeconds * 1000000000) snapshot();
+  if (double(mono_ns() - snapshot_tried_ns_) >= cfg_.snapshot_s * 1e9) snapshot();
 }
 
 // A job of this name in Slurm that take_over did not adopt (no record of

@@ -26,7 +26,7 @@
 // the spares' reservation, and the executor's report figures: handover.hpp),
 // which replaces its earlier records in the log: the log of a job that runs
 // for months stays at most 1 + kSnapshotEvery of its records. While the job
-// trains undisturbed it is recorded every kSnapshotSeconds too (refresh), so
+// trains undisturbed it is recorded every job.slurm.snapshot_seconds too (refresh), so
 // that what a successor carries on is at most that old.
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
@@ -74,7 +74,6 @@ class SlurmBackend : public Backend {
 
   long job_id() const { return job_; }
   static constexpr int kSnapshotEvery = 16;
-  static constexpr int64_t kSnapshotSeconds = 30;
 
  private:
   struct Rank {

@@ -897,7 +897,8 @@ TEST_CASE(
 // A controller candidate's host, in process: its fence refuses everything until the candidate
 // leads (controller.leader, published here with an empty log), then every slurm.snapshot, as a
 // controller refuses one over its bound. The snapshot after the launch that ends the wait to lead
-// is shown (the job, the reason, the earlier records kept) and counted, and the job runs on.
+// is shown (the job, the reason, the earlier records kept) and counted, and the job runs on; so
+// are those written every snapshot_seconds while it trains.
 TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job runs on") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
@@ -912,7 +913,7 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
                                       "\", \"--steps\", \"100000\", \"--step-seconds\", \"0.1\", "
                                       "\"--checkpoint-every\", \"5\" },\n"
                                       "    slurm = { conf = \"" +
-                                      c.conf + "\", nodes = { \"n1\", \"n2\" } } } } } } }",
+                                      c.conf + "\", nodes = { \"n1\", \"n2\" }, snapshot_seconds = 1 } } } } } }",
                                   true, &config) == BALLAST_OK);
   std::unique_ptr<ballast::Host> host;
   REQUIRE_MESSAGE(ballast::host_from_config(config, c.dir, &host) == BALLAST_OK, ballast::last_error());
@@ -936,7 +937,9 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
   const bool term = started && host->publish_json("controller.leader", R"({"log":[]})", "test") == BALLAST_OK;
   const bool trained =
       term && eventually(60, [&] { return !read_file(job_dir + "/checkpoints/step-00000010.safetensors").empty(); });
-  const int64_t refused = host->counter("runner.snapshots_refused"), fenced = host->counter("runner.fenced_off");
+  // The launch's snapshot, then one a second while the job trains.
+  const bool periodic = trained && eventually(10, [&] { return host->counter("runner.snapshots_refused") >= 3; });
+  const int64_t fenced = host->counter("runner.fenced_off");
   host->stop();
   host.reset();
   dup2(saved, 2);
@@ -948,9 +951,10 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
   REQUIRE(term);
   CHECK(log.find("this controller leads: the job is started") != std::string::npos);
   CHECK(trained);  // the refusal after the launch does not stop the job
-  CHECK(refused == 1);
+  CHECK(periodic);
   CHECK(fenced == 0);  // not a fence's refusal of an operation
   CHECK(std::count(kinds.begin(), kinds.end(), "slurm.submit") == 1);
+  CHECK(std::count(kinds.begin(), kinds.end(), "slurm.snapshot") >= 3);
   CHECK(log.find("job snap: slurm.snapshot of ") != std::string::npos);
   CHECK(log.find("not recorded (BALLAST_EINVAL: a record of 2000000 bytes, more than 1048576); the action log "
                  "keeps the job's earlier records") != std::string::npos);
