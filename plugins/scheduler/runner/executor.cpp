@@ -387,6 +387,7 @@ void Executor::carry_report(const nlohmann::json& report) {
   first_start_ns_ = h.start_ns;
   kept_ = std::move(kept);
   carried_figures_ = std::move(h);
+  carried_figures_.incidents.clear();  // in incidents_ now
   carried_ = true;
   log(BALLAST_LOG_INFO, "carried over the job's report: " + std::to_string(carried_figures_.attempts) +
                             " attempt(s), " + std::to_string(carried_incidents_) + " incident(s), " +
