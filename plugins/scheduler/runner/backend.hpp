@@ -57,6 +57,9 @@ struct TakeOver {
   nlohmann::json attempt;
   std::string restart;
   std::string detail;  // in words, for the log
+  // adopted: the report's figures of the newest snapshot (handover.hpp's
+  // form, read and checked by the executor); null when it has none.
+  nlohmann::json report;
 };
 
 // Asked before a command with effects outside this process (plugin.h's
@@ -119,6 +122,12 @@ class Backend {
   // start, MASTER_PORT, checkpoint), kept in the records a successor reads
   // (TakeOver::attempt). Called before launch().
   void set_attempt(nlohmann::json attempt) { attempt_ = std::move(attempt); }
+  // What the executor's report carries on to a successor (handover.hpp),
+  // asked for at each record of the backend's whole state.
+  void set_report(std::function<nlohmann::json()> report) { report_ = std::move(report); }
+  // Called while the job trains undisturbed: a backend whose state a
+  // successor takes over records it when its last record is too old.
+  virtual void refresh() {}
   // After take_over found TakeOver::attempt: carry on the running ranks
   // (rank -> slot) of the adopted attempt instead of starting new ones.
   // False with *error; then the executor restarts the job.
@@ -182,6 +191,7 @@ class Backend {
   // with *error naming `kind` when refused.
   bool may(const std::string& kind, const nlohmann::json& record, std::string* error);
   nlohmann::json attempt_;  // set_attempt's
+  std::function<nlohmann::json()> report_;
 
  private:
   Fence fence_;

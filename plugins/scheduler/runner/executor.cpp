@@ -141,6 +141,7 @@ Executor::Executor(const ballast_host_api* host, JobConfig config, std::unique_p
   backend_->set_fence([this](const std::string& kind, const nlohmann::json& record, std::string* why) {
     return fence(kind, record, why);
   });
+  backend_->set_report([this] { return handover_json(handover(), kept_); });
 }
 
 // plugin.h's fence_action. A host older than ABI 1.2 has no high
@@ -312,7 +313,7 @@ void Executor::try_to_lead() {
     }
     log(BALLAST_LOG_WARN, "cannot re-attach to the running attempt (" + why + "): the job is restarted");
   }
-  attempt_ = -1;
+  attempt_ = carried_figures_.attempts - 1;  // the earlier leaders' attempts counted on
   // Adopted, or started before by this executor: from the newest checkpoint.
   const Checkpoint from = find_checkpoint(checkpoint_dir_, -1);
   if (start_attempt(from, &why)) {
@@ -355,11 +356,43 @@ bool Executor::take_over(std::string* error) {
       s.back = silent && connected_.count(s.name) > 0;
     }
     log(BALLAST_LOG_INFO, "took over the job an earlier leader ran: " + t.detail);
+    carry_report(t.report);
     adopted_attempt_ = t.attempt;
     if (!t.restart.empty()) log(BALLAST_LOG_INFO, "the adopted job is restarted from its checkpoint: " + t.restart);
   }
   write_topology();
   return true;
+}
+
+// The earlier leaders' report figures (their newest snapshot's), this
+// report's start: their first start, attempts, first loss, incidents and
+// kept seconds. Malformed or missing: this report covers this term only.
+void Executor::carry_report(const nlohmann::json& report) {
+  Handover h;
+  Lineage kept;
+  std::string why = "the earlier leader's snapshot has no report";
+  if (report.is_null() || !handover_from_json(report, &h, &kept, &why)) {
+    log(BALLAST_LOG_WARN,
+        "the job's report is not carried over (" + why + "): it covers this controller's term only, from its start");
+    return;
+  }
+  // Carried again at a later term while this one waits to lead: replaced.
+  incidents_.erase(incidents_.begin(), incidents_.begin() + std::ptrdiff_t(carried_incidents_));
+  for (auto& i : h.incidents)
+    if (i.outcome == "open") i.outcome = "handed over";
+  incidents_.insert(incidents_.begin(), h.incidents.begin(), h.incidents.end());
+  carried_incidents_ = h.incidents.size();
+  for (size_t i = 0; i < incidents_.size(); ++i) incidents_[i].id = int(i) + 1;
+  incidents_omitted_ = h.incidents_omitted;
+  first_start_ns_ = h.start_ns;
+  kept_ = std::move(kept);
+  carried_figures_ = std::move(h);
+  carried_figures_.incidents.clear();  // in incidents_ now
+  carried_ = true;
+  log(BALLAST_LOG_INFO, "carried over the job's report: " + std::to_string(carried_figures_.attempts) +
+                            " attempt(s), " + std::to_string(carried_incidents_) + " incident(s), " +
+                            std::to_string(kept_.seconds()) + " s in kept steps to step " +
+                            std::to_string(kept_.last_step()));
 }
 
 // The job channel: its socket bound (replacing a socket no process
@@ -396,9 +429,9 @@ bool Executor::reattach(const nlohmann::json& a, std::string* error) {
   std::map<int, int> rank_slots;
   for (int r = 0; r < cfg_.ranks; ++r) rank_slots[r] = node_slot_[size_t(r / cfg_.ranks_per_node)];
   if (!channel_open_ && !open_channel(error, true)) return false;
+  attempt_ = int(number);  // before the backend's snapshot of it
   if (!backend_->reattach(rank_slots, error)) return false;
   commands_kept_ = false;  // the ranks read on where they are
-  attempt_ = int(number);
   master_port_ = int(port);
   resume_step_ = a["from_step"].get<int64_t>();
   attempt_start_wall_ns_ = a["wall_ns"].get<int64_t>();
@@ -648,6 +681,7 @@ void Executor::loop() {
     fire_injections();
     advance();
     if (!ended_ && backend_->fenced_off()) stand_down();
+    if (!ended_ && state_ == State::running && !current_) backend_->refresh();
     sample_metrics();
     show_progress(false);
   }
@@ -738,8 +772,11 @@ bool Executor::start_attempt(const Checkpoint& from, std::string* error) {
   failed_ns_ = 0;
   resume_step_ = from.step;
   // The steps after the checkpoint are trained again: the old ones are lost.
-  kept_s_.erase(kept_s_.upper_bound(from.step), kept_s_.end());
+  if (!kept_.rewind(from.step))
+    log(BALLAST_LOG_WARN, "the seconds of the steps up to " + from.path +
+                              " (an earlier leader's) are not known here: the report counts them as lost");
   loss_.erase(loss_.upper_bound(from.step), loss_.end());
+  if (from.step <= 0) carried_figures_.have_loss = false;  // from the seed: the earlier losses are gone
   attempt_start_ns_ = now();
   attempt_start_wall_ns_ = wall_ns();
   const std::string inject = pending_trainer_injections();
@@ -817,7 +854,7 @@ void Executor::handle_report(const Report& r) {
     const double prev_end = rs.last_end_s;
     rs.last_end_s = end;
     if (r.rank == 0) {
-      kept_s_[r.step] = prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s;
+      kept_.add(r.step, prev_end > 0 && end > prev_end ? end - prev_end : r.duration_s);
       loss_[r.step] = r.loss;
       spans_.push_back(
           {"steps",
@@ -841,6 +878,7 @@ void Executor::handle_report(const Report& r) {
         }
     if (state_ == State::recovering && !current_) set_state(State::running, "training resumed");
   } else if (r.type == "checkpoint") {
+    kept_.checkpoint(r.step);
     spans_.push_back({"steps",
                       "checkpoint " + std::to_string(r.step),
                       int64_t((wall_ns()) - r.seconds * 1e9),
@@ -1711,6 +1749,23 @@ void Executor::sample_metrics() {
   host_->publish(host_, &e);
 }
 
+// What a successor carries on (handover.hpp): the newest incidents only.
+Handover Executor::handover() const {
+  Handover h;
+  h.start_ns = first_start_ns_;
+  h.attempts = std::max(attempt_ + 1, carried_figures_.attempts);
+  const Handover& c = carried_figures_;
+  h.have_loss = c.have_loss || !loss_.empty();
+  if (h.have_loss) {
+    h.loss_first = c.have_loss ? c.loss_first : loss_.begin()->second;
+    h.loss_last = loss_.empty() ? c.loss_last : loss_.rbegin()->second;
+  }
+  const size_t keep = std::min(incidents_.size(), Handover::kIncidents);
+  h.incidents.assign(incidents_.end() - std::ptrdiff_t(keep), incidents_.end());
+  h.incidents_omitted = incidents_omitted_ + int64_t(incidents_.size() - keep);
+  return h;
+}
+
 Summary Executor::summary() const {
   Summary s;
   s.command = cfg_.command[0];
@@ -1720,15 +1775,16 @@ Summary Executor::summary() const {
   s.reason = end_reason_;
   s.start_ns = first_start_ns_;
   s.end_ns = now();
-  s.attempts = attempt_ + 1;
-  s.steps = loss_.empty() ? 0 : loss_.rbegin()->first;
-  if (!loss_.empty()) {
-    s.have_loss = true;
-    s.loss_first = loss_.begin()->second;
-    s.loss_last = loss_.rbegin()->second;
-  }
-  for (const auto& [step, secs] : kept_s_) s.kept_seconds += secs;
+  const Handover h = handover();
+  s.attempts = h.attempts;
+  s.steps = loss_.empty() ? std::max<int64_t>(kept_.last_step(), 0) : loss_.rbegin()->first;
+  s.have_loss = h.have_loss;
+  s.loss_first = h.loss_first;
+  s.loss_last = h.loss_last;
+  s.kept_seconds = kept_.seconds();
   s.incidents = incidents_;
+  s.incidents_omitted = incidents_omitted_;
+  s.earlier_leaders = carried_;
   s.spans = spans_;
   for (auto& sp : s.spans)
     if (sp.track == "job" && sp.end_ns == 0) sp.end_ns = s.end_ns;

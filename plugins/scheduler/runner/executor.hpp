@@ -9,6 +9,7 @@
 #include "backend.hpp"
 #include "channel.hpp"
 #include "checkpoints.hpp"
+#include "handover.hpp"
 #include "job_config.hpp"
 #include "job_report.hpp"
 
@@ -112,6 +113,8 @@ class Executor {
   int fence(const std::string& kind, const nlohmann::json& record, std::string* why);
   void try_to_lead();
   bool take_over(std::string* error);
+  void carry_report(const nlohmann::json& report);
+  Handover handover() const;
   bool open_channel(std::string* error, bool keep_commands);
   bool reattach(const nlohmann::json& attempt, std::string* error);
   void write_topology();
@@ -190,9 +193,15 @@ class Executor {
   std::string superseded_evict_;  // subject of the last fault-caused evict, when it was superseded
   bool silent_outside_ = false;   // the last node.silent named a node outside the job
   std::vector<bool> fired_;
-  std::map<int64_t, double> kept_s_;  // step -> seconds it took (rank 0), the final lineage
-  std::map<int64_t, double> loss_;    // step -> rank 0's loss, the final lineage
+  Lineage kept_;                    // the seconds of the steps the final lineage holds
+  std::map<int64_t, double> loss_;  // step -> rank 0's loss, the final lineage (this term's)
   std::vector<Incident> incidents_;
+  // Carried from an earlier leader's snapshot (carry_report): the figures
+  // before this term. incidents_ begins with carried_incidents_ of theirs.
+  bool carried_ = false;
+  Handover carried_figures_;
+  size_t carried_incidents_ = 0;
+  int64_t incidents_omitted_ = 0;
   std::vector<Span> spans_;
   int64_t pause_until_ns_ = 0;
   int64_t next_metrics_ns_ = 0, next_progress_ns_ = 0;

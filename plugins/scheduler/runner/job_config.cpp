@@ -64,8 +64,14 @@ std::vector<std::string> strings(const nlohmann::json& j, const char* key) {
 
 SlurmConfig parse_slurm(const nlohmann::json& j, const std::string& base_dir) {
   if (!j.is_object()) throw ConfigError("job.slurm: want a table { conf = ..., reservation = ..., ... }");
-  static const char* kKeys[] = {
-      "conf", "partition", "reservation", "nodes", "spares", "sbatch_args", "command_timeout_seconds"};
+  static const char* kKeys[] = {"conf",
+                                "partition",
+                                "reservation",
+                                "nodes",
+                                "spares",
+                                "sbatch_args",
+                                "command_timeout_seconds",
+                                "snapshot_seconds"};
   for (const auto& [k, v] : j.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -85,6 +91,12 @@ SlurmConfig parse_slurm(const nlohmann::json& j, const std::string& base_dir) {
     if (!v.is_number() || v.get<double>() < 1 || v.get<double>() > 3600)
       throw ConfigError("job.slurm.command_timeout_seconds: want a number in [1, 3600], got " + v.dump());
     c.command_timeout_s = v.get<double>();
+  }
+  if (j.contains("snapshot_seconds")) {
+    const auto& v = j["snapshot_seconds"];
+    if (!v.is_number() || v.get<double>() < 1 || v.get<double>() > 3600)
+      throw ConfigError("job.slurm.snapshot_seconds: want a number in [1, 3600], got " + v.dump());
+    c.snapshot_s = v.get<double>();
   }
   return c;
 }

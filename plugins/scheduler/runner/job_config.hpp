@@ -29,6 +29,7 @@ struct SlurmConfig {
   std::vector<std::string> spares;             // held in the reservation at start ({}: it exists already)
   std::vector<std::string> sbatch_args;        // more sbatch arguments
   double command_timeout_s = 30;               // per Slurm command
+  double snapshot_s = 30;                      // the state recorded at least this often while training
 };
 
 struct JobConfig {

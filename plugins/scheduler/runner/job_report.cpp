@@ -54,6 +54,7 @@ nlohmann::json summary_json(const Summary& s) {
           {"ranks", s.ranks},
           {"state", s.state},
           {"reason", s.reason},
+          {"start_unix_s", std::round(double(s.start_ns) / 1e6) / 1e3},
           {"wall_s", std::round(s.wall_seconds() * 1e3) / 1e3},
           {"attempts", s.attempts},
           {"steps", s.steps},
@@ -61,7 +62,9 @@ nlohmann::json summary_json(const Summary& s) {
           {"loss_last", s.have_loss && std::isfinite(s.loss_last) ? nlohmann::json(s.loss_last) : nlohmann::json()},
           {"kept_step_s", std::round(s.kept_seconds * 1e3) / 1e3},
           {"ettr", std::round(s.ettr() * 1e4) / 1e4},
-          {"incidents", inc}};
+          {"incidents", inc},
+          {"incidents_omitted", s.incidents_omitted},
+          {"earlier_leaders", s.earlier_leaders}};
 }
 
 std::string summary_text(const Summary& s) {
@@ -81,6 +84,15 @@ std::string summary_text(const Summary& s) {
   std::snprintf(line, sizeof line, "  ETTR %.1f%% (%.1f s in kept steps of %.1f s)\n", 100 * s.ettr(), s.kept_seconds,
                 s.wall_seconds());
   out += line;
+  if (s.earlier_leaders)
+    out +=
+        "  (the figures include the earlier leaders' terms since the job's first start; the timeline begins at "
+        "this controller's term)\n";
+  if (s.incidents_omitted > 0) {
+    std::snprintf(line, sizeof line, "  %lld older incident(s) not carried over\n",
+                  static_cast<long long>(s.incidents_omitted));
+    out += line;
+  }
   if (s.incidents.empty()) out += "  no incident\n";
   for (const auto& i : j["incidents"]) {
     std::string actions;

@@ -23,7 +23,7 @@ struct Incident {
   int64_t resumed_ns = 0;            // first step trained after the recovery
   int64_t step_at_fault = -1;        // the job's furthest step when it struck
   int64_t resumed_from = -1;         // the checkpoint's step the job went back to
-  std::string outcome = "open";      // recovered, escalated, stopped, open
+  std::string outcome = "open";      // recovered, escalated, stopped, open, handed over (its leader ended first)
   std::string message;               // the trainer's message (user-code error), the escalation's reason
   int64_t steps_lost() const {
     return resumed_from >= 0 && step_at_fault > resumed_from ? step_at_fault - resumed_from : 0;
@@ -49,6 +49,10 @@ struct Summary {
   double loss_first = 0, loss_last = 0;
   double kept_seconds = 0;  // time spent in the steps the final weights hold
   std::vector<Incident> incidents;
+  int64_t incidents_omitted = 0;  // older ones an earlier leader's snapshot left out
+  // The figures include earlier leaders' terms (carried in their Slurm
+  // snapshot); the spans are this executor's only.
+  bool earlier_leaders = false;
   std::vector<Span> spans;
   double wall_seconds() const { return double(end_ns - start_ns) / 1e9; }
   double ettr() const { return wall_seconds() > 0 ? kept_seconds / wall_seconds() : 0; }

@@ -309,6 +309,7 @@ bool SlurmBackend::fence(const std::string& kind, const nlohmann::json& record, 
 // stays whole, and the next launch or record tries again.
 void SlurmBackend::snapshot() {
   if (job_ == 0) return;  // nothing submitted: nothing to take over
+  snapshot_tried_ns_ = mono_ns();
   nlohmann::json drained = nlohmann::json::array();
   for (const auto& [slot, silent] : drained_) drained.push_back({{"node", names_[size_t(slot)]}, {"silent", silent}});
   nlohmann::json record = {{"job", job_name_}, {"slurm_job", job_}, {"run", run_},
@@ -316,8 +317,13 @@ void SlurmBackend::snapshot() {
   if (made_reservation_) record["spares"] = {{"reservation", cfg_.reservation}, {"nodes", cfg_.spares}};
   if (!attempt_.is_null()) record["attempt"] = attempt_;
   if (!stopped_.empty()) record["stopped"] = stopped_;
+  if (report_) record["report"] = report_();
   std::string refused;
   if (may("slurm.snapshot", record, &refused)) since_snapshot_ = 0;
+}
+
+void SlurmBackend::refresh() {
+  if (double(mono_ns() - snapshot_tried_ns_) >= cfg_.snapshot_s * 1e9) snapshot();
 }
 
 // A job of this name in Slurm that take_over did not adopt (no record of
@@ -440,6 +446,7 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
   int run = -1;
   bool made_reservation = false;
   nlohmann::json attempt;  // the last launch record's, while no action followed it
+  nlohmann::json report;   // the newest snapshot's
   std::string in_flight;   // an action recorded after the last launch
   std::set<int> stopped;   // ranks sent SIGSTOP since the last launch, and no SIGCONT
   for (const auto& r : records) {
@@ -456,7 +463,10 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
       *error = where + ": a slurm.snapshot record without its slots as a list of names";
       return false;
     }
-    if (kind == "slurm.snapshot") made_reservation = r.contains("spares");
+    if (kind == "slurm.snapshot") {
+      made_reservation = r.contains("spares");
+      report = r.value("report", nlohmann::json());
+    }
     if (kind == "slurm.submit") {
       std::vector<std::string> spares;
       if (!names_of(r.value("slots", nlohmann::json()), &names)) {
@@ -550,10 +560,13 @@ bool SlurmBackend::adopt(const std::vector<nlohmann::json>& records, long id, Ta
     attempt_ = attempt;
   } else if (info.state != "PENDING") {
     // Its run stops (Slurm's SIGTERM, KillWait, SIGKILL); this executor starts the next one.
-    if (!fence("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
+    // Not fence(): a snapshot now would carry this executor's report before it took the earlier one over.
+    if (!may("slurm.requeue", {{"job", job_name_}, {"slurm_job", id}, {"takeover", true}}, error)) return false;
+    ++since_snapshot_;
     if (!slurm_.requeue(id, error)) return false;
   }
   out->outcome = TakeOver::adopted;
+  out->report = report;
   out->slots = names_;
   out->detail = "Slurm job " + std::to_string(id) + " (" + info.state + ", run " + std::to_string(run) + " on " +
                 slurm::join(nodes) + "; drained and not resumed: " + (drained.empty() ? "none" : slurm::join(drained)) +

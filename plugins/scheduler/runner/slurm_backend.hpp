@@ -23,9 +23,11 @@
 // before a record when kSnapshotEvery records came since the last, the
 // backend records its whole state (slurm.snapshot: the slots, the attempt's
 // nodes, run and executor's attempt, the drained nodes, the stopped ranks,
-// the spares' reservation), which replaces
-// its earlier records in the log: the log of a job that runs for months
-// stays at most 1 + kSnapshotEvery of its records.
+// the spares' reservation, and the executor's report figures: handover.hpp),
+// which replaces its earlier records in the log: the log of a job that runs
+// for months stays at most 1 + kSnapshotEvery of its records. While the job
+// trains undisturbed it is recorded every job.slurm.snapshot_seconds too (refresh), so
+// that what a successor carries on is at most that old.
 // Ranks are started by a script per node in the job folder (which the nodes
 // share), through one srun step per run; each rank's pid and exit code come
 // back as files there, and the job's state from squeue --json. Liveness is
@@ -68,6 +70,7 @@ class SlurmBackend : public Backend {
   pid_t spawn_helper(int slot, void (*fn)()) override;
   void stop_helpers(int slot) override { (void)slot; }
   void release() override;
+  void refresh() override;
 
   long job_id() const { return job_; }
   static constexpr int kSnapshotEvery = 16;
@@ -99,6 +102,7 @@ class SlurmBackend : public Backend {
   std::map<int, bool> drained_;     // slots this job drained -> for node.silent
   std::vector<std::string> nodes_;  // the current attempt's
   int since_snapshot_ = 0;          // records fenced since the last slurm.snapshot
+  int64_t snapshot_tried_ns_ = 0;   // steady clock of the last slurm.snapshot tried
   bool hold_spares_ = false;        // the spares' reservation is to be made at the first launch
   bool made_reservation_ = false;
   long job_ = 0;

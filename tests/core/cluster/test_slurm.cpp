@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -628,7 +629,8 @@ std::vector<nlohmann::json> json_events(const std::string& journal, const std::s
 TEST_CASE(
     "with etcd, kill -9 the leader: its successor takes over the Slurm job (the same job); Slurm not running it, it "
     "restarts from a checkpoint without the drained node, resumed when its agent is back; Slurm running it, the next "
-    "successor re-attaches to the running ranks (no requeue, the same processes, each step once)") {
+    "successor re-attaches to the running ranks (no requeue, the same processes, each step once); the last one's "
+    "report covers the whole job (its start, attempts, incidents and kept seconds carried in the snapshots)") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
   const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
@@ -652,9 +654,16 @@ TEST_CASE(
   for (const char* name : {"c1", "c2"})
     write_file(c.dir + "/" + name + ".lua",
                candidate_config(name, c.dir, name == std::string("c1") ? l1 : l2, certs, etcd, job_key, c.conf));
-  Proc c1 = spawn({kBallast, "run", c.dir + "/c1.lua", "--json"}, c.dir + "/c1.out", c.dir + "/c1.err");
+  // c1's injection (rank 0 slowed a little from step 2) is an incident its successors' reports carry.
+  const auto unix_s = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  const double before_c1 = unix_s();
+  Proc c1 = spawn({kBallast, "run", c.dir + "/c1.lua", "--json", "--inject", "slow:rank=0,factor=1.2@step2"},
+                  c.dir + "/c1.out", c.dir + "/c1.err");
   REQUIRE(eventually(20, [&] { return read_file(c.dir + "/c1.err").find("is the leader") != std::string::npos; }));
   // The second candidate, with the same job table, waits; its executor leaves the leader's job channel alone.
+  const double before_c2 = unix_s();
   Proc c2 = spawn({kBallast, "run", c.dir + "/c2.lua", "--json"}, c.dir + "/c2.out", c.dir + "/c2.err");
   auto agent = [&](const std::string& node) { return start_agent(c.dir, certs, l1 + "," + l2, node, 1500); };
   Proc a1 = agent("n1"), a2 = agent("n2");
@@ -692,6 +701,7 @@ TEST_CASE(
   REQUIRE_MESSAGE(slurm.run({"scontrol", "requeue", std::to_string(id)}, nullptr, &error), error);
   c1.signal(SIGKILL);
   c1.wait();
+  const double c1_killed = unix_s();
   CHECK(node(slurm, "n1").drained());
   a1 = start_agent(c.dir, certs, l2, "n1", 1500);
   REQUIRE(eventually(20, [&] {
@@ -705,6 +715,8 @@ TEST_CASE(
   CHECK(log_c2.find("the adopted job is restarted from its checkpoint: Slurm has the job PENDING, not RUNNING") !=
         std::string::npos);
   CHECK(log_c2.find("re-attached") == std::string::npos);
+  // c1's report figures, carried on: its attempts 0 and 1, its incident.
+  CHECK(log_c2.find("carried over the job's report: 2 attempt(s), 1 incident(s)") != std::string::npos);
   CHECK(log_c2.find("action log: " + actions + "00000000000000000001 is skipped: not a JSON object") !=
         std::string::npos);
   CHECK(log_c2.find("action log: " + actions +
@@ -731,7 +743,7 @@ TEST_CASE(
   const int restart_step = std::atoi(log2.c_str() + step_at + 5);
   CHECK(restart_step >= 5);
 
-  // c2's attempt (its first: attempt 0) trains, ten steps past its checkpoint; then c2 dies. Slurm
+  // c2's attempt (its first, the job's third: attempt 2) trains, ten steps past its checkpoint; then c2 dies. Slurm
   // runs the job as c2's snapshot says, and c3 (on c2's address, which the agents know)
   // re-attaches to its ranks.
   char next[64];
@@ -757,7 +769,7 @@ TEST_CASE(
                   c.dir + "/c3.out", c.dir + "/c3.err");
   INFO("c3: " << read_file(c.dir + "/c3.err"));
   REQUIRE(eventually(20, [&] {
-    return read_file(c.dir + "/c3.err").find("this controller leads: re-attached to the running attempt 0") !=
+    return read_file(c.dir + "/c3.err").find("this controller leads: re-attached to the running attempt 2") !=
            std::string::npos;
   }));
   // The same run of the same Slurm job (not requeued), the same rank processes, still alive.
@@ -770,10 +782,23 @@ TEST_CASE(
   CHECK(kill(std::atoi(pid0.c_str()), 0) == 0);
   CHECK(kill(std::atoi(pid1.c_str()), 0) == 0);
 
-  // The job ends under c3, in c2's attempt 0 carried on, trained to the end.
+  // The job ends under c3, in c2's attempt 2 carried on, trained to the end.
   const auto report = finished_job(job_dir, c.dir + "/c3.out", c3, {&a1, &a2});
+  INFO("report: " << report.dump());
   CHECK(report["state"] == "finished");
-  CHECK(report["attempts"] == 1);
+  // The report covers the whole job: c1's start (c2 and c3 started later), c1's two attempts
+  // and c2's, c1's incident before c3's own (its injection at step 200).
+  CHECK(report["earlier_leaders"] == true);
+  CHECK(report["start_unix_s"].get<double>() >= before_c1 - 0.01);
+  CHECK(report["start_unix_s"].get<double>() <= before_c2 + 0.01);
+  CHECK(report["attempts"] == 3);
+  REQUIRE(report["incidents"].size() == 2);
+  CHECK(report["incidents"][0]["id"] == 1);
+  CHECK(report["incidents"][0]["fault"] == "slow:rank=0,factor=1.2@step2");
+  CHECK(report["incidents"][0]["injected_s"].get<double>() > 0);
+  CHECK(report["incidents"][0]["injected_s"].get<double>() < c1_killed - report["start_unix_s"].get<double>());
+  CHECK(report["incidents"][1]["fault"] == "slow:rank=0,factor=2@step200");
+  CHECK(report["incidents_omitted"] == 0);
   const std::string log3 = read_file(c.dir + "/c3.err");
   CHECK(log3.find("the job is started") == std::string::npos);
   CHECK(log3.find("restarted from its checkpoint") == std::string::npos);
@@ -788,13 +813,21 @@ TEST_CASE(
   for (const auto& e : timeline["traceEvents"])
     if (e.value("tid", 0) == 2 && e.value("name", "").rfind("step ", 0) == 0) {
       steps.push_back(std::atoi(e["name"].get<std::string>().c_str() + 5));
-      CHECK(e["args"]["attempt"] == 0);
+      CHECK(e["args"]["attempt"] == 2);
       // The rank read c3's command: its steps after it take twice the 0.1 s.
       if (steps.back() >= 205) CHECK(e.value("dur", 0.0) >= 190000);
     }
   REQUIRE(!steps.empty());
   CHECK(steps.front() > restart_step + 10);
   CHECK(steps.back() == 240);
+  // The ETTR's kept seconds are the whole lineage's: c1's steps up to its last checkpoint
+  // (five or more of at least 0.1 s) before c3's own.
+  double own_s = 0;
+  for (const auto& e : timeline["traceEvents"])
+    if (e.value("tid", 0) == 2 && e.value("name", "").rfind("step ", 0) == 0) own_s += e.value("dur", 0.0) / 1e6;
+  CHECK(report["kept_step_s"].get<double>() > own_s + 0.4);
+  CHECK(report["ettr"].get<double>() ==
+        doctest::Approx(report["kept_step_s"].get<double>() / report["wall_s"].get<double>()).epsilon(0.01));
   CHECK(std::adjacent_find(steps.begin(), steps.end(), [](int a, int b) { return b <= a; }) == steps.end());
   const auto weights = nlohmann::json::parse(read_file(job_dir + "/final-weights.json"), nullptr, false);
   double w = 1.0;
@@ -838,7 +871,9 @@ TEST_CASE(
     if (r.value("plugin", "") == "runner" && r.value("kind", "") == "slurm.snapshot") last_launch = r["record"];
   REQUIRE(last_launch.is_object());
   CHECK(last_launch["run"] == 2);
-  CHECK(last_launch["attempt"]["number"] == 0);
+  CHECK(last_launch["attempt"]["number"] == 2);
+  CHECK(last_launch["report"]["attempts"] == 3);
+  CHECK(last_launch["report"]["incidents"].size() == 1);
 
   // etcd's action log at the end: c3's newest snapshot (the first at its re-attach) and the records
   // after it, nothing of the earlier terms (replaced by it); the job's end (slurm.cancel) last.
@@ -862,7 +897,8 @@ TEST_CASE(
 // A controller candidate's host, in process: its fence refuses everything until the candidate
 // leads (controller.leader, published here with an empty log), then every slurm.snapshot, as a
 // controller refuses one over its bound. The snapshot after the launch that ends the wait to lead
-// is shown (the job, the reason, the earlier records kept) and counted, and the job runs on.
+// is shown (the job, the reason, the earlier records kept) and counted, and the job runs on; so
+// are those written every snapshot_seconds while it trains.
 TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job runs on") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
@@ -877,7 +913,7 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
                                       "\", \"--steps\", \"100000\", \"--step-seconds\", \"0.1\", "
                                       "\"--checkpoint-every\", \"5\" },\n"
                                       "    slurm = { conf = \"" +
-                                      c.conf + "\", nodes = { \"n1\", \"n2\" } } } } } } }",
+                                      c.conf + "\", nodes = { \"n1\", \"n2\" }, snapshot_seconds = 1 } } } } } }",
                                   true, &config) == BALLAST_OK);
   std::unique_ptr<ballast::Host> host;
   REQUIRE_MESSAGE(ballast::host_from_config(config, c.dir, &host) == BALLAST_OK, ballast::last_error());
@@ -901,7 +937,9 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
   const bool term = started && host->publish_json("controller.leader", R"({"log":[]})", "test") == BALLAST_OK;
   const bool trained =
       term && eventually(60, [&] { return !read_file(job_dir + "/checkpoints/step-00000010.safetensors").empty(); });
-  const int64_t refused = host->counter("runner.snapshots_refused"), fenced = host->counter("runner.fenced_off");
+  // The launch's snapshot, then one a second while the job trains.
+  const bool periodic = trained && eventually(10, [&] { return host->counter("runner.snapshots_refused") >= 3; });
+  const int64_t fenced = host->counter("runner.fenced_off");
   host->stop();
   host.reset();
   dup2(saved, 2);
@@ -913,9 +951,10 @@ TEST_CASE("a slurm.snapshot refused by the fence is logged and counted; the job 
   REQUIRE(term);
   CHECK(log.find("this controller leads: the job is started") != std::string::npos);
   CHECK(trained);  // the refusal after the launch does not stop the job
-  CHECK(refused == 1);
+  CHECK(periodic);
   CHECK(fenced == 0);  // not a fence's refusal of an operation
   CHECK(std::count(kinds.begin(), kinds.end(), "slurm.submit") == 1);
+  CHECK(std::count(kinds.begin(), kinds.end(), "slurm.snapshot") >= 3);
   CHECK(log.find("job snap: slurm.snapshot of ") != std::string::npos);
   CHECK(log.find("not recorded (BALLAST_EINVAL: a record of 2000000 bytes, more than 1048576); the action log "
                  "keeps the job's earlier records") != std::string::npos);
