@@ -74,7 +74,8 @@ class StopSignals {
 // group outlives its leader when the rank's own children ignore SIGTERM, so
 // the group is watched, not only the rank. A stop signal that comes during
 // the grace (a second Ctrl-C) cuts it short: any beyond the first `handled`
-// (those that caused the stop), however early it came.
+// (those that caused the stop), however early it came. Returns once the
+// groups are gone.
 void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes, int handled) {
   constexpr double kGraceSeconds = 3;
   const size_t n = pids.size();
@@ -103,10 +104,22 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& codes, int han
   }
   for (size_t r = 0; r < n; ++r) {
     reap(r);
-    if (!group_alive(r)) continue;
-    kill(-pids[r], SIGKILL);
-    if (codes[r] == -1) waitpid(pids[r], &codes[r], 0);
+    if (group_alive(r)) kill(-pids[r], SIGKILL);
   }
+  // A process dies of SIGKILL only once it next runs, which a loaded machine
+  // delays: the launcher returns once the groups are empty (zombies left to
+  // the parent of a child that outlived its rank count, for up to 1 s).
+  const auto t_kill = std::chrono::steady_clock::now();
+  for (bool any = true; any && since(t_kill) < 1;) {
+    any = false;
+    for (size_t r = 0; r < n; ++r) {
+      reap(r);
+      any = any || group_alive(r);
+    }
+    if (any) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (size_t r = 0; r < n; ++r)
+    if (codes[r] == -1) waitpid(pids[r], &codes[r], 0);
 }
 
 int64_t wall_now() {
