@@ -266,6 +266,13 @@ Cluster::Cluster() {
 
 Cluster::~Cluster() { sh(engines() + "/slurm-down " + dir); }
 
+ClusterEtcd::ClusterEtcd(const Cluster& c)
+    : dir(c.dir + "/etcd"), endpoint("http://127.0.0.1:" + std::to_string(c.port + 70)) {
+  up = sh(engines() + "/etcd-up " + dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0;
+}
+
+ClusterEtcd::~ClusterEtcd() { sh(engines() + "/etcd-down " + dir); }
+
 Proc start_agent(const std::string& dir, const std::string& certs, const std::string& listen, const std::string& node,
                  int silent_after_ms, const std::string& extra, const std::string& netns) {
   std::string list;

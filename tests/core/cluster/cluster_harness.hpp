@@ -90,6 +90,15 @@ struct Cluster {
   ~Cluster();
 };
 
+// A real etcd (tools/engines/etcd-up) in c.dir/etcd on the cluster's port + 70, stopped with
+// this object; its log in dir/stdout.log.
+struct ClusterEtcd {
+  std::string dir, endpoint;
+  bool up = false;
+  explicit ClusterEtcd(const Cluster& c);
+  ~ClusterEtcd();
+};
+
 // etcdctl against the etcd at `endpoint` (its output in dir/etcdctl.out); its stdout and stderr.
 std::string etcdctl(const std::string& dir, const std::string& endpoint, const std::string& args);
 

@@ -249,13 +249,9 @@ TEST_CASE(
   constexpr int kFailoverSteps = 90;
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
-  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
-  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
-                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
-  struct Down {
-    std::string d;
-    ~Down() { sh(engines() + "/etcd-down " + d); }
-  } down{etcd_dir};
+  const ClusterEtcd etcd_server(c);
+  REQUIRE_MESSAGE(etcd_server.up, "etcd did not start: " << read_file(etcd_server.dir + "/stdout.log"));
+  const std::string& etcd = etcd_server.endpoint;
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string l1 = "127.0.0.1:" + std::to_string(c.port + 60), l2 = "127.0.0.1:" + std::to_string(c.port + 61);

@@ -359,13 +359,9 @@ TEST_CASE(
     "the node not drained, the job neither requeued nor cancelled") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
-  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
-  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
-                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
-  struct Down {
-    std::string d;
-    ~Down() { sh(engines() + "/etcd-down " + d); }
-  } down{etcd_dir};
+  const ClusterEtcd etcd_server(c);
+  REQUIRE_MESSAGE(etcd_server.up, "etcd did not start: " << read_file(etcd_server.dir + "/stdout.log"));
+  const std::string& etcd = etcd_server.endpoint;
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string listen = "127.0.0.1:" + std::to_string(c.port + 50);
@@ -633,13 +629,9 @@ TEST_CASE(
     "report covers the whole job (its start, attempts, incidents and kept seconds carried in the snapshots)") {
   Cluster c;
   REQUIRE_MESSAGE(c.up, "slurm-up failed: " << read_file(c.dir + "/log/slurmctld.log"));
-  const std::string etcd_dir = c.dir + "/etcd", etcd = "http://127.0.0.1:" + std::to_string(c.port + 70);
-  REQUIRE_MESSAGE(sh(engines() + "/etcd-up " + etcd_dir + " " + std::to_string(c.port + 70) + " >/dev/null") == 0,
-                  "etcd did not start: " << read_file(etcd_dir + "/stdout.log"));
-  struct Down {
-    std::string d;
-    ~Down() { sh(engines() + "/etcd-down " + d); }
-  } down{etcd_dir};
+  const ClusterEtcd etcd_server(c);
+  REQUIRE_MESSAGE(etcd_server.up, "etcd did not start: " << read_file(etcd_server.dir + "/stdout.log"));
+  const std::string& etcd = etcd_server.endpoint;
   const std::string certs = c.dir + "/certs";
   REQUIRE(sh(engines() + "/make-certs " + certs + " 127.0.0.1 -- n1 n2") == 0);
   const std::string l1 = "127.0.0.1:" + std::to_string(test::reserve_ports(1)),
