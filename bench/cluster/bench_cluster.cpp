@@ -135,18 +135,6 @@ double rss_bytes(pid_t pid) {
   return 0;
 }
 
-// Milliseconds of the day of a log line's "...THH:MM:SS.mmmZ" stamp whose line contains `what`.
-double log_time_s(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(what) == std::string::npos || line.size() < 24) continue;
-    std::tm tm{};
-    strptime(line.substr(0, 19).c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
-    return static_cast<double>(timegm(&tm)) + std::atoi(line.c_str() + 20) / 1000.0;
-  }
-  return 0;
-}
-
 std::vector<unsigned char> metric_frame(const std::string& node) {
   std::vector<ballast_metric_sample> s(20);
   std::vector<std::string> names;
@@ -876,17 +864,8 @@ void bench_failover_reattach(const std::string& dir) {
     first_applied.push_back(applied.front().at_s - killed);
     const auto leader = nlohmann::json::parse(last_json(d + "/c2-bus.journal", "controller.leader"), nullptr, false);
     const uint64_t cursor = leader.is_object() ? leader["cursors"].value("n1", uint64_t{0}) : 0;
-    auto step_of = [](const std::string& json) {
-      const auto j = nlohmann::json::parse(json, nullptr, false);
-      const auto r = nlohmann::json::parse(j.is_object() ? j.value("datagram", "") : "", nullptr, false);
-      return r.is_object() && r.value("type", "") == "step" && r.value("rank", -1) == 0 ? r.value("step", int64_t(-1))
-                                                                                        : int64_t(-1);
-    };
-    std::map<uint64_t, int64_t> c1_seqs;
-    for (const auto& i : ingested_json(d + "/c1-ingest.journal", "job.rank_report"))
-      if (i.node == "n1" && i.seq <= cursor && step_of(i.json) > 0) c1_seqs[i.seq] = step_of(i.json);
     std::map<int64_t, int> count;
-    for (const auto& [seq, step] : c1_seqs) count[step]++;
+    for (const int64_t step : relayed_steps_up_to(d + "/c1-ingest.journal", "n1", cursor, 0)) count[step]++;
     for (const auto& s : applied_steps(d + "/c2-bus.journal", 0)) count[s.step]++;
     for (int64_t s = 1; s <= steps; ++s) {
       lost += count[s] == 0;

@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -132,6 +135,36 @@ std::vector<AppliedStep> applied_steps(const std::string& journal, int rank) {
       },
       [](const ballast::JournalProblem&) {});
   return out;
+}
+
+int64_t relayed_step(const std::string& json, int rank) {
+  const auto event = nlohmann::json::parse(json, nullptr, false);
+  if (!event.is_object() || !event.contains("datagram") || !event["datagram"].is_string()) return -1;
+  const auto d = nlohmann::json::parse(event["datagram"].get<std::string>(), nullptr, false);
+  return d.is_object() && d.value("type", "") == "step" && d.value("rank", -1) == rank ? d.value("step", int64_t(-1))
+                                                                                       : -1;
+}
+
+std::vector<int64_t> relayed_steps_up_to(const std::string& ingest_journal, const std::string& node, uint64_t cursor,
+                                         int rank) {
+  std::map<uint64_t, int64_t> by_seq;
+  for (const auto& i : ingested_json(ingest_journal, "job.rank_report"))
+    if (i.node == node && i.seq <= cursor)
+      if (const int64_t step = relayed_step(i.json, rank); step > 0) by_seq[i.seq] = step;
+  std::vector<int64_t> steps;
+  for (const auto& [seq, step] : by_seq) steps.push_back(step);
+  return steps;
+}
+
+double log_time_s(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(what) == std::string::npos || line.size() < 24) continue;
+    std::tm tm{};
+    strptime(line.substr(0, 19).c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+    return static_cast<double>(timegm(&tm)) + std::atoi(line.c_str() + 20) / 1000.0;
+  }
+  return 0;
 }
 
 int bus_count(const std::string& journal, const std::string& topic, const std::string& node) {

@@ -66,6 +66,18 @@ struct AppliedStep {
 };
 std::vector<AppliedStep> applied_steps(const std::string& journal, int rank);
 
+// The step of a job.rank_report event's JSON that relays a step report of `rank`; -1 for any other.
+int64_t relayed_step(const std::string& json, int rank);
+// The steps of `rank` relayed from `node` that a controller ingested (its ingest journal) at
+// sequences up to `cursor`: that leader's, when its successor took over from that cursor. A
+// sequence journaled again (resent, not acknowledged) is one report.
+std::vector<int64_t> relayed_steps_up_to(const std::string& ingest_journal, const std::string& node, uint64_t cursor,
+                                         int rank);
+
+// Seconds since the epoch of the first line in the log at `path` that contains `what` (from its
+// "YYYY-MM-DDTHH:MM:SS.mmmZ" stamp); 0 when there is none.
+double log_time_s(const std::string& path, const std::string& what);
+
 // Poll fn every 100 ms until true or timeout; its last value.
 template <class F>
 bool eventually(double timeout_s, F fn);
